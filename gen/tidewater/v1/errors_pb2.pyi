@@ -1,0 +1,92 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from typing import ClassVar as _ClassVar
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    NONE: _ClassVar[ErrorCode]
+    UNKNOWN_SERVER_ERROR: _ClassVar[ErrorCode]
+    CORRUPT_MESSAGE: _ClassVar[ErrorCode]
+    MESSAGE_TOO_LARGE: _ClassVar[ErrorCode]
+    UNKNOWN_TOPIC_OR_PARTITION: _ClassVar[ErrorCode]
+    NOT_LEADER_OR_FOLLOWER: _ClassVar[ErrorCode]
+    OFFSET_OUT_OF_RANGE: _ClassVar[ErrorCode]
+    INVALID_TOPIC: _ClassVar[ErrorCode]
+    LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    REPLICA_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    NOT_ENOUGH_REPLICAS: _ClassVar[ErrorCode]
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND: _ClassVar[ErrorCode]
+    REQUEST_TIMED_OUT: _ClassVar[ErrorCode]
+    FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
+    UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
+    STALE_CONTROLLER_EPOCH: _ClassVar[ErrorCode]
+    STALE_BROKER_EPOCH: _ClassVar[ErrorCode]
+    NOT_CONTROLLER: _ClassVar[ErrorCode]
+    INVALID_REPLICATION_FACTOR: _ClassVar[ErrorCode]
+    INVALID_PARTITIONS: _ClassVar[ErrorCode]
+    TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
+    INVALID_CONFIG: _ClassVar[ErrorCode]
+    INVALID_UPDATE_VERSION: _ClassVar[ErrorCode]
+    INELIGIBLE_REPLICA: _ClassVar[ErrorCode]
+    OUT_OF_ORDER_SEQUENCE: _ClassVar[ErrorCode]
+    UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
+    INVALID_PRODUCER_EPOCH: _ClassVar[ErrorCode]
+    UNSUPPORTED_COMPRESSION_TYPE: _ClassVar[ErrorCode]
+    INVALID_REQUEST: _ClassVar[ErrorCode]
+    INVALID_REQUIRED_ACKS: _ClassVar[ErrorCode]
+    NO_REPLICA_ONLINE: _ClassVar[ErrorCode]
+    STATE_CHANGE_FAILED: _ClassVar[ErrorCode]
+    ELECTION_NOT_NEEDED: _ClassVar[ErrorCode]
+    ELIGIBLE_LEADERS_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    PREFERRED_LEADER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    NO_REASSIGNMENT_IN_PROGRESS: _ClassVar[ErrorCode]
+    STORAGE_ERROR: _ClassVar[ErrorCode]
+    BROKER_NOT_AVAILABLE: _ClassVar[ErrorCode]
+    TOPIC_DELETION_IN_PROGRESS: _ClassVar[ErrorCode]
+    INVALID_TIMESTAMP: _ClassVar[ErrorCode]
+    PRODUCER_ID_ALLOCATION_FAILED: _ClassVar[ErrorCode]
+    UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
+NONE: ErrorCode
+UNKNOWN_SERVER_ERROR: ErrorCode
+CORRUPT_MESSAGE: ErrorCode
+MESSAGE_TOO_LARGE: ErrorCode
+UNKNOWN_TOPIC_OR_PARTITION: ErrorCode
+NOT_LEADER_OR_FOLLOWER: ErrorCode
+OFFSET_OUT_OF_RANGE: ErrorCode
+INVALID_TOPIC: ErrorCode
+LEADER_NOT_AVAILABLE: ErrorCode
+REPLICA_NOT_AVAILABLE: ErrorCode
+NOT_ENOUGH_REPLICAS: ErrorCode
+NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode
+REQUEST_TIMED_OUT: ErrorCode
+FENCED_LEADER_EPOCH: ErrorCode
+UNKNOWN_LEADER_EPOCH: ErrorCode
+STALE_CONTROLLER_EPOCH: ErrorCode
+STALE_BROKER_EPOCH: ErrorCode
+NOT_CONTROLLER: ErrorCode
+INVALID_REPLICATION_FACTOR: ErrorCode
+INVALID_PARTITIONS: ErrorCode
+TOPIC_ALREADY_EXISTS: ErrorCode
+INVALID_CONFIG: ErrorCode
+INVALID_UPDATE_VERSION: ErrorCode
+INELIGIBLE_REPLICA: ErrorCode
+OUT_OF_ORDER_SEQUENCE: ErrorCode
+UNKNOWN_PRODUCER_ID: ErrorCode
+INVALID_PRODUCER_EPOCH: ErrorCode
+UNSUPPORTED_COMPRESSION_TYPE: ErrorCode
+INVALID_REQUEST: ErrorCode
+INVALID_REQUIRED_ACKS: ErrorCode
+NO_REPLICA_ONLINE: ErrorCode
+STATE_CHANGE_FAILED: ErrorCode
+ELECTION_NOT_NEEDED: ErrorCode
+ELIGIBLE_LEADERS_NOT_AVAILABLE: ErrorCode
+PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode
+NO_REASSIGNMENT_IN_PROGRESS: ErrorCode
+STORAGE_ERROR: ErrorCode
+BROKER_NOT_AVAILABLE: ErrorCode
+TOPIC_DELETION_IN_PROGRESS: ErrorCode
+INVALID_TIMESTAMP: ErrorCode
+PRODUCER_ID_ALLOCATION_FAILED: ErrorCode
+UNSUPPORTED_VERSION: ErrorCode

@@ -1,0 +1,3 @@
+from tidewater.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,132 @@
+"""Broker configuration: Kafka's names, from a TOML file and command-line overrides.
+
+A config file reads like Kafka's server.properties in TOML syntax:
+
+    broker.id = 1
+    listeners = "127.0.0.1:9092"
+    log.dirs = ["/var/lib/tidewater/data"]
+    log.retention.ms = 604800000
+
+TOML turns dotted keys into nested tables; `flatten` turns them back into Kafka names.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidewater.errors import InvalidConfig
+
+# Broker-level defaults for topic configs, under Kafka's broker names → the topic config name.
+TOPIC_DEFAULT_NAMES = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "message.max.bytes": "max.message.bytes",
+    "min.insync.replicas": "min.insync.replicas",
+}
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    broker_id: int
+    log_dirs: tuple[Path, ...]
+    host: str = "127.0.0.1"
+    port: int = 9092
+    # Topic config defaults, under topic config names ("retention.ms", ...).
+    topic_defaults: Mapping[str, str] = field(default_factory=dict)
+    request_timeout_ms: int = 30000
+    replica_high_watermark_checkpoint_interval_ms: int = 5000
+    log_retention_check_interval_ms: int = 300000
+    log_flush_offset_checkpoint_interval_ms: int = 60000
+    log_flush_scheduler_interval_ms: int = 1000
+
+    @property
+    def listen_address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any]) -> BrokerConfig:
+        """Build from Kafka-named properties; unknown names and bad values raise InvalidConfig."""
+        remaining = dict(props)
+
+        def take_int(name: str, default: int | None = None) -> int:
+            raw = remaining.pop(name, default)
+            if raw is None:
+                raise InvalidConfig(f"{name} is required")
+            try:
+                value = int(raw)
+            except (TypeError, ValueError):
+                raise InvalidConfig(f"{name} must be an integer, got {raw!r}") from None
+            if value < 0:
+                raise InvalidConfig(f"{name} must not be negative, got {value}")
+            return value
+
+        broker_id = take_int("broker.id")
+        listeners = str(remaining.pop("listeners", "127.0.0.1:9092"))
+        host, sep, port_text = listeners.rpartition(":")
+        if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+            raise InvalidConfig(f"listeners must be host:port, got {listeners!r}")
+        raw_dirs = remaining.pop("log.dirs", None)
+        if raw_dirs is None:
+            raise InvalidConfig("log.dirs is required")
+        dirs = raw_dirs.split(",") if isinstance(raw_dirs, str) else list(raw_dirs)
+        if not dirs or not all(str(d).strip() for d in dirs):
+            raise InvalidConfig(f"log.dirs must name at least one directory, got {raw_dirs!r}")
+        topic_defaults = {
+            TOPIC_DEFAULT_NAMES[name]: str(remaining.pop(name))
+            for name in list(remaining)
+            if name in TOPIC_DEFAULT_NAMES
+        }
+        config = cls(
+            broker_id=broker_id,
+            log_dirs=tuple(Path(str(d).strip()) for d in dirs),
+            host=host,
+            port=int(port_text),
+            topic_defaults=topic_defaults,
+            request_timeout_ms=take_int("request.timeout.ms", 30000),
+            replica_high_watermark_checkpoint_interval_ms=take_int(
+                "replica.high.watermark.checkpoint.interval.ms", 5000
+            ),
+            log_retention_check_interval_ms=take_int("log.retention.check.interval.ms", 300000),
+            log_flush_offset_checkpoint_interval_ms=take_int(
+                "log.flush.offset.checkpoint.interval.ms", 60000
+            ),
+            log_flush_scheduler_interval_ms=take_int("log.flush.scheduler.interval.ms", 1000),
+        )
+        if remaining:
+            raise InvalidConfig(f"unknown broker config: {', '.join(sorted(remaining))}")
+        return config
+
+
+def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"log": {"dirs": [...]}} → {"log.dirs": [...]}."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def load_properties(path: Path | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Properties from a TOML file (if any), then command-line overrides on top."""
+    props: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as f:
+                props = flatten(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise InvalidConfig(f"cannot read config file {path}: {e}") from None
+    props.update({k: v for k, v in overrides.items() if v is not None})
+    return props

@@ -1,0 +1,104 @@
+"""The broker process: storage, replica manager and gRPC server, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from pathlib import Path
+
+from tidewater.broker.config import BrokerConfig
+from tidewater.broker.log.manager import LogManager
+from tidewater.broker.replica_manager import ReplicaManager
+from tidewater.broker.service import BrokerControl, BrokerService
+from tidewater.broker.topic_config import TopicConfig
+from tidewater.rpc.server import ServiceHost
+from tidewater.v1 import broker_pb2, broker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        defaults = TopicConfig.from_properties(dict(config.topic_defaults))
+        self.log_manager = LogManager(list(config.log_dirs), defaults.log)
+        loop = asyncio.get_running_loop()
+        self.replica_manager = ReplicaManager(
+            config, self.log_manager, loop.call_later, wall_clock_ms
+        )
+        names = [
+            broker_pb2.DESCRIPTOR.services_by_name[name].full_name
+            for name in ("BrokerService", "BrokerControl")
+        ]
+        self.host = ServiceHost(names)
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(
+            BrokerService(self.replica_manager), self.host.server
+        )
+        broker_pb2_grpc.add_BrokerControlServicer_to_server(
+            BrokerControl(self.replica_manager), self.host.server
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.host.port}"
+
+    async def start(self) -> None:
+        self.host.bind(self.config.host, self.config.port)
+        await self.host.start()
+        self._tasks = [
+            asyncio.create_task(
+                self.log_manager.run_background_tasks(
+                    retention_check_interval_ms=self.config.log_retention_check_interval_ms,
+                    flush_check_interval_ms=self.config.log_flush_scheduler_interval_ms,
+                    recovery_point_checkpoint_interval_ms=(
+                        self.config.log_flush_offset_checkpoint_interval_ms
+                    ),
+                )
+            ),
+            asyncio.create_task(self._checkpoint_high_watermarks()),
+        ]
+        await self.host.set_serving()
+        log.info("broker %d listening on %s", self.config.broker_id, self.address)
+
+    async def _checkpoint_high_watermarks(self) -> None:
+        interval = self.config.replica_high_watermark_checkpoint_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self.replica_manager.checkpoint_high_watermarks()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Clean shutdown: stop serving, answer waiting requests, flush and checkpoint."""
+        await self.host.stop(grace_s)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.replica_manager.shutdown()
+        self.log_manager.shutdown()
+        log.info("broker %d stopped cleanly", self.config.broker_id)
+
+
+async def run_broker(config: BrokerConfig, ready_file: Path | None = None) -> None:
+    """Run until SIGTERM or SIGINT, then shut down cleanly."""
+    server = BrokerServer(config)
+    await server.start()
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(server.address)
+        tmp.rename(ready_file)
+    print(f"tidewater broker {config.broker_id} listening on {server.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()

@@ -1,0 +1,64 @@
+"""gRPC servicers of the broker: BrokerService (data plane) and BrokerControl (controller)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from tidewater.broker.replica_manager import ReplicaManager
+from tidewater.rpc.streams import pipelined
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc
+
+
+class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
+    def __init__(self, replica_manager: ReplicaManager) -> None:
+        self._rm = replica_manager
+
+    async def Produce(
+        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProduceResponse:
+        return await self._rm.produce(request)
+
+    async def ProduceStream(
+        self, request_iterator: AsyncIterator[pb.ProduceRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProduceResponse]:
+        async for response in pipelined(request_iterator, self._rm.produce):
+            yield response
+
+    async def Fetch(
+        self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FetchResponse:
+        return await self._rm.fetch(request)
+
+    async def FetchStream(
+        self, request_iterator: AsyncIterator[pb.FetchRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FetchResponse]:
+        async for response in pipelined(request_iterator, self._rm.fetch):
+            yield response
+
+    async def ListOffsets(
+        self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListOffsetsResponse:
+        return self._rm.list_offsets(request)
+
+    async def OffsetForLeaderEpoch(
+        self, request: pb.OffsetForLeaderEpochRequest, context: grpc.aio.ServicerContext
+    ) -> pb.OffsetForLeaderEpochResponse:
+        return self._rm.offset_for_leader_epoch(request)
+
+
+class BrokerControl(broker_pb2_grpc.BrokerControlServicer):
+    def __init__(self, replica_manager: ReplicaManager) -> None:
+        self._rm = replica_manager
+
+    async def LeaderAndIsr(
+        self, request: pb.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LeaderAndIsrResponse:
+        return self._rm.become_leader_or_follower(request)
+
+    async def StopReplica(
+        self, request: pb.StopReplicaRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StopReplicaResponse:
+        return self._rm.stop_replica(request)

@@ -1,0 +1,37 @@
+"""A topic's effective configuration: log settings plus the replication ones."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tidewater.broker.log.config import LogConfig
+from tidewater.errors import InvalidConfig
+
+_BOOLEANS = {"true": True, "false": False}
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    log: LogConfig = field(default_factory=LogConfig)
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, str]) -> TopicConfig:
+        """Kafka topic config names → TopicConfig; InvalidConfig names the bad key."""
+        log_props = dict(props)
+        raw_min_isr = log_props.pop("min.insync.replicas", "1")
+        raw_unclean = log_props.pop("unclean.leader.election.enable", "false")
+        try:
+            min_isr = int(raw_min_isr)
+        except ValueError:
+            raise InvalidConfig(f"min.insync.replicas must be an integer, got {raw_min_isr!r}")
+        if min_isr < 1:
+            raise InvalidConfig(f"min.insync.replicas must be at least 1, got {min_isr}")
+        unclean = _BOOLEANS.get(str(raw_unclean).lower())
+        if unclean is None:
+            raise InvalidConfig(
+                f"unclean.leader.election.enable must be true or false, got {raw_unclean!r}"
+            )
+        return cls(LogConfig.from_properties(log_props), min_isr, unclean)

@@ -1,0 +1,85 @@
+"""The `tidewater` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tidewater.errors import InvalidConfig, TidewaterError
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tidewater", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    broker = commands.add_parser("broker", help="run a broker")
+    broker.add_argument("--config", type=Path, help="TOML file with Kafka-named broker configs")
+    broker.add_argument("--broker-id", help="broker.id")
+    broker.add_argument("--listen", help="listeners: HOST:PORT (port 0 picks a free one)")
+    broker.add_argument("--log-dirs", help="log.dirs: comma-separated directories")
+    broker.add_argument(
+        "--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+        help="any other broker config, e.g. --set log.retention.ms=3600000",
+    )
+    broker.add_argument("--ready-file", type=Path, help="write the bound address here once serving")
+
+    demo = commands.add_parser(
+        "demo", help="start a broker, make it leader of a partition, produce and consume"
+    )
+    demo.add_argument("--records", type=int, default=10_000)
+    demo.add_argument("--data-dir", type=Path, help="keep data here (default: a temp dir)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.command == "broker":
+            return _broker(args)
+        if args.command == "demo":
+            from tidewater.local.demo import run_demo
+
+            return asyncio.run(run_demo(args.records, args.data_dir))
+    except (TidewaterError, OSError) as e:
+        print(f"tidewater: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(args.command)
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from tidewater.broker.config import BrokerConfig, load_properties
+    from tidewater.broker.server import run_broker
+
+    overrides = {
+        "broker.id": args.broker_id,
+        "listeners": args.listen,
+        "log.dirs": args.log_dirs,
+        **dict(args.set),
+    }
+    config = BrokerConfig.from_properties(load_properties(args.config, overrides))
+    for log_dir in config.log_dirs:
+        try:
+            log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InvalidConfig(f"log dir {log_dir} is not usable: {e}") from None
+    asyncio.run(run_broker(config, args.ready_file))
+    return 0

@@ -1,0 +1,1 @@
+"""Tools for developing Tidewater itself (code generation); not used at run time."""

@@ -1,0 +1,95 @@
+"""Exceptions that carry a protocol ErrorCode, so every layer can raise what a client will see."""
+
+from __future__ import annotations
+
+from tidewater.v1.errors_pb2 import ErrorCode
+
+
+class TidewaterError(Exception):
+    """An error with a name in the protocol. Subclasses fix the code; the message explains."""
+
+    code: int = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def code_name(self) -> str:
+        return ErrorCode.Name(self.code)
+
+    def __str__(self) -> str:
+        return f"{self.code_name}: {self.args[0]}"
+
+
+class CorruptMessage(TidewaterError):
+    code = ErrorCode.CORRUPT_MESSAGE
+
+
+class MessageTooLarge(TidewaterError):
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class UnsupportedCompressionType(TidewaterError):
+    code = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+
+
+class UnsupportedVersion(TidewaterError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class UnknownTopicOrPartition(TidewaterError):
+    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+class NotLeaderOrFollower(TidewaterError):
+    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+class OffsetOutOfRange(TidewaterError):
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class InvalidTopic(TidewaterError):
+    code = ErrorCode.INVALID_TOPIC
+
+
+class InvalidRequest(TidewaterError):
+    code = ErrorCode.INVALID_REQUEST
+
+
+class InvalidConfig(TidewaterError):
+    code = ErrorCode.INVALID_CONFIG
+
+
+class StorageError(TidewaterError):
+    code = ErrorCode.STORAGE_ERROR
+
+
+class FencedLeaderEpoch(TidewaterError):
+    code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+class UnknownLeaderEpoch(TidewaterError):
+    code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+class StaleControllerEpoch(TidewaterError):
+    code = ErrorCode.STALE_CONTROLLER_EPOCH
+
+
+class NotEnoughReplicas(TidewaterError):
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+class NotEnoughReplicasAfterAppend(TidewaterError):
+    code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+class RequestTimedOut(TidewaterError):
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class InvalidRequiredAcks(TidewaterError):
+    code = ErrorCode.INVALID_REQUIRED_ACKS

@@ -1,0 +1,1 @@
+"""Running Tidewater processes on one machine: supervision, the demo."""

@@ -1,0 +1,96 @@
+"""A Tidewater service as a supervised child process (used by the demo and the tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+class ManagedProcess:
+    """Starts a `python -m tidewater ...` child that writes its address to a ready file."""
+
+    def __init__(self, name: str, args: Sequence[str], work_dir: Path) -> None:
+        self.name = name
+        self.args = list(args)
+        self.work_dir = work_dir
+        self.ready_file = work_dir / f"{name}.ready"
+        self.log_file = work_dir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Start and wait until it serves; returns its address (host:port)."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        with self.log_file.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tidewater", *self.args, "--ready-file", str(self.ready_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.exists():
+            if self.proc.poll() is not None:
+                raise ProcessFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ProcessFailed(f"{self.name} not ready after {timeout_s} s:\n{self.log_tail()}")
+            time.sleep(0.02)
+        self.address = self.ready_file.read_text().strip()
+        return self.address
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.running:
+            os.kill(self.pid, sig)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM (clean shutdown), then SIGKILL if it does not exit in time."""
+        if self.proc is None:
+            return None
+        if self.running:
+            self.signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """kill -9, as a crash."""
+        if self.running:
+            self.signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def broker_args(broker_id: int, log_dir: Path, listen: str, settings: dict[str, str]) -> list[str]:
+    args = ["broker", "--broker-id", str(broker_id), "--listen", listen, "--log-dirs", str(log_dir)]
+    for key, value in settings.items():
+        args += ["--set", f"{key}={value}"]
+    return args

@@ -1,0 +1,1 @@
+"""The record batch format: header layout (shared by broker and client), validation, codecs."""

@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by every Tidewater server and client."""

@@ -30,7 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     broker.add_argument("--listen", help="listeners: HOST:PORT (port 0 picks a free one)")
     broker.add_argument("--log-dirs", help="log.dirs: comma-separated directories")
     broker.add_argument(
-        "--set", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="any other broker config, e.g. --set log.retention.ms=3600000",
     )
     broker.add_argument("--ready-file", type=Path, help="write the bound address here once serving")

@@ -19,6 +19,4 @@ def validate_topic_name(name: str) -> None:
     if len(name) > MAX_TOPIC_LENGTH:
         raise InvalidTopic(f"topic name is {len(name)} characters, the limit is {MAX_TOPIC_LENGTH}")
     if not _LEGAL.fullmatch(name):
-        raise InvalidTopic(
-            f"topic name {name!r} has characters outside [a-zA-Z0-9._-]"
-        )
+        raise InvalidTopic(f"topic name {name!r} has characters outside [a-zA-Z0-9._-]")

@@ -40,7 +40,7 @@ class DelayedOperation(ABC):
     def on_complete(self) -> None:
         """Produce the operation's result. Runs exactly once, on completion or on expiry."""
 
-    def on_expiration(self) -> None:
+    def on_expiration(self) -> None:  # noqa: B027 - an optional hook
         """Hook run just before on_complete() when the timeout fired first."""
 
     def force_complete(self) -> bool:
@@ -52,7 +52,6 @@ class DelayedOperation(ABC):
             self._timer = None
         self.on_complete()
         return True
-
 
 
 class Purgatory:

@@ -302,8 +302,9 @@ class ReplicaManager:
                 if fp.partition_max_bytes > 0:
                     limit = min(limit, fp.partition_max_bytes)
                 # Kafka's rule: only the response's first data may exceed the limits.
-                read = partition.read(fp.fetch_offset, max(limit, 0) if total else limit,
-                                      for_follower=for_follower)
+                read = partition.read(
+                    fp.fetch_offset, max(limit, 0) if total else limit, for_follower=for_follower
+                )
             except TidewaterError as e:
                 result.error_code = e.code
                 result.error_message = str(e)
@@ -394,12 +395,15 @@ class ReplicaManager:
         validate_topic_name(tp[0])
         partition = self.partitions.get(tp)
         if partition is None:
-            raise UnknownTopicOrPartition(f"broker {self.broker_id} has no partition {tp[0]}-{tp[1]}")
+            raise UnknownTopicOrPartition(
+                f"broker {self.broker_id} has no partition {tp[0]}-{tp[1]}"
+            )
         partition.require_leader()
         return partition
 
-    def _fill_current_leader(self, result: pb.PartitionProduceResponse | pb.FetchPartitionResponse,
-                             tp: TopicPartition) -> None:
+    def _fill_current_leader(
+        self, result: pb.PartitionProduceResponse | pb.FetchPartitionResponse, tp: TopicPartition
+    ) -> None:
         partition = self.partitions.get(tp)
         result.current_leader.leader_id = partition.leader if partition else -1
         result.current_leader.leader_epoch = partition.leader_epoch if partition else -1

@@ -26,7 +26,9 @@ class TopicConfig:
         try:
             min_isr = int(raw_min_isr)
         except ValueError:
-            raise InvalidConfig(f"min.insync.replicas must be an integer, got {raw_min_isr!r}")
+            raise InvalidConfig(
+                f"min.insync.replicas must be an integer, got {raw_min_isr!r}"
+            ) from None
         if min_isr < 1:
             raise InvalidConfig(f"min.insync.replicas must be at least 1, got {min_isr}")
         unclean = _BOOLEANS.get(str(raw_unclean).lower())

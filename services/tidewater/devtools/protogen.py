@@ -1,7 +1,7 @@
 """Generate the Python gRPC code in gen/ from protos/: the one command for it.
 
-    python -m tidewater.devtools.protogen            # regenerate gen/ in place
-    python -m tidewater.devtools.protogen --out DIR  # generate elsewhere (the staleness test)
+python -m tidewater.devtools.protogen            # regenerate gen/ in place
+python -m tidewater.devtools.protogen --out DIR  # generate elsewhere (the staleness test)
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from grpc_tools import protoc
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROTO_ROOT = REPO_ROOT / "protos"
 PACKAGE_DIR = Path("tidewater") / "v1"
-INIT_TEXT = '"""Generated gRPC code for package tidewater.v1 (python -m tidewater.devtools.protogen)."""\n'
+INIT_TEXT = (
+    '"""Generated gRPC code for package tidewater.v1 (python -m tidewater.devtools.protogen)."""\n'
+)
 
 
 def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:

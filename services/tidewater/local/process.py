@@ -33,7 +33,14 @@ class ManagedProcess:
         self.ready_file.unlink(missing_ok=True)
         with self.log_file.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tidewater", *self.args, "--ready-file", str(self.ready_file)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tidewater",
+                    *self.args,
+                    "--ready-file",
+                    str(self.ready_file),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -41,10 +48,14 @@ class ManagedProcess:
         deadline = time.monotonic() + timeout_s
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
-                raise ProcessFailed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                raise ProcessFailed(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
-                raise ProcessFailed(f"{self.name} not ready after {timeout_s} s:\n{self.log_tail()}")
+                raise ProcessFailed(
+                    f"{self.name} not ready after {timeout_s} s:\n{self.log_tail()}"
+                )
             time.sleep(0.02)
         self.address = self.ready_file.read_text().strip()
         return self.address

@@ -27,8 +27,11 @@ class ServiceHost:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
         reflection.enable_server_reflection(
-            [*self.service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME],
+            [
+                *self.service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
             self.server,
         )
         self.port = 0

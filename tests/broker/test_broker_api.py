@@ -1,0 +1,476 @@
+"""The single-replica broker through its real gRPC API: produce, fetch, offsets, errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tidewater.local.standin_controller import leader_and_isr_request, make_leader
+from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.records.header import Compression, read_header
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import common_pb2
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TOPIC = "events"
+
+
+def batch_of(values: list[bytes], **kwargs: Any) -> bytes:
+    return build_batch([Record(key=b"k", value=v) for v in values], **kwargs)
+
+
+def produce_request(
+    batch: bytes, acks: int = 1, topic: str = TOPIC, partition: int = 0, timeout_ms: int = 0
+) -> pb.ProduceRequest:
+    return pb.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        partitions=[pb.PartitionProduceData(topic=topic, partition=partition, record_batch=batch)],
+    )
+
+
+def fetch_request(
+    offset: int,
+    *,
+    epoch: int = -1,
+    max_wait_ms: int = 0,
+    topic: str = TOPIC,
+    fmt: int = pb.RECORD_FORMAT_BATCHES,
+    max_bytes: int = 1 << 24,
+) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=max_wait_ms,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        record_format=fmt,
+        partitions=[
+            pb.FetchPartition(
+                topic=topic,
+                partition=0,
+                fetch_offset=offset,
+                current_leader_epoch=epoch,
+                last_fetched_epoch=-1,
+                log_start_offset=-1,
+            )
+        ],
+    )
+
+
+@pytest.fixture
+async def leader(start_broker: Callable[..., Any]) -> Any:
+    """A broker leading events-0 at leader epoch 1."""
+    _, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    return client
+
+
+async def produce_ok(client: Any, batch: bytes, acks: int = 1) -> int:
+    response = await client.service.Produce(produce_request(batch, acks))
+    result = response.partitions[0]
+    assert result.error_code == ErrorCode.NONE, result.error_message
+    return result.base_offset
+
+
+async def test_round_trip_serves_stored_bytes(leader: Any) -> None:
+    batches = [
+        batch_of([f"v{i}-{j}".encode() for j in range(5)], compression=c)
+        for i, c in enumerate(
+            [Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]
+        )
+    ]
+    offsets = [
+        await produce_ok(leader, b, acks=a) for b, a in zip(batches, [1, -1, 1, 0], strict=True)
+    ]
+    assert offsets == [0, 5, 10, 15]
+
+    response = await leader.service.Fetch(fetch_request(0))
+    result = response.partitions[0]
+    assert result.error_code == ErrorCode.NONE
+    assert result.high_watermark == 20
+    served = result.record_batches
+    pos = 0
+    for sent, base in zip(batches, offsets, strict=True):
+        header = read_header(served, pos)
+        assert header.base_offset == base
+        assert header.partition_leader_epoch == 1
+        # Everything but the broker-patched base offset and leader epoch is byte-identical.
+        assert served[pos + 17 : pos + header.size] == sent[17:]
+        pos += header.size
+    assert pos == len(served)
+    values = [r.value for r in decode_batches(served)]
+    assert values == [f"v{i}-{j}".encode() for i in range(4) for j in range(5)]
+
+
+async def test_plain_records_for_clients_without_batches(leader: Any) -> None:
+    request = pb.ProduceRequest(
+        acks=1,
+        partitions=[
+            pb.PartitionProduceData(
+                topic=TOPIC,
+                partition=0,
+                records=[
+                    common_pb2.Record(
+                        key=b"a", value=b"1", headers=[common_pb2.RecordHeader(key="h", value=b"x")]
+                    ),
+                    common_pb2.Record(value=b"2", timestamp_ms=1234),
+                ],
+            )
+        ],
+    )
+    response = await leader.service.Produce(request)
+    assert response.partitions[0].error_code == ErrorCode.NONE
+    fetched = await leader.service.Fetch(fetch_request(1, fmt=pb.RECORD_FORMAT_RECORDS))
+    records = fetched.partitions[0].records
+    assert [(r.offset, r.value, r.timestamp_ms) for r in records] == [(1, b"2", 1234)]
+    assert not records[0].HasField("key")
+    everything = await leader.service.Fetch(fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS))
+    first = everything.partitions[0].records[0]
+    assert (first.key, first.value, first.headers[0].key, first.headers[0].value) == (
+        b"a",
+        b"1",
+        "h",
+        b"x",
+    )
+
+
+async def test_long_poll_fetch_wakes_on_new_data(leader: Any) -> None:
+    waiting = asyncio.ensure_future(leader.service.Fetch(fetch_request(0, max_wait_ms=30_000)))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    await produce_ok(leader, batch_of([b"hello"]))
+    response = await asyncio.wait_for(waiting, 20)
+    assert [r.value for r in decode_batches(response.partitions[0].record_batches)] == [b"hello"]
+
+
+async def test_long_poll_returns_empty_after_max_wait(leader: Any) -> None:
+    response = await leader.service.Fetch(fetch_request(0, max_wait_ms=50))
+    assert response.partitions[0].error_code == ErrorCode.NONE
+    assert response.partitions[0].record_batches == b""
+
+
+async def test_list_offsets(leader: Any) -> None:
+    for ts in (1000, 2000, 3000):
+        await produce_ok(leader, build_batch([Record(value=b"x", timestamp_ms=ts)] * 2))
+
+    async def offset(spec: int, ts: int = 0) -> tuple[int, int]:
+        response = await leader.service.ListOffsets(
+            pb.ListOffsetsRequest(
+                replica_id=-1,
+                partitions=[
+                    pb.ListOffsetsPartition(
+                        topic=TOPIC,
+                        partition=0,
+                        current_leader_epoch=-1,
+                        spec=spec,
+                        timestamp_ms=ts,
+                    )
+                ],
+            )
+        )
+        result = response.partitions[0]
+        assert result.error_code == ErrorCode.NONE
+        return result.offset, result.timestamp_ms
+
+    assert (await offset(pb.OFFSET_SPEC_EARLIEST))[0] == 0
+    assert (await offset(pb.OFFSET_SPEC_LATEST))[0] == 6
+    assert await offset(pb.OFFSET_SPEC_TIMESTAMP, 1500) == (2, 2000)
+    assert await offset(pb.OFFSET_SPEC_TIMESTAMP, 3000) == (4, 3000)
+    assert (await offset(pb.OFFSET_SPEC_TIMESTAMP, 9999))[0] == -1
+
+
+async def test_offset_for_leader_epoch(leader: Any) -> None:
+    await produce_ok(leader, batch_of([b"a", b"b"]))
+    await make_leader(leader.channel, TOPIC, 0, leader=1, leader_epoch=3, replicas=[1])
+    await produce_ok(leader, batch_of([b"c"]))
+
+    async def end_of(epoch: int) -> tuple[int, int]:
+        response = await leader.service.OffsetForLeaderEpoch(
+            pb.OffsetForLeaderEpochRequest(
+                replica_id=-1,
+                partitions=[
+                    pb.OffsetForLeaderEpochPartition(
+                        topic=TOPIC, partition=0, current_leader_epoch=3, leader_epoch=epoch
+                    )
+                ],
+            )
+        )
+        result = response.partitions[0]
+        assert result.error_code == ErrorCode.NONE
+        return result.leader_epoch, result.end_offset
+
+    assert await end_of(1) == (1, 2)
+    assert await end_of(2) == (1, 2)
+    assert await end_of(3) == (3, 3)
+
+
+async def test_streams_answer_by_correlation_id(leader: Any) -> None:
+    async def produce_requests() -> Any:
+        for i in range(20):
+            request = produce_request(batch_of([f"s{i}".encode()]), acks=-1)
+            request.correlation_id = 100 + i
+            yield request
+
+    call = leader.service.ProduceStream(produce_requests())
+    responses = [r async for r in call]
+    assert sorted(r.correlation_id for r in responses) == list(range(100, 120))
+    by_id = {r.correlation_id: r.partitions[0].base_offset for r in responses}
+    assert [by_id[100 + i] for i in range(20)] == list(range(20))
+
+    async def fetch_requests() -> Any:
+        for offset in (0, 10, 19):
+            request = fetch_request(offset)
+            request.correlation_id = offset
+            yield request
+
+    fetched = {r.correlation_id: r async for r in leader.service.FetchStream(fetch_requests())}
+    for offset in (0, 10, 19):
+        first = next(decode_batches(fetched[offset].partitions[0].record_batches))
+        assert first.offset == offset
+
+
+async def test_health_and_reflection(leader: Any) -> None:
+    health = health_pb2_grpc.HealthStub(leader.channel)
+    for service in ("", "tidewater.v1.BrokerService", "tidewater.v1.BrokerControl"):
+        response = await health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert response.status == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(leader.channel)
+    responses = stub.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    )
+    names = {s.name async for r in responses for s in r.list_services_response.service}
+    assert {"tidewater.v1.BrokerService", "tidewater.v1.BrokerControl"} <= names
+
+
+async def test_rpcs_of_later_issues_answer_unimplemented(leader: Any) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await leader.service.InitProducerId(
+            pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+        )
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# -- bad input: a named error, and nothing acknowledged lost ---------------------------------
+
+
+async def produce_error(client: Any, request: pb.ProduceRequest) -> tuple[int, str]:
+    response = await client.service.Produce(request)
+    result = response.partitions[0]
+    assert result.base_offset == -1
+    return result.error_code, result.error_message
+
+
+def corrupt(batch: bytes, pos: int, value: int | None = None) -> bytes:
+    data = bytearray(batch)
+    data[pos] = value if value is not None else data[pos] ^ 0xFF
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("mangle", "expected"),
+    [
+        (lambda b: corrupt(b, len(b) - 1), ErrorCode.CORRUPT_MESSAGE),  # CRC mismatch
+        (lambda b: b[:40], ErrorCode.CORRUPT_MESSAGE),  # shorter than a header
+        (lambda b: b[:-3], ErrorCode.CORRUPT_MESSAGE),  # length field disagrees
+        (lambda b: corrupt(b, 8, 0x80), ErrorCode.CORRUPT_MESSAGE),  # negative length
+        (lambda b: corrupt(b, 16, 1), ErrorCode.UNSUPPORTED_VERSION),  # magic 1
+        (lambda b: b"", ErrorCode.INVALID_REQUEST),  # no records at all
+    ],
+    ids=["crc", "short-header", "length-mismatch", "negative-length", "magic", "empty"],
+)
+async def test_malformed_batches_are_rejected(
+    leader: Any, mangle: Callable[[bytes], bytes], expected: int
+) -> None:
+    await produce_ok(leader, batch_of([b"kept"]))
+    code, message = await produce_error(leader, produce_request(mangle(batch_of([b"x", b"y"]))))
+    assert ErrorCode.Name(code) == ErrorCode.Name(expected)
+    assert message
+    # Nothing acknowledged is lost, and the log still takes appends at the right offset.
+    assert await produce_ok(leader, batch_of([b"after"])) == 1
+    records = list(
+        decode_batches((await leader.service.Fetch(fetch_request(0))).partitions[0].record_batches)
+    )
+    assert [r.value for r in records] == [b"kept", b"after"]
+
+
+async def test_record_count_disagreeing_with_bytes(leader: Any) -> None:
+    from tidewater.records.header import HEADER, compute_crc
+
+    good = bytearray(batch_of([b"a", b"b"]))
+    fields = list(HEADER.unpack_from(good))
+    fields[-1] = 3  # record_count
+    fields[6] = 2  # last_offset_delta, so the header is self-consistent
+    HEADER.pack_into(good, 0, *fields)
+    HEADER.pack_into(good, 0, *fields[:4], compute_crc(good), *fields[5:])
+    code, _ = await produce_error(leader, produce_request(bytes(good)))
+    assert code == ErrorCode.CORRUPT_MESSAGE
+
+
+async def test_snappy_is_unsupported(leader: Any) -> None:
+    from tidewater.records.header import HEADER, compute_crc
+
+    batch = bytearray(batch_of([b"a"]))
+    fields = list(HEADER.unpack_from(batch))
+    fields[5] = Compression.SNAPPY
+    HEADER.pack_into(batch, 0, *fields)
+    HEADER.pack_into(batch, 0, *fields[:4], compute_crc(batch), *fields[5:])
+    code, _ = await produce_error(leader, produce_request(bytes(batch)))
+    assert code == ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+
+
+async def test_message_too_large(start_broker: Callable[..., Any]) -> None:
+    _, client = await start_broker(1, **{"message.max.bytes": 1000})
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    code, message = await produce_error(client, produce_request(batch_of([b"x" * 2000])))
+    assert code == ErrorCode.MESSAGE_TOO_LARGE
+    assert "1000" in message
+
+
+async def test_unknown_partition_invalid_topic_and_acks(leader: Any) -> None:
+    batch = batch_of([b"x"])
+    assert (await produce_error(leader, produce_request(batch, partition=7)))[0] == (
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    )
+    for name in ("", ".", "..", "bad/name", "x" * 250):
+        assert (await produce_error(leader, produce_request(batch, topic=name)))[0] == (
+            ErrorCode.INVALID_TOPIC
+        ), name
+    assert (await produce_error(leader, produce_request(batch, acks=2)))[0] == (
+        ErrorCode.INVALID_REQUIRED_ACKS
+    )
+    both = produce_request(batch)
+    both.partitions[0].records.add(value=b"y")
+    assert (await produce_error(leader, both))[0] == ErrorCode.INVALID_REQUEST
+
+
+async def test_not_leader_after_becoming_follower(leader: Any) -> None:
+    await produce_ok(leader, batch_of([b"x"]))
+    await make_leader(leader.channel, TOPIC, 0, leader=2, leader_epoch=2, replicas=[1, 2])
+    code, _ = await produce_error(leader, produce_request(batch_of([b"y"])))
+    assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    response = await leader.service.Produce(produce_request(batch_of([b"y"])))
+    assert response.partitions[0].current_leader.leader_id == 2
+    fetched = await leader.service.Fetch(fetch_request(0))
+    assert fetched.partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_fetch_offset_out_of_range_and_epoch_fencing(leader: Any) -> None:
+    await produce_ok(leader, batch_of([b"x", b"y"]))
+
+    async def fetch_code(offset: int, epoch: int = -1) -> int:
+        return (
+            (await leader.service.Fetch(fetch_request(offset, epoch=epoch)))
+            .partitions[0]
+            .error_code
+        )
+
+    assert await fetch_code(3) == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert await fetch_code(-1) == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert await fetch_code(2) == ErrorCode.NONE  # the LEO itself: empty, not an error
+    assert await fetch_code(0, epoch=0) == ErrorCode.FENCED_LEADER_EPOCH
+    assert await fetch_code(0, epoch=2) == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert await fetch_code(0, epoch=1) == ErrorCode.NONE
+
+
+async def test_leader_and_isr_epoch_checks(leader: Any) -> None:
+    stale_controller = leader_and_isr_request(
+        TOPIC, 0, leader=1, leader_epoch=5, replicas=[1], controller_epoch=0
+    )
+    response = await leader.control.LeaderAndIsr(stale_controller)
+    assert response.error_code == ErrorCode.STALE_CONTROLLER_EPOCH
+
+    same_epoch = leader_and_isr_request(TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    response = await leader.control.LeaderAndIsr(same_epoch)
+    assert response.partition_errors[0].error_code == ErrorCode.FENCED_LEADER_EPOCH
+
+    elsewhere = leader_and_isr_request(TOPIC, 1, leader=2, leader_epoch=1, replicas=[2, 3])
+    response = await leader.control.LeaderAndIsr(elsewhere)
+    assert response.partition_errors[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+    bad_config = leader_and_isr_request(
+        "other", 0, leader=1, leader_epoch=1, replicas=[1], configs={"retention.ms": "soon"}
+    )
+    response = await leader.control.LeaderAndIsr(bad_config)
+    assert response.partition_errors[0].error_code == ErrorCode.INVALID_CONFIG
+
+
+async def test_acks_all_checks_min_insync_replicas(start_broker: Callable[..., Any]) -> None:
+    _, client = await start_broker(1)
+    await make_leader(
+        client.channel,
+        TOPIC,
+        0,
+        leader=1,
+        leader_epoch=1,
+        replicas=[1, 2],
+        isr=[1],
+        configs={"min.insync.replicas": "2"},
+    )
+    code, message = await produce_error(client, produce_request(batch_of([b"x"]), acks=-1))
+    assert code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert "min.insync.replicas=2" in message
+    assert await produce_ok(client, batch_of([b"x"]), acks=1) == 0
+
+
+async def test_acks_all_times_out_when_the_isr_does_not_replicate(
+    start_broker: Callable[..., Any],
+) -> None:
+    _, client = await start_broker(1)
+    # Broker 2 is in the ISR but never fetches: the HW cannot cover the batch.
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    code, _ = await produce_error(
+        client, produce_request(batch_of([b"x"]), acks=-1, timeout_ms=100)
+    )
+    assert code == ErrorCode.REQUEST_TIMED_OUT
+    # A consumer sees nothing above the HW.
+    fetched = await client.service.Fetch(fetch_request(0))
+    assert fetched.partitions[0].high_watermark == 0
+    assert fetched.partitions[0].record_batches == b""
+
+
+async def test_retention_moves_the_log_start_offset(start_broker: Callable[..., Any]) -> None:
+    _, client = await start_broker(1, **{"log.retention.check.interval.ms": 50})
+    await make_leader(
+        client.channel,
+        TOPIC,
+        0,
+        leader=1,
+        leader_epoch=1,
+        replicas=[1],
+        configs={"segment.bytes": "2000", "retention.bytes": "4000"},
+    )
+    for i in range(20):
+        await produce_ok(client, batch_of([bytes(300) + str(i).encode()]))
+
+    async def earliest() -> int:
+        response = await client.service.ListOffsets(
+            pb.ListOffsetsRequest(
+                replica_id=-1,
+                partitions=[
+                    pb.ListOffsetsPartition(
+                        topic=TOPIC,
+                        partition=0,
+                        current_leader_epoch=-1,
+                        spec=pb.OFFSET_SPEC_EARLIEST,
+                    )
+                ],
+            )
+        )
+        return response.partitions[0].offset
+
+    async def wait_for_retention() -> int:
+        while (start := await earliest()) == 0:
+            await asyncio.sleep(0.02)
+        return start
+
+    start = await asyncio.wait_for(wait_for_retention(), 20)
+    fetched = await client.service.Fetch(fetch_request(start))
+    assert next(decode_batches(fetched.partitions[0].record_batches)).offset == start
+    assert (await client.service.Fetch(fetch_request(0))).partitions[0].error_code == (
+        ErrorCode.OFFSET_OUT_OF_RANGE
+    )

@@ -1,0 +1,61 @@
+"""Broker and topic configuration: Kafka names in, clear errors out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tidewater.broker.config import BrokerConfig, load_properties
+from tidewater.broker.topic_config import TopicConfig
+from tidewater.errors import InvalidConfig
+
+
+def test_toml_file_with_kafka_names_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        'broker.id = 3\nlisteners = "127.0.0.1:9093"\nlog.dirs = ["/a", "/b"]\n'
+        "log.retention.ms = 1000\nmin.insync.replicas = 2\n"
+    )
+    config = BrokerConfig.from_properties(load_properties(path, {"log.dirs": "/c"}))
+    assert (config.broker_id, config.host, config.port) == (3, "127.0.0.1", 9093)
+    assert config.log_dirs == (Path("/c"),)
+    assert config.topic_defaults == {"retention.ms": "1000", "min.insync.replicas": "2"}
+    topic = TopicConfig.from_properties(dict(config.topic_defaults))
+    assert topic.min_insync_replicas == 2
+    assert topic.log.retention_ms == 1000
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        ({"log.dirs": "/a"}, "broker.id is required"),
+        ({"broker.id": "x", "log.dirs": "/a"}, "broker.id must be an integer"),
+        ({"broker.id": 1}, "log.dirs is required"),
+        ({"broker.id": 1, "log.dirs": "/a", "listeners": "nope"}, "listeners must be host:port"),
+        ({"broker.id": 1, "log.dirs": "/a", "bogus.key": 1}, "unknown broker config: bogus.key"),
+    ],
+)
+def test_bad_broker_config(props: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidConfig, match=message):
+        BrokerConfig.from_properties(props)
+
+
+@pytest.mark.parametrize(
+    ("props", "key"),
+    [
+        ({"min.insync.replicas": "0"}, "min.insync.replicas"),
+        ({"unclean.leader.election.enable": "maybe"}, "unclean.leader.election.enable"),
+        ({"retention.ms": "soon"}, "retention.ms"),
+        ({"no.such.config": "1"}, "no.such.config"),
+    ],
+)
+def test_bad_topic_config_names_the_key(props: dict[str, str], key: str) -> None:
+    with pytest.raises(InvalidConfig, match=key):
+        TopicConfig.from_properties(props)
+
+
+def test_unreadable_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("broker.id = = 1")
+    with pytest.raises(InvalidConfig, match="cannot read config file"):
+        load_properties(path, {})

@@ -22,11 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from tidewater.v1 import cluster_pb2 as tidewater_dot_v1_dot_cluster__pb2
 from tidewater.v1 import common_pb2 as tidewater_dot_v1_dot_common__pb2
 from tidewater.v1 import errors_pb2 as tidewater_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidewater/v1/broker.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/common.proto\x1a\x19tidewater/v1/errors.proto\"\x88\x01\n\x0eProduceRequest\x12\x0c\n\x04\x61\x63ks\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\x12\x36\n\npartitions\x18\x03 \x03(\x0b\x32\".tidewater.v1.PartitionProduceData\x12\x16\n\x0e\x63orrelation_id\x18\x04 \x01(\x03J\x04\x08\x05\x10\x10\"{\n\x14PartitionProduceData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0crecord_batch\x18\x03 \x01(\x0c\x12%\n\x07records\x18\x04 \x03(\x0b\x32\x14.tidewater.v1.RecordJ\x04\x08\x05\x10\n\"k\n\x0fProduceResponse\x12:\n\npartitions\x18\x01 \x03(\x0b\x32&.tidewater.v1.PartitionProduceResponse\x12\x16\n\x0e\x63orrelation_id\x18\x02 \x01(\x03J\x04\x08\x03\x10\n\"\x89\x02\n\x18PartitionProduceResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x05 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x06 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\x12\x36\n\x0e\x63urrent_leader\x18\x08 \x01(\x0b\x32\x1e.tidewater.v1.LeaderIdAndEpochJ\x04\x08\t\x10\x10\"\xfe\x01\n\x0c\x46\x65tchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x1c\n\x14replica_broker_epoch\x18\x02 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x03 \x01(\x05\x12\x11\n\tmin_bytes\x18\x04 \x01(\x05\x12\x11\n\tmax_bytes\x18\x05 \x01(\x05\x12\x30\n\npartitions\x18\x06 \x03(\x0b\x32\x1c.tidewater.v1.FetchPartition\x12\x31\n\rrecord_format\x18\x07 \x01(\x0e\x32\x1a.tidewater.v1.RecordFormat\x12\x16\n\x0e\x63orrelation_id\x18\x08 \x01(\x03J\x04\x08\t\x10\x10\"\xbf\x01\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x07 \x01(\x05J\x04\x08\x08\x10\x10\"\xab\x01\n\rFetchResponse\x12\x38\n\npartitions\x18\x01 \x03(\x0b\x32$.tidewater.v1.FetchPartitionResponse\x12\x16\n\x0e\x63orrelation_id\x18\x02 \x01(\x03\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\tJ\x04\x08\x05\x10\n\"\xfc\x02\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x35\n\x0f\x64iverging_epoch\x18\x07 \x01(\x0b\x32\x1c.tidewater.v1.EpochEndOffset\x12\x36\n\x0e\x63urrent_leader\x18\x08 \x01(\x0b\x32\x1e.tidewater.v1.LeaderIdAndEpoch\x12\x16\n\x0erecord_batches\x18\t \x01(\x0c\x12%\n\x07records\x18\n \x03(\x0b\x32\x14.tidewater.v1.Record\x12\x16\n\x0elog_end_offset\x18\x0b \x01(\x03J\x04\x08\x0c\x10\x14\"f\n\x12ListOffsetsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".tidewater.v1.ListOffsetsPartitionJ\x04\x08\x03\x10\n\"\x9a\x01\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12&\n\x04spec\x18\x04 \x01(\x0e\x32\x18.tidewater.v1.OffsetSpec\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03J\x04\x08\x06\x10\n\"[\n\x13ListOffsetsResponse\x12>\n\npartitions\x18\x01 \x03(\x0b\x32*.tidewater.v1.ListOffsetsPartitionResponseJ\x04\x08\x02\x10\n\"\xc6\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x06 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x07 \x01(\x05J\x04\x08\x08\x10\x10\"x\n\x1bOffsetForLeaderEpochRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12?\n\npartitions\x18\x02 \x03(\x0b\x32+.tidewater.v1.OffsetForLeaderEpochPartitionJ\x04\x08\x03\x10\n\"{\n\x1dOffsetForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05J\x04\x08\x05\x10\n\"m\n\x1cOffsetForLeaderEpochResponse\x12G\n\npartitions\x18\x01 \x03(\x0b\x32\x33.tidewater.v1.OffsetForLeaderEpochPartitionResponseJ\x04\x08\x02\x10\n\"\xbd\x01\n%OffsetForLeaderEpochPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x12\n\nend_offset\x18\x06 \x01(\x03J\x04\x08\x07\x10\x10\"J\n\x15InitProducerIdRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05J\x04\x08\x03\x10\n\"\x8f\x01\n\x16InitProducerIdResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05J\x04\x08\x05\x10\n\"\x88\x02\n\x13LeaderAndIsrRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12\x42\n\x10partition_states\x18\x04 \x03(\x0b\x32(.tidewater.v1.LeaderAndIsrPartitionState\x12.\n\x0clive_leaders\x18\x05 \x03(\x0b\x32\x18.tidewater.v1.BrokerInfo\x12\x30\n\rtopic_configs\x18\x06 \x03(\x0b\x32\x19.tidewater.v1.TopicConfigJ\x04\x08\x07\x10\x10\"\x80\x02\n\x1aLeaderAndIsrPartitionState\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06leader\x18\x04 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05\x12\x17\n\x0fpartition_epoch\x18\x07 \x01(\x03\x12\x10\n\x08replicas\x18\x08 \x03(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\t \x03(\x05\x12\x19\n\x11removing_replicas\x18\n \x03(\x05\x12\x0e\n\x06is_new\x18\x0b \x01(\x08J\x04\x08\x0c\x10\x14\"\x85\x01\n\x0bTopicConfig\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x37\n\x07\x63onfigs\x18\x02 \x03(\x0b\x32&.tidewater.v1.TopicConfig.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x98\x01\n\x14LeaderAndIsrResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x36\n\x10partition_errors\x18\x03 \x03(\x0b\x32\x1c.tidewater.v1.PartitionErrorJ\x04\x08\x04\x10\n\"\x99\x01\n\x12StopReplicaRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12\x36\n\npartitions\x18\x04 \x03(\x0b\x32\".tidewater.v1.StopReplicaPartitionJ\x04\x08\x05\x10\n\"n\n\x14StopReplicaPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x18\n\x10\x64\x65lete_partition\x18\x04 \x01(\x08J\x04\x08\x05\x10\n\"\x97\x01\n\x13StopReplicaResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x36\n\x10partition_errors\x18\x03 \x03(\x0b\x32\x1c.tidewater.v1.PartitionErrorJ\x04\x08\x04\x10\n*D\n\x0cRecordFormat\x12\x19\n\x15RECORD_FORMAT_BATCHES\x10\x00\x12\x19\n\x15RECORD_FORMAT_RECORDS\x10\x01*Y\n\nOffsetSpec\x12\x16\n\x12OFFSET_SPEC_LATEST\x10\x00\x12\x18\n\x14OFFSET_SPEC_EARLIEST\x10\x01\x12\x19\n\x15OFFSET_SPEC_TIMESTAMP\x10\x02\x32\xd7\x04\n\rBrokerService\x12\x46\n\x07Produce\x12\x1c.tidewater.v1.ProduceRequest\x1a\x1d.tidewater.v1.ProduceResponse\x12P\n\rProduceStream\x12\x1c.tidewater.v1.ProduceRequest\x1a\x1d.tidewater.v1.ProduceResponse(\x01\x30\x01\x12@\n\x05\x46\x65tch\x12\x1a.tidewater.v1.FetchRequest\x1a\x1b.tidewater.v1.FetchResponse\x12J\n\x0b\x46\x65tchStream\x12\x1a.tidewater.v1.FetchRequest\x1a\x1b.tidewater.v1.FetchResponse(\x01\x30\x01\x12R\n\x0bListOffsets\x12 .tidewater.v1.ListOffsetsRequest\x1a!.tidewater.v1.ListOffsetsResponse\x12m\n\x14OffsetForLeaderEpoch\x12).tidewater.v1.OffsetForLeaderEpochRequest\x1a*.tidewater.v1.OffsetForLeaderEpochResponse\x12[\n\x0eInitProducerId\x12#.tidewater.v1.InitProducerIdRequest\x1a$.tidewater.v1.InitProducerIdResponse2\xba\x01\n\rBrokerControl\x12U\n\x0cLeaderAndIsr\x12!.tidewater.v1.LeaderAndIsrRequest\x1a\".tidewater.v1.LeaderAndIsrResponse\x12R\n\x0bStopReplica\x12 .tidewater.v1.StopReplicaRequest\x1a!.tidewater.v1.StopReplicaResponseBS\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidewater/v1/broker.proto\x12\x0ctidewater.v1\x1a\x1atidewater/v1/cluster.proto\x1a\x19tidewater/v1/common.proto\x1a\x19tidewater/v1/errors.proto\"\x88\x01\n\x0eProduceRequest\x12\x0c\n\x04\x61\x63ks\x18\x01 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x02 \x01(\x05\x12\x36\n\npartitions\x18\x03 \x03(\x0b\x32\".tidewater.v1.PartitionProduceData\x12\x16\n\x0e\x63orrelation_id\x18\x04 \x01(\x03J\x04\x08\x05\x10\x10\"{\n\x14PartitionProduceData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0crecord_batch\x18\x03 \x01(\x0c\x12%\n\x07records\x18\x04 \x03(\x0b\x32\x14.tidewater.v1.RecordJ\x04\x08\x05\x10\n\"k\n\x0fProduceResponse\x12:\n\npartitions\x18\x01 \x03(\x0b\x32&.tidewater.v1.PartitionProduceResponse\x12\x16\n\x0e\x63orrelation_id\x18\x02 \x01(\x03J\x04\x08\x03\x10\n\"\x89\x02\n\x18PartitionProduceResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x13\n\x0b\x62\x61se_offset\x18\x05 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x06 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\x12\x36\n\x0e\x63urrent_leader\x18\x08 \x01(\x0b\x32\x1e.tidewater.v1.LeaderIdAndEpochJ\x04\x08\t\x10\x10\"\xfe\x01\n\x0c\x46\x65tchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x1c\n\x14replica_broker_epoch\x18\x02 \x01(\x03\x12\x13\n\x0bmax_wait_ms\x18\x03 \x01(\x05\x12\x11\n\tmin_bytes\x18\x04 \x01(\x05\x12\x11\n\tmax_bytes\x18\x05 \x01(\x05\x12\x30\n\npartitions\x18\x06 \x03(\x0b\x32\x1c.tidewater.v1.FetchPartition\x12\x31\n\rrecord_format\x18\x07 \x01(\x0e\x32\x1a.tidewater.v1.RecordFormat\x12\x16\n\x0e\x63orrelation_id\x18\x08 \x01(\x03J\x04\x08\t\x10\x10\"\xbf\x01\n\x0e\x46\x65tchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x07 \x01(\x05J\x04\x08\x08\x10\x10\"\xab\x01\n\rFetchResponse\x12\x38\n\npartitions\x18\x01 \x03(\x0b\x32$.tidewater.v1.FetchPartitionResponse\x12\x16\n\x0e\x63orrelation_id\x18\x02 \x01(\x03\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\tJ\x04\x08\x05\x10\n\"\xfc\x02\n\x16\x46\x65tchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x35\n\x0f\x64iverging_epoch\x18\x07 \x01(\x0b\x32\x1c.tidewater.v1.EpochEndOffset\x12\x36\n\x0e\x63urrent_leader\x18\x08 \x01(\x0b\x32\x1e.tidewater.v1.LeaderIdAndEpoch\x12\x16\n\x0erecord_batches\x18\t \x01(\x0c\x12%\n\x07records\x18\n \x03(\x0b\x32\x14.tidewater.v1.Record\x12\x16\n\x0elog_end_offset\x18\x0b \x01(\x03J\x04\x08\x0c\x10\x14\"f\n\x12ListOffsetsRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".tidewater.v1.ListOffsetsPartitionJ\x04\x08\x03\x10\n\"\x9a\x01\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12&\n\x04spec\x18\x04 \x01(\x0e\x32\x18.tidewater.v1.OffsetSpec\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03J\x04\x08\x06\x10\n\"[\n\x13ListOffsetsResponse\x12>\n\npartitions\x18\x01 \x03(\x0b\x32*.tidewater.v1.ListOffsetsPartitionResponseJ\x04\x08\x02\x10\n\"\xc6\x01\n\x1cListOffsetsPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x06 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x07 \x01(\x05J\x04\x08\x08\x10\x10\"x\n\x1bOffsetForLeaderEpochRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12?\n\npartitions\x18\x02 \x03(\x0b\x32+.tidewater.v1.OffsetForLeaderEpochPartitionJ\x04\x08\x03\x10\n\"{\n\x1dOffsetForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05J\x04\x08\x05\x10\n\"m\n\x1cOffsetForLeaderEpochResponse\x12G\n\npartitions\x18\x01 \x03(\x0b\x32\x33.tidewater.v1.OffsetForLeaderEpochPartitionResponseJ\x04\x08\x02\x10\n\"\xbd\x01\n%OffsetForLeaderEpochPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x12\n\nend_offset\x18\x06 \x01(\x03J\x04\x08\x07\x10\x10\"J\n\x15InitProducerIdRequest\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05J\x04\x08\x03\x10\n\"\x8f\x01\n\x16InitProducerIdResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x04 \x01(\x05J\x04\x08\x05\x10\n\"\x88\x02\n\x13LeaderAndIsrRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12\x42\n\x10partition_states\x18\x04 \x03(\x0b\x32(.tidewater.v1.LeaderAndIsrPartitionState\x12.\n\x0clive_leaders\x18\x05 \x03(\x0b\x32\x18.tidewater.v1.BrokerInfo\x12\x30\n\rtopic_configs\x18\x06 \x03(\x0b\x32\x19.tidewater.v1.TopicConfigJ\x04\x08\x07\x10\x10\"\x80\x02\n\x1aLeaderAndIsrPartitionState\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06leader\x18\x04 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05\x12\x17\n\x0fpartition_epoch\x18\x07 \x01(\x03\x12\x10\n\x08replicas\x18\x08 \x03(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\t \x03(\x05\x12\x19\n\x11removing_replicas\x18\n \x03(\x05\x12\x0e\n\x06is_new\x18\x0b \x01(\x08J\x04\x08\x0c\x10\x14\"\x98\x01\n\x14LeaderAndIsrResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x36\n\x10partition_errors\x18\x03 \x03(\x0b\x32\x1c.tidewater.v1.PartitionErrorJ\x04\x08\x04\x10\n\"\x99\x01\n\x12StopReplicaRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12\x36\n\npartitions\x18\x04 \x03(\x0b\x32\".tidewater.v1.StopReplicaPartitionJ\x04\x08\x05\x10\n\"n\n\x14StopReplicaPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x05\x12\x18\n\x10\x64\x65lete_partition\x18\x04 \x01(\x08J\x04\x08\x05\x10\n\"\x97\x01\n\x13StopReplicaResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x36\n\x10partition_errors\x18\x03 \x03(\x0b\x32\x1c.tidewater.v1.PartitionErrorJ\x04\x08\x04\x10\n*D\n\x0cRecordFormat\x12\x19\n\x15RECORD_FORMAT_BATCHES\x10\x00\x12\x19\n\x15RECORD_FORMAT_RECORDS\x10\x01*Y\n\nOffsetSpec\x12\x16\n\x12OFFSET_SPEC_LATEST\x10\x00\x12\x18\n\x14OFFSET_SPEC_EARLIEST\x10\x01\x12\x19\n\x15OFFSET_SPEC_TIMESTAMP\x10\x02\x32\xd7\x04\n\rBrokerService\x12\x46\n\x07Produce\x12\x1c.tidewater.v1.ProduceRequest\x1a\x1d.tidewater.v1.ProduceResponse\x12P\n\rProduceStream\x12\x1c.tidewater.v1.ProduceRequest\x1a\x1d.tidewater.v1.ProduceResponse(\x01\x30\x01\x12@\n\x05\x46\x65tch\x12\x1a.tidewater.v1.FetchRequest\x1a\x1b.tidewater.v1.FetchResponse\x12J\n\x0b\x46\x65tchStream\x12\x1a.tidewater.v1.FetchRequest\x1a\x1b.tidewater.v1.FetchResponse(\x01\x30\x01\x12R\n\x0bListOffsets\x12 .tidewater.v1.ListOffsetsRequest\x1a!.tidewater.v1.ListOffsetsResponse\x12m\n\x14OffsetForLeaderEpoch\x12).tidewater.v1.OffsetForLeaderEpochRequest\x1a*.tidewater.v1.OffsetForLeaderEpochResponse\x12[\n\x0eInitProducerId\x12#.tidewater.v1.InitProducerIdRequest\x1a$.tidewater.v1.InitProducerIdResponse2\x97\x02\n\rBrokerControl\x12U\n\x0cLeaderAndIsr\x12!.tidewater.v1.LeaderAndIsrRequest\x1a\".tidewater.v1.LeaderAndIsrResponse\x12R\n\x0bStopReplica\x12 .tidewater.v1.StopReplicaRequest\x1a!.tidewater.v1.StopReplicaResponse\x12[\n\x0eUpdateMetadata\x12#.tidewater.v1.UpdateMetadataRequest\x1a$.tidewater.v1.UpdateMetadataResponseBS\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,66 +35,60 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tidewater.v1.broker_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017io.tidewater.v1P\001Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1'
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._loaded_options = None
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_options = b'8\001'
-  _globals['_RECORDFORMAT']._serialized_start=4312
-  _globals['_RECORDFORMAT']._serialized_end=4380
-  _globals['_OFFSETSPEC']._serialized_start=4382
-  _globals['_OFFSETSPEC']._serialized_end=4471
-  _globals['_PRODUCEREQUEST']._serialized_start=98
-  _globals['_PRODUCEREQUEST']._serialized_end=234
-  _globals['_PARTITIONPRODUCEDATA']._serialized_start=236
-  _globals['_PARTITIONPRODUCEDATA']._serialized_end=359
-  _globals['_PRODUCERESPONSE']._serialized_start=361
-  _globals['_PRODUCERESPONSE']._serialized_end=468
-  _globals['_PARTITIONPRODUCERESPONSE']._serialized_start=471
-  _globals['_PARTITIONPRODUCERESPONSE']._serialized_end=736
-  _globals['_FETCHREQUEST']._serialized_start=739
-  _globals['_FETCHREQUEST']._serialized_end=993
-  _globals['_FETCHPARTITION']._serialized_start=996
-  _globals['_FETCHPARTITION']._serialized_end=1187
-  _globals['_FETCHRESPONSE']._serialized_start=1190
-  _globals['_FETCHRESPONSE']._serialized_end=1361
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1364
-  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1744
-  _globals['_LISTOFFSETSREQUEST']._serialized_start=1746
-  _globals['_LISTOFFSETSREQUEST']._serialized_end=1848
-  _globals['_LISTOFFSETSPARTITION']._serialized_start=1851
-  _globals['_LISTOFFSETSPARTITION']._serialized_end=2005
-  _globals['_LISTOFFSETSRESPONSE']._serialized_start=2007
-  _globals['_LISTOFFSETSRESPONSE']._serialized_end=2098
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=2101
-  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=2299
-  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_start=2301
-  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_end=2421
-  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_start=2423
-  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_end=2546
-  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_start=2548
-  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_end=2657
-  _globals['_OFFSETFORLEADEREPOCHPARTITIONRESPONSE']._serialized_start=2660
-  _globals['_OFFSETFORLEADEREPOCHPARTITIONRESPONSE']._serialized_end=2849
-  _globals['_INITPRODUCERIDREQUEST']._serialized_start=2851
-  _globals['_INITPRODUCERIDREQUEST']._serialized_end=2925
-  _globals['_INITPRODUCERIDRESPONSE']._serialized_start=2928
-  _globals['_INITPRODUCERIDRESPONSE']._serialized_end=3071
-  _globals['_LEADERANDISRREQUEST']._serialized_start=3074
-  _globals['_LEADERANDISRREQUEST']._serialized_end=3338
-  _globals['_LEADERANDISRPARTITIONSTATE']._serialized_start=3341
-  _globals['_LEADERANDISRPARTITIONSTATE']._serialized_end=3597
-  _globals['_TOPICCONFIG']._serialized_start=3600
-  _globals['_TOPICCONFIG']._serialized_end=3733
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_start=3687
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_end=3733
-  _globals['_LEADERANDISRRESPONSE']._serialized_start=3736
-  _globals['_LEADERANDISRRESPONSE']._serialized_end=3888
-  _globals['_STOPREPLICAREQUEST']._serialized_start=3891
-  _globals['_STOPREPLICAREQUEST']._serialized_end=4044
-  _globals['_STOPREPLICAPARTITION']._serialized_start=4046
-  _globals['_STOPREPLICAPARTITION']._serialized_end=4156
-  _globals['_STOPREPLICARESPONSE']._serialized_start=4159
-  _globals['_STOPREPLICARESPONSE']._serialized_end=4310
-  _globals['_BROKERSERVICE']._serialized_start=4474
-  _globals['_BROKERSERVICE']._serialized_end=5073
-  _globals['_BROKERCONTROL']._serialized_start=5076
-  _globals['_BROKERCONTROL']._serialized_end=5262
+  _globals['_RECORDFORMAT']._serialized_start=4204
+  _globals['_RECORDFORMAT']._serialized_end=4272
+  _globals['_OFFSETSPEC']._serialized_start=4274
+  _globals['_OFFSETSPEC']._serialized_end=4363
+  _globals['_PRODUCEREQUEST']._serialized_start=126
+  _globals['_PRODUCEREQUEST']._serialized_end=262
+  _globals['_PARTITIONPRODUCEDATA']._serialized_start=264
+  _globals['_PARTITIONPRODUCEDATA']._serialized_end=387
+  _globals['_PRODUCERESPONSE']._serialized_start=389
+  _globals['_PRODUCERESPONSE']._serialized_end=496
+  _globals['_PARTITIONPRODUCERESPONSE']._serialized_start=499
+  _globals['_PARTITIONPRODUCERESPONSE']._serialized_end=764
+  _globals['_FETCHREQUEST']._serialized_start=767
+  _globals['_FETCHREQUEST']._serialized_end=1021
+  _globals['_FETCHPARTITION']._serialized_start=1024
+  _globals['_FETCHPARTITION']._serialized_end=1215
+  _globals['_FETCHRESPONSE']._serialized_start=1218
+  _globals['_FETCHRESPONSE']._serialized_end=1389
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_start=1392
+  _globals['_FETCHPARTITIONRESPONSE']._serialized_end=1772
+  _globals['_LISTOFFSETSREQUEST']._serialized_start=1774
+  _globals['_LISTOFFSETSREQUEST']._serialized_end=1876
+  _globals['_LISTOFFSETSPARTITION']._serialized_start=1879
+  _globals['_LISTOFFSETSPARTITION']._serialized_end=2033
+  _globals['_LISTOFFSETSRESPONSE']._serialized_start=2035
+  _globals['_LISTOFFSETSRESPONSE']._serialized_end=2126
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_start=2129
+  _globals['_LISTOFFSETSPARTITIONRESPONSE']._serialized_end=2327
+  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_start=2329
+  _globals['_OFFSETFORLEADEREPOCHREQUEST']._serialized_end=2449
+  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_start=2451
+  _globals['_OFFSETFORLEADEREPOCHPARTITION']._serialized_end=2574
+  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_start=2576
+  _globals['_OFFSETFORLEADEREPOCHRESPONSE']._serialized_end=2685
+  _globals['_OFFSETFORLEADEREPOCHPARTITIONRESPONSE']._serialized_start=2688
+  _globals['_OFFSETFORLEADEREPOCHPARTITIONRESPONSE']._serialized_end=2877
+  _globals['_INITPRODUCERIDREQUEST']._serialized_start=2879
+  _globals['_INITPRODUCERIDREQUEST']._serialized_end=2953
+  _globals['_INITPRODUCERIDRESPONSE']._serialized_start=2956
+  _globals['_INITPRODUCERIDRESPONSE']._serialized_end=3099
+  _globals['_LEADERANDISRREQUEST']._serialized_start=3102
+  _globals['_LEADERANDISRREQUEST']._serialized_end=3366
+  _globals['_LEADERANDISRPARTITIONSTATE']._serialized_start=3369
+  _globals['_LEADERANDISRPARTITIONSTATE']._serialized_end=3625
+  _globals['_LEADERANDISRRESPONSE']._serialized_start=3628
+  _globals['_LEADERANDISRRESPONSE']._serialized_end=3780
+  _globals['_STOPREPLICAREQUEST']._serialized_start=3783
+  _globals['_STOPREPLICAREQUEST']._serialized_end=3936
+  _globals['_STOPREPLICAPARTITION']._serialized_start=3938
+  _globals['_STOPREPLICAPARTITION']._serialized_end=4048
+  _globals['_STOPREPLICARESPONSE']._serialized_start=4051
+  _globals['_STOPREPLICARESPONSE']._serialized_end=4202
+  _globals['_BROKERSERVICE']._serialized_start=4366
+  _globals['_BROKERSERVICE']._serialized_end=4965
+  _globals['_BROKERCONTROL']._serialized_start=4968
+  _globals['_BROKERCONTROL']._serialized_end=5247
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from tidewater.v1 import cluster_pb2 as _cluster_pb2
 from tidewater.v1 import common_pb2 as _common_pb2
 from tidewater.v1 import errors_pb2 as _errors_pb2
 from google.protobuf.internal import containers as _containers
@@ -274,8 +275,8 @@ class LeaderAndIsrRequest(_message.Message):
     broker_epoch: int
     partition_states: _containers.RepeatedCompositeFieldContainer[LeaderAndIsrPartitionState]
     live_leaders: _containers.RepeatedCompositeFieldContainer[_common_pb2.BrokerInfo]
-    topic_configs: _containers.RepeatedCompositeFieldContainer[TopicConfig]
-    def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., partition_states: _Optional[_Iterable[_Union[LeaderAndIsrPartitionState, _Mapping]]] = ..., live_leaders: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., topic_configs: _Optional[_Iterable[_Union[TopicConfig, _Mapping]]] = ...) -> None: ...
+    topic_configs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]
+    def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., partition_states: _Optional[_Iterable[_Union[LeaderAndIsrPartitionState, _Mapping]]] = ..., live_leaders: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ...) -> None: ...
 
 class LeaderAndIsrPartitionState(_message.Message):
     __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "adding_replicas", "removing_replicas", "is_new")
@@ -302,21 +303,6 @@ class LeaderAndIsrPartitionState(_message.Message):
     removing_replicas: _containers.RepeatedScalarFieldContainer[int]
     is_new: bool
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ...) -> None: ...
-
-class TopicConfig(_message.Message):
-    __slots__ = ("topic", "configs")
-    class ConfigsEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    TOPIC_FIELD_NUMBER: _ClassVar[int]
-    CONFIGS_FIELD_NUMBER: _ClassVar[int]
-    topic: str
-    configs: _containers.ScalarMap[str, str]
-    def __init__(self, topic: _Optional[str] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LeaderAndIsrResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "partition_errors")

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from tidewater.v1 import broker_pb2 as tidewater_dot_v1_dot_broker__pb2
+from tidewater.v1 import cluster_pb2 as tidewater_dot_v1_dot_cluster__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -405,6 +406,11 @@ class BrokerControlStub:
                 request_serializer=tidewater_dot_v1_dot_broker__pb2.StopReplicaRequest.SerializeToString,
                 response_deserializer=tidewater_dot_v1_dot_broker__pb2.StopReplicaResponse.FromString,
                 _registered_method=True)
+        self.UpdateMetadata = channel.unary_unary(
+                '/tidewater.v1.BrokerControl/UpdateMetadata',
+                request_serializer=tidewater_dot_v1_dot_cluster__pb2.UpdateMetadataRequest.SerializeToString,
+                response_deserializer=tidewater_dot_v1_dot_cluster__pb2.UpdateMetadataResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerControlServicer:
@@ -427,6 +433,15 @@ class BrokerControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateMetadata(self, request, context):
+        """Replace (FULL) or amend (DELTA) the broker's cluster view: live brokers, every partition's
+        leader and ISR, topic configs. The broker uses it to answer NOT_LEADER_OR_FOLLOWER with
+        the current leader, to know which brokers are live, and to pick up topic config changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -439,6 +454,11 @@ def add_BrokerControlServicer_to_server(servicer, server):
                     servicer.StopReplica,
                     request_deserializer=tidewater_dot_v1_dot_broker__pb2.StopReplicaRequest.FromString,
                     response_serializer=tidewater_dot_v1_dot_broker__pb2.StopReplicaResponse.SerializeToString,
+            ),
+            'UpdateMetadata': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateMetadata,
+                    request_deserializer=tidewater_dot_v1_dot_cluster__pb2.UpdateMetadataRequest.FromString,
+                    response_serializer=tidewater_dot_v1_dot_cluster__pb2.UpdateMetadataResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -498,6 +518,33 @@ class BrokerControl:
             '/tidewater.v1.BrokerControl/StopReplica',
             tidewater_dot_v1_dot_broker__pb2.StopReplicaRequest.SerializeToString,
             tidewater_dot_v1_dot_broker__pb2.StopReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateMetadata(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidewater.v1.BrokerControl/UpdateMetadata',
+            tidewater_dot_v1_dot_cluster__pb2.UpdateMetadataRequest.SerializeToString,
+            tidewater_dot_v1_dot_cluster__pb2.UpdateMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,

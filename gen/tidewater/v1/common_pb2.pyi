@@ -84,3 +84,28 @@ class LeaderIdAndEpoch(_message.Message):
     leader_id: int
     leader_epoch: int
     def __init__(self, leader_id: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+
+class ControllerInfo(_message.Message):
+    __slots__ = ("controller_id", "endpoint", "controller_epoch")
+    CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    controller_id: int
+    endpoint: Endpoint
+    controller_epoch: int
+    def __init__(self, controller_id: _Optional[int] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
+
+class TopicConfig(_message.Message):
+    __slots__ = ("topic", "configs")
+    class ConfigsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    configs: _containers.ScalarMap[str, str]
+    def __init__(self, topic: _Optional[str] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...

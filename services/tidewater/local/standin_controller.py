@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import grpc
 
 from tidewater.v1 import broker_pb2 as pb
-from tidewater.v1 import broker_pb2_grpc
+from tidewater.v1 import broker_pb2_grpc, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 
@@ -38,7 +38,7 @@ def leader_and_isr_request(
                 is_new=True,
             )
         ],
-        topic_configs=[pb.TopicConfig(topic=topic, configs=configs or {})],
+        topic_configs=[common_pb2.TopicConfig(topic=topic, configs=configs or {})],
     )
 
 

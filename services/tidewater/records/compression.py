@@ -1,0 +1,142 @@
+"""Compression codecs for a batch's records section (attributes bits 0-2).
+
+gzip is RFC 1952, lz4 is the LZ4 *frame* format, zstd is the zstd frame format; each may be
+several concatenated frames (members), as Kafka's Java readers accept. Decompression is
+bounded: a caller names the most output it will take, and a batch that would decompress to
+more is refused before that much memory is spent (zip bombs).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+import lz4.frame
+import zstandard
+
+from tidewater.errors import CorruptMessage, UnsupportedCompressionType
+from tidewater.records.header import Compression
+
+Buffer = bytes | bytearray | memoryview
+
+GZIP_LEVEL = 6  # Kafka's default
+ZSTD_LEVEL = 3  # Kafka's default
+# zlib's window bits for "gzip header and trailer only".
+_GZIP_WBITS = 16 + zlib.MAX_WBITS
+# The largest zstd block decodes to 128 KiB from at least 4 input bytes (an RLE block), which
+# bounds how far one decompress() call can overshoot the budget for a given input slice.
+# Slices are never shorter than 64 bytes (at most 2 MiB of overshoot) to keep calls few.
+_ZSTD_BLOCK_MAX = 128 * 1024
+_ZSTD_MIN_BLOCK_BYTES = 4
+_ZSTD_MIN_SLICE = 64
+
+_zstd_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+_zstd_decompressor = zstandard.ZstdDecompressor()
+
+
+def compress(codec: int, data: Buffer) -> bytes:
+    """The records section `data` compressed with `codec`."""
+    if codec == Compression.NONE:
+        return bytes(data)
+    if codec == Compression.GZIP:
+        # mtime=0 keeps the output a pure function of the input.
+        deflate = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        return deflate.compress(data) + deflate.flush()
+    if codec == Compression.LZ4:
+        # Independent blocks, as Kafka writes them: its Java reader decodes each block alone.
+        return lz4.frame.compress(data, block_linked=False)
+    if codec == Compression.ZSTD:
+        return _zstd_compressor.compress(data)
+    raise _unsupported(codec)
+
+
+def decompress(codec: int, data: Buffer, limit: int) -> bytes:
+    """`data` decompressed with `codec`; CorruptMessage if it is malformed, truncated, or
+    would decompress to more than `limit` bytes."""
+    if codec == Compression.NONE:
+        if len(data) > limit:
+            raise _too_large(limit)
+        return bytes(data)
+    decoder = _DECODERS.get(codec)
+    if decoder is None:
+        raise _unsupported(codec)
+    try:
+        return decoder(bytes(data), limit)
+    except (zlib.error, RuntimeError, zstandard.ZstdError) as e:
+        # lz4.frame reports malformed input as RuntimeError.
+        raise CorruptMessage(f"{Compression(codec).name} data is malformed: {e}") from e
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    while True:
+        member = zlib.decompressobj(_GZIP_WBITS)
+        out += member.decompress(data, limit + 1 - len(out))
+        while member.unconsumed_tail and len(out) <= limit:
+            out += member.decompress(member.unconsumed_tail, limit + 1 - len(out))
+        if len(out) > limit:
+            raise _too_large(limit)
+        if not member.eof:
+            raise CorruptMessage("GZIP data is truncated")
+        data = member.unused_data
+        if not data:
+            return bytes(out)
+
+
+def _unlz4(data: bytes, limit: int) -> bytes:
+    out = bytearray()
+    while True:
+        frame = lz4.frame.LZ4FrameDecompressor()
+        out += frame.decompress(data, max_length=limit + 1 - len(out))
+        while not frame.eof and not frame.needs_input and len(out) <= limit:
+            out += frame.decompress(b"", max_length=limit + 1 - len(out))
+        if len(out) > limit:
+            raise _too_large(limit)
+        if not frame.eof:
+            raise CorruptMessage("LZ4 data is truncated")
+        data = frame.unused_data
+        if not data:
+            return bytes(out)
+
+
+def _unzstd(data: bytes, limit: int) -> bytes:
+    # python-zstandard has no output cap for streams, so feed the input in slices small enough
+    # that none can decode to much more than the remaining budget.
+    out = bytearray()
+    frame = _zstd_decompressor.decompressobj()
+    pos = 0
+    while pos < len(data):
+        if frame.eof:
+            frame = _zstd_decompressor.decompressobj()
+        budget = limit - len(out)
+        step = max(_ZSTD_MIN_SLICE, budget // _ZSTD_BLOCK_MAX * _ZSTD_MIN_BLOCK_BYTES)
+        chunk = data[pos : pos + step]
+        pos += len(chunk)
+        out += frame.decompress(chunk)
+        if len(out) > limit:
+            raise _too_large(limit)
+        if frame.eof and frame.unused_data:
+            # The slice ran past the end of a frame: hand the rest to the next frame.
+            pos -= len(frame.unused_data)
+    if not frame.eof:
+        raise CorruptMessage("ZSTD data is truncated")
+    return bytes(out)
+
+
+_DECODERS: dict[int, Callable[[bytes, int], bytes]] = {
+    Compression.GZIP: _gunzip,
+    Compression.LZ4: _unlz4,
+    Compression.ZSTD: _unzstd,
+}
+
+
+def _unsupported(codec: int) -> UnsupportedCompressionType:
+    try:
+        name = Compression(codec).name
+    except ValueError:
+        name = str(codec)
+    return UnsupportedCompressionType(f"compression codec {name} is not supported")
+
+
+def _too_large(limit: int) -> CorruptMessage:
+    return CorruptMessage(f"records section decompresses to more than {limit} bytes")

@@ -1,0 +1,182 @@
+"""Broker-side checks of record batches, on header bytes and record framing only.
+
+The broker stores and serves batches as the producer built them, so it never decodes single
+records: it checks the 61-byte header and the CRC32C, and for uncompressed batches walks the
+record length varints to count records. A compressed batch is stored compressed, exactly as
+it came; only its header and CRC are checked (a producer that compresses garbage under a
+valid CRC gets it back on fetch, and its consumers reject it). Whatever a client could see is
+raised as a named TidewaterError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tidewater.errors import (
+    CorruptMessage,
+    MessageTooLarge,
+    UnsupportedCompressionType,
+    UnsupportedVersion,
+)
+from tidewater.records.compression import decompress
+from tidewater.records.header import (
+    CONTROL_BIT,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    TRANSACTIONAL_BIT,
+    BatchHeader,
+    Compression,
+    crc_matches,
+    read_header,
+    read_offset_and_length,
+)
+from tidewater.records.varint import decode_varint, decode_varlong
+
+Buffer = bytes | bytearray | memoryview
+
+# The most a compressed records section may inflate to when someone must read its records
+# (consumers, ListOffsets); anything larger is treated as a zip bomb.
+MAX_RECORDS_SECTION_BYTES = 64 * 1024 * 1024
+# attributes (1) + timestamp delta, offset delta, key length, value length, header count
+# (at least 1 each): the smallest record that can exist after its length varint.
+MIN_RECORD_BODY = 6
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+
+
+def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
+    """Check that `buf` is exactly one well-formed batch no larger than `max_message_bytes`
+    and return its header; raise the TidewaterError a producer should see otherwise."""
+    header = read_header(buf)
+    _check_batch_length(header.batch_length, 0)
+    if header.size != len(buf):
+        raise CorruptMessage(
+            f"batch_length {header.batch_length} describes a {header.size}-byte batch but "
+            f"{len(buf)} bytes were sent; produce takes exactly one whole batch"
+        )
+    if header.size > max_message_bytes:
+        raise MessageTooLarge(
+            f"record batch is {header.size} bytes, above max.message.bytes {max_message_bytes}"
+        )
+    check_batch(buf, header)
+    if header.compression == Compression.NONE:
+        for _ in iter_record_bounds(buf, HEADER_SIZE, len(buf), header.record_count):
+            pass
+    return header
+
+
+def check_batch(batch: Buffer, header: BatchHeader) -> None:
+    """Checks on one whole batch short of its records: magic, CRC32C, attributes, counts.
+    `batch` holds exactly the batch's bytes, which the CRC covers to the end."""
+    if header.magic != MAGIC:
+        raise UnsupportedVersion(
+            f"record batch magic {header.magic} is not supported (only {MAGIC})"
+        )
+    if not crc_matches(batch, header):
+        raise CorruptMessage(
+            f"record batch at offset {header.base_offset} fails its CRC32C check "
+            f"(header says {header.crc:#010x})"
+        )
+    if header.attributes & TRANSACTIONAL_BIT:
+        raise UnsupportedVersion("transactional record batches are not supported")
+    if header.attributes & CONTROL_BIT:
+        raise UnsupportedVersion("control record batches are not supported")
+    codec = header.compression
+    if codec == Compression.SNAPPY:
+        raise UnsupportedCompressionType("snappy compression is not supported")
+    if codec > max(Compression):
+        raise CorruptMessage(f"record batch attributes name unknown compression codec {codec}")
+    if header.record_count < 1:
+        raise CorruptMessage(f"record batch has record_count {header.record_count}")
+    if header.last_offset_delta != header.record_count - 1:
+        raise CorruptMessage(
+            f"record batch has last_offset_delta {header.last_offset_delta} for "
+            f"{header.record_count} records"
+        )
+
+
+def iter_record_bounds(
+    buf: Buffer, start: int, end: int, record_count: int
+) -> Iterator[tuple[int, int]]:
+    """(start, end) of each record's body (what follows its length varint) in the records
+    section buf[start:end]; CorruptMessage unless the lengths tile it into record_count
+    records exactly."""
+    pos = start
+    seen = 0
+    while pos < end:
+        length, body = decode_varint(buf, pos)
+        if length < MIN_RECORD_BODY or body + length > end:
+            raise CorruptMessage(
+                f"record {seen} has length {length}; {end - body} bytes remain in the batch"
+            )
+        if seen == record_count:
+            raise CorruptMessage(f"record batch holds more than its record_count {record_count}")
+        seen += 1
+        pos = body + length
+        yield body, pos
+    if seen != record_count:
+        raise CorruptMessage(f"record batch holds {seen} records, record_count says {record_count}")
+
+
+def records_section(
+    batch: Buffer, header: BatchHeader, limit: int = MAX_RECORDS_SECTION_BYTES
+) -> Buffer:
+    """The records of one whole batch, decompressed (to at most `limit` bytes) if need be."""
+    body = memoryview(batch)[HEADER_SIZE : header.size]
+    if header.compression == Compression.NONE:
+        return body
+    return decompress(header.compression, body, limit)
+
+
+def iter_batch_headers(
+    buf: Buffer, *, ignore_partial_tail: bool = False
+) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of each batch in concatenated whole batches. A trailing partial
+    batch is a CorruptMessage, or silently ends the walk with `ignore_partial_tail` (as
+    consumers read fetch responses). Only the framing is checked, not magic or CRC."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        if end - pos >= LOG_OVERHEAD:
+            _, batch_length = read_offset_and_length(buf, pos)
+            _check_batch_length(batch_length, pos)
+            if batch_length + LOG_OVERHEAD <= end - pos:
+                header = read_header(buf, pos)
+                yield pos, header
+                pos += header.size
+                continue
+        if ignore_partial_tail:
+            return
+        raise CorruptMessage(f"partial record batch: {end - pos} trailing bytes at {pos}")
+
+
+def find_offset_by_timestamp(
+    batch: Buffer, target_ms: int, *, limit: int = MAX_RECORDS_SECTION_BYTES
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of one whole batch with timestamp >= target_ms,
+    or None. In a LogAppendTime batch every record carries max_timestamp."""
+    header = read_header(batch)
+    if header.max_timestamp < target_ms:
+        return None
+    section = records_section(batch, header, limit)
+    for body, _ in iter_record_bounds(section, 0, len(section), header.record_count):
+        # body[0] is the record's attributes byte.
+        timestamp_delta, pos = decode_varlong(section, body + 1)
+        offset_delta, _ = decode_varint(section, pos)
+        if header.log_append_time:
+            timestamp = header.max_timestamp
+        else:
+            timestamp = header.first_timestamp + timestamp_delta
+        if timestamp >= target_ms:
+            return header.base_offset + offset_delta, timestamp
+    return None
+
+
+def _check_batch_length(batch_length: int, pos: int) -> None:
+    if batch_length < 0:
+        raise CorruptMessage(f"record batch at byte {pos} has negative batch_length {batch_length}")
+    if batch_length < _MIN_BATCH_LENGTH:
+        raise CorruptMessage(
+            f"record batch at byte {pos} has batch_length {batch_length}, too small for the "
+            f"{HEADER_SIZE}-byte header"
+        )

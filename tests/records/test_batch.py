@@ -154,7 +154,9 @@ def test_impossible_batch_length_is_corrupt_not_a_partial_tail() -> None:
         list(decode_batches(batch + broken))
 
 
-def test_log_append_time_gives_every_record_the_max_timestamp(rewrite: Callable[..., bytes]) -> None:
+def test_log_append_time_gives_every_record_the_max_timestamp(
+    rewrite: Callable[..., bytes],
+) -> None:
     records = [Record(value=b"a", timestamp_ms=T0), Record(value=b"b", timestamp_ms=T0 + 9)]
     batch = build_batch(records)
     stamped = rewrite(batch, attributes=TIMESTAMP_TYPE_BIT, max_timestamp=T0 + 500)
@@ -180,7 +182,9 @@ def test_decompressed_size_is_bounded() -> None:
         ("000000 01 01 00 00", "does not fill"),  # a stray byte after the headers
     ],
 )
-def test_malformed_record_is_corrupt(body: str, message: str, rewrite: Callable[..., bytes]) -> None:
+def test_malformed_record_is_corrupt(
+    body: str, message: str, rewrite: Callable[..., bytes]
+) -> None:
     raw = bytes.fromhex(body)
     section = bytes([len(raw) * 2]) + raw  # zigzag length varint, one byte for these sizes
     batch = rewrite(build_batch([Record(value=b"v")]), section=section)

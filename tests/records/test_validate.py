@@ -28,7 +28,6 @@ from tidewater.records.validate import (
     validate_batch,
 )
 
-Rewrite = Callable[..., bytes]
 CODECS = [Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]
 LIMIT = 1 << 20
 T0 = 1_700_000_000_000
@@ -40,7 +39,7 @@ def three_records(codec: Compression = Compression.NONE) -> bytes:
 
 
 def with_int(batch: bytes, pos: int, size: int, value: int) -> bytes:
-    """`batch` with a big-endian field overwritten, outside any CRC fix-up."""
+    """`batch` with a big-endian integer field overwritten and the CRC left as it was."""
     return batch[:pos] + value.to_bytes(size, "big", signed=True) + batch[pos + size :]
 
 
@@ -107,43 +106,45 @@ def test_fields_outside_the_crc_may_change() -> None:
     ("bit", "message"), [(TRANSACTIONAL_BIT, "transactional"), (CONTROL_BIT, "control")]
 )
 def test_transactional_and_control_batches_are_unsupported(
-    bit: int, message: str, rewrite: Rewrite
+    bit: int, message: str, rewrite: Callable[..., bytes]
 ) -> None:
     with pytest.raises(UnsupportedVersion, match=message):
         validate_batch(rewrite(three_records(), attributes=bit), LIMIT)
 
 
-def test_snappy_is_unsupported(rewrite: Rewrite) -> None:
+def test_snappy_is_unsupported(rewrite: Callable[..., bytes]) -> None:
     with pytest.raises(UnsupportedCompressionType, match="snappy"):
         validate_batch(rewrite(three_records(), attributes=Compression.SNAPPY), LIMIT)
 
 
 @pytest.mark.parametrize("codec", [5, 6, 7])
-def test_unknown_codec_is_corrupt(codec: int, rewrite: Rewrite) -> None:
+def test_unknown_codec_is_corrupt(codec: int, rewrite: Callable[..., bytes]) -> None:
     with pytest.raises(CorruptMessage, match=f"unknown compression codec {codec}"):
         validate_batch(rewrite(three_records(), attributes=codec), LIMIT)
 
 
 @pytest.mark.parametrize("count", [0, -1])
-def test_record_count_below_one_is_corrupt(count: int, rewrite: Rewrite) -> None:
+def test_record_count_below_one_is_corrupt(count: int, rewrite: Callable[..., bytes]) -> None:
     batch = rewrite(three_records(), record_count=count, last_offset_delta=count - 1)
     with pytest.raises(CorruptMessage, match=f"record_count {count}"):
         validate_batch(batch, LIMIT)
 
 
-def test_last_offset_delta_must_match_record_count(rewrite: Rewrite) -> None:
+def test_last_offset_delta_must_match_record_count(rewrite: Callable[..., bytes]) -> None:
     with pytest.raises(CorruptMessage, match="last_offset_delta 5 for 3 records"):
         validate_batch(rewrite(three_records(), last_offset_delta=5), LIMIT)
 
 
 @pytest.mark.parametrize(("count", "message"), [(2, "more than"), (4, "holds 3 records")])
-def test_record_count_must_match_the_records(count: int, message: str, rewrite: Rewrite) -> None:
+def test_record_count_must_match_the_records(
+    count: int, message: str, rewrite: Callable[..., bytes]
+) -> None:
     batch = rewrite(three_records(), record_count=count, last_offset_delta=count - 1)
     with pytest.raises(CorruptMessage, match=message):
         validate_batch(batch, LIMIT)
 
 
-def test_record_lengths_must_tile_the_section(rewrite: Rewrite) -> None:
+def test_record_lengths_must_tile_the_section(rewrite: Callable[..., bytes]) -> None:
     batch = three_records()
     section = batch[HEADER_SIZE:]
     for broken in (
@@ -158,7 +159,7 @@ def test_record_lengths_must_tile_the_section(rewrite: Rewrite) -> None:
             validate_batch(rewrite(batch, section=broken), LIMIT)
 
 
-def test_compressed_records_are_not_inspected(rewrite: Rewrite) -> None:
+def test_compressed_records_are_not_inspected(rewrite: Callable[..., bytes]) -> None:
     batch = rewrite(three_records(Compression.ZSTD), section=b"not zstd at all")
     assert validate_batch(batch, LIMIT).compression == Compression.ZSTD
     with pytest.raises(CorruptMessage, match="ZSTD"):
@@ -206,7 +207,7 @@ def test_find_offset_by_timestamp(codec: Compression) -> None:
     assert find_offset_by_timestamp(batch, T0 + 41) is None
 
 
-def test_find_offset_by_timestamp_in_a_log_append_time_batch(rewrite: Rewrite) -> None:
+def test_find_offset_by_timestamp_in_a_log_append_time_batch(rewrite: Callable[..., bytes]) -> None:
     batch = rewrite(
         build_batch([Record(value=b"v", timestamp_ms=T0 + i) for i in range(3)], base_offset=7),
         attributes=TIMESTAMP_TYPE_BIT,
@@ -217,7 +218,9 @@ def test_find_offset_by_timestamp_in_a_log_append_time_batch(rewrite: Rewrite) -
 
 
 def test_find_offset_by_timestamp_bounds_decompression() -> None:
-    batch = build_batch([Record(value=bytes(100_000), timestamp_ms=T0)], compression=Compression.GZIP)
+    batch = build_batch(
+        [Record(value=bytes(100_000), timestamp_ms=T0)], compression=Compression.GZIP
+    )
     with pytest.raises(CorruptMessage, match="more than 1000 bytes"):
         find_offset_by_timestamp(batch, T0, limit=1000)
 
@@ -261,9 +264,9 @@ def mutated(draw: st.DrawFn) -> tuple[bytes, bytes]:
     max_examples=500,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(mutated(), st.booleans())
+@given(case=mutated(), resign=st.booleans())
 def test_mutations_are_accepted_or_refused_with_a_named_error(
-    case: tuple[bytes, bytes], resign: bool, rewrite: Rewrite
+    case: tuple[bytes, bytes], resign: bool, rewrite: Callable[..., bytes]
 ) -> None:
     original, buf = case
     assume(buf != original)

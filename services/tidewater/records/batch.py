@@ -35,9 +35,14 @@ from tidewater.records.validate import (
     iter_record_bounds,
     records_section,
 )
-from tidewater.records.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
+from tidewater.records.varint import (
+    Buffer,
+    decode_varint,
+    decode_varlong,
+    encode_varint,
+    encode_varlong,
+)
 
-Buffer = bytes | bytearray | memoryview
 Headers = tuple[tuple[str, bytes | None], ...]
 
 _CRC = struct.Struct(">I")

@@ -17,8 +17,6 @@ import zstandard
 from tidewater.errors import CorruptMessage, UnsupportedCompressionType
 from tidewater.records.header import Compression
 
-Buffer = bytes | bytearray | memoryview
-
 GZIP_LEVEL = 6  # Kafka's default
 ZSTD_LEVEL = 3  # Kafka's default
 # zlib's window bits for "gzip header and trailer only".
@@ -34,7 +32,7 @@ _zstd_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 _zstd_decompressor = zstandard.ZstdDecompressor()
 
 
-def compress(codec: int, data: Buffer) -> bytes:
+def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
     """The records section `data` compressed with `codec`."""
     if codec == Compression.NONE:
         return bytes(data)
@@ -50,7 +48,7 @@ def compress(codec: int, data: Buffer) -> bytes:
     raise _unsupported(codec)
 
 
-def decompress(codec: int, data: Buffer, limit: int) -> bytes:
+def decompress(codec: int, data: bytes | bytearray | memoryview, limit: int) -> bytes:
     """`data` decompressed with `codec`; CorruptMessage if it is malformed, truncated, or
     would decompress to more than `limit` bytes."""
     if codec == Compression.NONE:

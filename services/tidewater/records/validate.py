@@ -31,9 +31,7 @@ from tidewater.records.header import (
     read_header,
     read_offset_and_length,
 )
-from tidewater.records.varint import decode_varint, decode_varlong
-
-Buffer = bytes | bytearray | memoryview
+from tidewater.records.varint import Buffer, decode_varint, decode_varlong
 
 # The most a compressed records section may inflate to when someone must read its records
 # (consumers, ListOffsets); anything larger is treated as a zip bomb.
@@ -42,6 +40,7 @@ MAX_RECORDS_SECTION_BYTES = 64 * 1024 * 1024
 # (at least 1 each): the smallest record that can exist after its length varint.
 MIN_RECORD_BODY = 6
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+_HIGHEST_CODEC = max(Compression)
 
 
 def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
@@ -84,7 +83,7 @@ def check_batch(batch: Buffer, header: BatchHeader) -> None:
     codec = header.compression
     if codec == Compression.SNAPPY:
         raise UnsupportedCompressionType("snappy compression is not supported")
-    if codec > max(Compression):
+    if codec > _HIGHEST_CODEC:
         raise CorruptMessage(f"record batch attributes name unknown compression codec {codec}")
     if header.record_count < 1:
         raise CorruptMessage(f"record batch has record_count {header.record_count}")
@@ -105,9 +104,13 @@ def iter_record_bounds(
     seen = 0
     while pos < end:
         length, body = decode_varint(buf, pos)
-        if length < MIN_RECORD_BODY or body + length > end:
+        if length < MIN_RECORD_BODY:
             raise CorruptMessage(
-                f"record {seen} has length {length}; {end - body} bytes remain in the batch"
+                f"record {seen} has length {length}; a record takes at least {MIN_RECORD_BODY}"
+            )
+        if body + length > end:
+            raise CorruptMessage(
+                f"record {seen} has length {length} but only {end - body} bytes remain"
             )
         if seen == record_count:
             raise CorruptMessage(f"record batch holds more than its record_count {record_count}")
@@ -118,9 +121,7 @@ def iter_record_bounds(
         raise CorruptMessage(f"record batch holds {seen} records, record_count says {record_count}")
 
 
-def records_section(
-    batch: Buffer, header: BatchHeader, limit: int = MAX_RECORDS_SECTION_BYTES
-) -> Buffer:
+def records_section(batch: Buffer, header: BatchHeader, limit: int) -> Buffer:
     """The records of one whole batch, decompressed (to at most `limit` bytes) if need be."""
     body = memoryview(batch)[HEADER_SIZE : header.size]
     if header.compression == Compression.NONE:
@@ -154,7 +155,8 @@ def find_offset_by_timestamp(
     batch: Buffer, target_ms: int, *, limit: int = MAX_RECORDS_SECTION_BYTES
 ) -> tuple[int, int] | None:
     """(offset, timestamp) of the first record of one whole batch with timestamp >= target_ms,
-    or None. In a LogAppendTime batch every record carries max_timestamp."""
+    or None. In a LogAppendTime batch every record carries max_timestamp. The batch comes from
+    the log, validated on append, so its CRC is not checked again."""
     header = read_header(batch)
     if header.max_timestamp < target_ms:
         return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tidewater.errors import CorruptMessage
 
+# What the codec reads from: a whole fetch response, a log segment slice, a single batch.
 Buffer = bytes | bytearray | memoryview
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -56,10 +57,15 @@ def encode_varlong(value: int) -> bytes:
 
 def decode_varint(buf: Buffer, pos: int) -> tuple[int, int]:
     """(int32 value, position after it) of the varint at buf[pos]."""
-    if pos < len(buf):
+    # One- and two-byte values (up to ±8191) take the fast path: nearly every length in a batch.
+    if pos + 1 < len(buf):
         b = buf[pos]
         if b < 0x80:
             return (b >> 1) ^ -(b & 1), pos + 1
+        b2 = buf[pos + 1]
+        if b2 < 0x80:
+            zz = (b & 0x7F) | (b2 << 7)
+            return (zz >> 1) ^ -(zz & 1), pos + 2
     return _decode_long_form(buf, pos, _VARINT_MAX_BYTES, 32, "varint")
 
 

@@ -1,0 +1,540 @@
+"""One partition's log (Kafka's UnifiedLog and LocalLog): a directory `<topic>-<partition>` of
+segments named by their 20-digit base offset, plus the partition's leader epoch history.
+
+Appends go to the last (active) segment, which rolls on segment.bytes, segment.ms or a full
+index. Reads serve whole stored batches without decoding them. Loading recovers what a crash
+may have left half-written after the recovery point (the offset up to which everything was
+fsynced). The log is not thread-safe: the broker drives it from its event loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidewater.broker.log.checkpoints import TEMP_SUFFIX, LeaderEpochCheckpoint, fsync_dir
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.index import CorruptIndex
+from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
+from tidewater.broker.log.segment import (
+    INDEX_SUFFIX,
+    INT32_MAX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogSegment,
+)
+from tidewater.errors import (
+    CorruptMessage,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    StorageError,
+    TidewaterError,
+)
+from tidewater.records.header import (
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
+    BatchHeader,
+    crc_matches,
+    patch_base_offset_and_epoch,
+    read_header,
+)
+
+log = logging.getLogger(__name__)
+
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+# A log directory being deleted is renamed `<topic>-<partition>.<id>-delete` first.
+DELETE_DIR_SUFFIX = "-delete"
+# Left by an interrupted delete, compaction or checkpoint write.
+_STRAY_SUFFIXES = (".deleted", ".cleaned", TEMP_SUFFIX)
+_SEGMENT_FILE = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)")
+_PARTITION = re.compile(r"[0-9]+")
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def parse_partition_dir(name: str) -> tuple[str, int]:
+    """`<topic>-<partition>` → (topic, partition), split at the last '-' (topics may hold '-')."""
+    topic, sep, partition = name.rpartition("-")
+    if not sep or not topic or not _PARTITION.fullmatch(partition):
+        raise StorageError(f"{name!r} is not a partition directory (<topic>-<partition>)")
+    return topic, int(partition)
+
+
+class UnexpectedAppendOffset(TidewaterError):
+    """A follower's batches do not continue this log (they must start at its LEO)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    size_bytes: int
+
+
+class Log:
+    """Use Log.open."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[LogSegment],
+        recovery_point: int,
+        time_ms: Callable[[], int],
+        unsynced_dirs: set[Path],
+    ) -> None:
+        self.dir = directory
+        self.topic, self.partition = parse_partition_dir(directory.name)
+        self.config = config
+        self._segments = segments
+        self._bases = [segment.base_offset for segment in segments]
+        self._time_ms = time_ms
+        self.recovery_point = min(recovery_point, self.log_end_offset)
+        self._last_flush_ms = time_ms()
+        # Directories whose entries (segment files, the log's own directory) changed since
+        # they were last fsynced; the next flush syncs them.
+        self._unsynced_dirs = unsynced_dirs
+        self.leader_epoch_cache = LeaderEpochCache(
+            LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT)
+        )
+        # The epoch checkpoint may know of data that the crash took back, or that retention
+        # removed: Kafka trims it to the log on load.
+        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        config: LogConfig,
+        recovery_point: int = 0,
+        time_ms: Callable[[], int] = wall_clock_ms,
+    ) -> Log:
+        """Load (or create) the log in `directory`. Segments at or after `recovery_point`, and
+        any whose indexes are missing or corrupt, are recovered; a torn or corrupt tail is
+        truncated with a warning and the segments after it are deleted."""
+        directory = Path(directory)
+        parse_partition_dir(directory.name)
+        unsynced_dirs: set[Path] = set()
+        if not directory.exists():
+            directory.mkdir(parents=True)
+            unsynced_dirs.add(directory.parent)
+        now = time_ms()
+        segments = _load_segments(directory, config, recovery_point, now)
+        try:
+            if not segments:
+                segments = [LogSegment.create(directory, 0, now)]
+                unsynced_dirs.add(directory)
+            return cls(directory, config, segments, recovery_point, time_ms, unsynced_dirs)
+        except BaseException:
+            for segment in segments:
+                segment.close()
+            raise
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """LEO: the offset the next appended record gets."""
+        return self._segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size for segment in self._segments)
+
+    @property
+    def segments(self) -> Sequence[LogSegment]:
+        return tuple(self._segments)
+
+    def _floor(self, offset: int) -> int:
+        """Index of the segment that would hold `offset` (the first one if it is below all)."""
+        return max(bisect.bisect_right(self._bases, offset) - 1, 0)
+
+    # -- appends -------------------------------------------------------------------------
+
+    def append_as_leader(self, batches: bytearray, leader_epoch: int) -> AppendInfo:
+        """Append validated batches, assigning offsets from the LEO: each batch's base offset
+        and partition leader epoch are patched in place (outside the CRC)."""
+        headers = _split_batches(batches)
+        for header in headers:
+            if header.size > self.config.segment_bytes:
+                raise MessageTooLarge(
+                    f"{self.name}: a {header.size}-byte batch cannot fit in a segment of "
+                    f"segment.bytes={self.config.segment_bytes}"
+                )
+        offset = self.log_end_offset
+        position = 0
+        assigned = []
+        for header in headers:
+            patch_base_offset_and_epoch(batches, position, offset, leader_epoch)
+            header = header._replace(base_offset=offset, partition_leader_epoch=leader_epoch)
+            assigned.append(header)
+            offset = header.next_offset
+            position += header.size
+        return self._append(batches, assigned)
+
+    def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append batches copied from the leader, offsets already assigned: the first must
+        start at our LEO and each must start after the previous one ends."""
+        headers = _split_batches(batches)
+        view = memoryview(batches)
+        expected = self.log_end_offset
+        if headers[0].base_offset != expected:
+            raise UnexpectedAppendOffset(
+                f"{self.name}: follower append starts at offset {headers[0].base_offset}, "
+                f"but the log end offset is {expected}"
+            )
+        position = 0
+        for header in headers:
+            if header.base_offset < expected:
+                raise UnexpectedAppendOffset(
+                    f"{self.name}: batch at offset {header.base_offset} overlaps the previous "
+                    f"one, which ends before {expected}"
+                )
+            if not crc_matches(view[position : position + header.size], header):
+                raise CorruptMessage(
+                    f"{self.name}: CRC mismatch in the batch at offset {header.base_offset}"
+                )
+            expected = header.next_offset
+            position += header.size
+        return self._append(view, headers)
+
+    def _append(
+        self, data: bytes | bytearray | memoryview, headers: Sequence[BatchHeader]
+    ) -> AppendInfo:
+        now = self._time_ms()
+        cache = self.leader_epoch_cache
+        for header in headers:
+            if header.partition_leader_epoch > cache.latest_epoch:
+                cache.assign(header.partition_leader_epoch, header.base_offset)
+        view = memoryview(data)
+        interval = self.config.index_interval_bytes
+        segment = self._segments[-1]
+        group: list[BatchHeader] = []
+        group_start = position = 0
+        for header in headers:
+            if self._should_roll(segment, position - group_start, header, now):
+                if group:
+                    segment.append(view[group_start:position], group, interval)
+                segment = self._roll(header.base_offset, now)
+                group = []
+                group_start = position
+            group.append(header)
+            position += header.size
+        segment.append(view[group_start:position], group, interval)
+
+        top = max(headers, key=lambda h: h.max_timestamp)
+        info = AppendInfo(
+            first_offset=headers[0].base_offset,
+            last_offset=headers[-1].last_offset,
+            max_timestamp=top.max_timestamp,
+            offset_of_max_timestamp=top.last_offset,
+            size_bytes=position,
+        )
+        unflushed = self.log_end_offset - self.recovery_point
+        if self.config.flush_messages is not None and unflushed >= self.config.flush_messages:
+            self.flush()
+        return info
+
+    def _should_roll(
+        self, segment: LogSegment, pending_bytes: int, header: BatchHeader, now_ms: int
+    ) -> bool:
+        """Kafka's shouldRoll, checked before each batch; an empty segment never rolls."""
+        size = segment.size + pending_bytes
+        if size == 0:
+            return False
+        config = self.config
+        return (
+            size + header.size > config.segment_bytes
+            or now_ms - segment.created_ms > config.segment_ms
+            or segment.indexes_full(config.segment_index_bytes)
+            or header.last_offset - segment.base_offset > INT32_MAX
+        )
+
+    def _roll(self, base_offset: int, now_ms: int) -> LogSegment:
+        segment = LogSegment.create(self.dir, base_offset, now_ms)
+        self._segments.append(segment)
+        self._bases.append(base_offset)
+        self._unsynced_dirs.add(self.dir)
+        # The finished segment will not change again: make it durable now (Kafka's flush on
+        # roll), which also moves the recovery point to the new segment.
+        self.flush(base_offset)
+        log.debug("%s: rolled a new segment at offset %d", self.name, base_offset)
+        return segment
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read(
+        self, offset: int, max_bytes: int, max_offset: int | None = None
+    ) -> bytes | memoryview:
+        """Whole batches from the one holding `offset`, up to max_bytes but at least one batch,
+        none whose base offset is >= max_offset (consumers pass the HW). Empty at the LEO;
+        OffsetOutOfRange outside [log start offset, LEO]. Reads one segment at most."""
+        start, end = self.log_start_offset, self.log_end_offset
+        if not start <= offset <= end:
+            raise OffsetOutOfRange(
+                f"{self.name}: offset {offset} is outside the log's range [{start}, {end}]"
+            )
+        if offset == end or (max_offset is not None and offset >= max_offset):
+            return b""
+        for i in range(self._floor(offset), len(self._segments)):
+            segment = self._segments[i]
+            found = segment.find_batch(offset)
+            if found is not None:
+                position, first = found
+                if max_offset is not None and first.base_offset >= max_offset:
+                    return b""
+                return segment.read(position, first, max_bytes, max_offset)
+        return b""
+
+    def fetch_offset_by_timestamp(self, target_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record whose timestamp is >= target_ms."""
+        for segment in self._segments:
+            if segment.max_timestamp >= target_ms:
+                found = segment.find_offset_by_timestamp(target_ms)
+                if found is not None:
+                    return found
+        return None
+
+    # -- truncation ----------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Drop every record at or after `offset` (a follower whose log diverged). Batches
+        are whole: the LEO becomes the start of the batch holding `offset`."""
+        if offset < 0:
+            raise ValueError(f"cannot truncate to negative offset {offset}")
+        if offset >= self.log_end_offset:
+            return
+        if offset < self.log_start_offset:
+            self.truncate_fully_and_start_at(offset)
+            return
+        # Newest first, so that a crash midway leaves a shorter but whole log.
+        while self._bases[-1] > offset:
+            self._bases.pop()
+            self._segments.pop().delete()
+            self._unsynced_dirs.add(self.dir)
+        truncated = self._segments[-1].truncate_to(
+            offset, self.config.index_interval_bytes, self._time_ms()
+        )
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        log.info(
+            "%s: truncated to offset %d (%d bytes of the last segment)",
+            self.name,
+            self.log_end_offset,
+            truncated,
+        )
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start empty at `offset`: log start = LEO = offset."""
+        for segment in reversed(self._segments):
+            segment.delete()
+        self._segments = [LogSegment.create(self.dir, offset, self._time_ms())]
+        self._bases = [offset]
+        self.recovery_point = offset
+        # Now, not at the next flush: old segments must not come back after a crash.
+        fsync_dir(self.dir)
+        self.leader_epoch_cache.clear_and_flush()
+        log.info("%s: deleted every segment, starting again at offset %d", self.name, offset)
+
+    # -- retention -----------------------------------------------------------------------
+
+    def delete_retention_segments(self, now_ms: int) -> int:
+        """Delete the oldest segments that retention.ms or retention.bytes let go (never the
+        active one); the log start offset moves to the first kept segment. Returns how many
+        segments went."""
+        candidates = self._segments[:-1]
+        deletable = 0
+        retention_ms = self.config.retention_ms
+        if retention_ms >= 0:
+            while (
+                deletable < len(candidates)
+                and now_ms - candidates[deletable].largest_timestamp > retention_ms
+            ):
+                deletable += 1
+        retention_bytes = self.config.retention_bytes
+        if retention_bytes >= 0:
+            excess = sum(s.size for s in self._segments[deletable:]) - retention_bytes
+            while deletable < len(candidates) and excess >= candidates[deletable].size:
+                excess -= candidates[deletable].size
+                deletable += 1
+        if deletable:
+            # Oldest first: a crash midway leaves a log that merely starts later.
+            for segment in candidates[:deletable]:
+                segment.delete()
+            del self._segments[:deletable]
+            del self._bases[:deletable]
+            self._unsynced_dirs.add(self.dir)
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
+            self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+            log.info(
+                "%s: retention deleted %d segments; the log now starts at offset %d",
+                self.name,
+                deletable,
+                self.log_start_offset,
+            )
+        return deletable
+
+    # -- durability ----------------------------------------------------------------------
+
+    def flush(self, offset: int | None = None) -> None:
+        """fsync everything below `offset` (default: the LEO) and move the recovery point."""
+        target = self.log_end_offset if offset is None else min(offset, self.log_end_offset)
+        if target <= self.recovery_point:
+            return
+        for i in range(self._floor(self.recovery_point), len(self._segments)):
+            segment = self._segments[i]
+            if segment.base_offset >= target:
+                break
+            segment.flush()
+        for directory in self._unsynced_dirs:
+            fsync_dir(directory)
+        self._unsynced_dirs.clear()
+        self.recovery_point = target
+        self._last_flush_ms = self._time_ms()
+
+    def flush_if_due(self, now_ms: int) -> None:
+        """flush.ms: flush when unflushed data has waited that long since the last flush."""
+        flush_ms = self.config.flush_ms
+        if (
+            flush_ms is not None
+            and now_ms - self._last_flush_ms >= flush_ms
+            and self.log_end_offset > self.recovery_point
+        ):
+            self.flush()
+
+    def close(self) -> None:
+        """Flush, then close every file."""
+        self.flush()
+        for segment in self._segments:
+            segment.close()
+
+    def delete(self) -> None:
+        """Remove the log from disk: renamed away first, so a crash midway leaves a directory
+        that the next start removes rather than a half-deleted log."""
+        for segment in self._segments:
+            segment.close()
+        doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        os.rename(self.dir, doomed)
+        fsync_dir(self.dir.parent)
+        shutil.rmtree(doomed)
+
+
+def _split_batches(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
+    """Headers of the whole batches that make up `buf`; CorruptMessage if there is none or a
+    batch is malformed or cut short."""
+    headers = []
+    position = 0
+    while position < len(buf):
+        header = read_header(buf, position)
+        if header.magic != MAGIC or header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+            raise CorruptMessage(
+                f"malformed batch at byte {position}: magic {header.magic}, "
+                f"batch_length {header.batch_length}"
+            )
+        if position + header.size > len(buf):
+            raise CorruptMessage(
+                f"the batch at byte {position} needs {header.size} bytes, "
+                f"{len(buf) - position} remain"
+            )
+        headers.append(header)
+        position += header.size
+    if not headers:
+        raise CorruptMessage("no record batch to append")
+    return headers
+
+
+def _load_segments(
+    directory: Path, config: LogConfig, recovery_point: int, now_ms: int
+) -> list[LogSegment]:
+    bases = _segment_bases(directory)
+    segments: list[LogSegment] = []
+    interval = config.index_interval_bytes
+    try:
+        for i, base in enumerate(bases):
+            segments.append(LogSegment.open(directory, base, now_ms))
+            segment = segments[-1]
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            unflushed = next_base is None or next_base > recovery_point
+            truncated = _load_segment(segment, interval, recovery_point if unflushed else None)
+            if next_base is not None and segment.next_offset > next_base:
+                raise StorageError(
+                    f"{segment.log_path} holds offsets up to {segment.next_offset - 1}, past "
+                    f"the next segment's base offset {next_base}"
+                )
+            if truncated and next_base is not None:
+                log.warning(
+                    "%s: deleting the %d segments after the truncated %s",
+                    directory.name,
+                    len(bases) - i - 1,
+                    segment.log_path.name,
+                )
+                for later in bases[i + 1 :]:
+                    LogSegment.open(directory, later, now_ms).delete()
+                break
+    except BaseException:
+        for loaded in segments:
+            loaded.close()
+        raise
+    return segments
+
+
+def _load_segment(segment: LogSegment, interval: int, recover_from: int | None) -> int:
+    """Load or recover one segment; return the bytes recovery truncated."""
+    if not segment.indexes_exist:
+        log.warning("%s: index files missing, rebuilding them", segment.log_path)
+        return segment.recover(interval)
+    if recover_from is not None:
+        return segment.recover(interval, recover_from)
+    try:
+        segment.load(interval)
+    except CorruptIndex as e:
+        log.warning("%s; recovering the segment", e)
+        return segment.recover(interval)
+    return 0
+
+
+def _segment_bases(directory: Path) -> list[int]:
+    """Base offsets of the segments in `directory`, after removing stray and orphan files."""
+    logs: set[int] = set()
+    indexes: list[tuple[int, Path]] = []
+    for entry in os.scandir(directory):
+        path = Path(entry.path)
+        if entry.name.endswith(_STRAY_SUFFIXES):
+            log.info("%s: removing stray file", path)
+            path.unlink()
+            continue
+        match = _SEGMENT_FILE.fullmatch(entry.name)
+        if match is None:
+            continue
+        base = int(match[1])
+        if match[2] == LOG_SUFFIX:
+            logs.add(base)
+        elif match[2] in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            indexes.append((base, path))
+    for base, path in indexes:
+        if base not in logs:
+            log.info("%s: removing index without a segment", path)
+            path.unlink()
+    return sorted(logs)

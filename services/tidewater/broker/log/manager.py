@@ -1,0 +1,199 @@
+"""Every partition log on a broker, across its log dirs (Kafka's LogManager).
+
+Each log dir holds partition directories and a `recovery-point-offset-checkpoint`; a `.lock`
+file keeps a second broker out. Background work (retention, flush.ms, recovery point
+checkpoints) runs in `run_background_tasks` on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from tidewater.broker.log.checkpoints import TEMP_SUFFIX, CorruptCheckpoint, OffsetCheckpoint
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
+from tidewater.broker.log.log import DELETE_DIR_SUFFIX, Log, parse_partition_dir, wall_clock_ms
+from tidewater.errors import StorageError, UnknownTopicOrPartition
+
+log = logging.getLogger(__name__)
+
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOCK_FILE = ".lock"
+TopicPartition = tuple[str, int]
+
+
+class LogManager:
+    def __init__(
+        self,
+        log_dirs: list[Path],
+        default_config: LogConfig,
+        time_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        """Lock every log dir and load every partition in it."""
+        self.log_dirs = [Path(d) for d in log_dirs]
+        self.default_config = default_config
+        self._time_ms = time_ms
+        self._logs: dict[TopicPartition, Log] = {}
+        # The partitions in each log dir, for placement and per-dir checkpoints.
+        self._partitions_in: dict[Path, set[TopicPartition]] = {d: set() for d in self.log_dirs}
+        self._lock_fds: list[int] = []
+        self._closed = False
+        try:
+            for log_dir in self.log_dirs:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                self._lock(log_dir)
+                self._load_dir(log_dir)
+        except BaseException:
+            self._close_all()
+            raise
+
+    def _lock(self, log_dir: Path) -> None:
+        fd = os.open(log_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StorageError(f"log dir {log_dir} is in use by another process") from None
+        self._lock_fds.append(fd)
+
+    def _load_dir(self, log_dir: Path) -> None:
+        try:
+            recovery_points = OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()
+        except CorruptCheckpoint as e:
+            log.warning("%s; recovering every log in %s in full", e, log_dir)
+            recovery_points = {}
+        for child in sorted(log_dir.iterdir()):
+            if child.name.endswith(TEMP_SUFFIX) and child.is_file():
+                child.unlink()
+            if not child.is_dir():
+                continue
+            if child.name.endswith(DELETE_DIR_SUFFIX):
+                log.info("%s: finishing an interrupted log deletion", child)
+                shutil.rmtree(child)
+                continue
+            try:
+                tp = parse_partition_dir(child.name)
+            except StorageError as e:
+                log.warning("%s: skipped: %s", child, e)
+                continue
+            if tp in self._logs:
+                raise StorageError(
+                    f"{tp[0]}-{tp[1]} is in two log dirs: {self._logs[tp].dir} and {child}"
+                )
+            self._add(
+                tp,
+                Log.open(child, self.default_config, recovery_points.get(tp, 0), self._time_ms),
+            )
+        log.info("%s: loaded %d logs", log_dir, len(self._partitions_in[log_dir]))
+
+    def _add(self, tp: TopicPartition, lg: Log) -> None:
+        self._logs[tp] = lg
+        self._partitions_in[lg.dir.parent].add(tp)
+
+    # -- logs ----------------------------------------------------------------------------
+
+    def get_log(self, topic: str, partition: int) -> Log | None:
+        return self._logs.get((topic, partition))
+
+    def get_or_create_log(self, topic: str, partition: int, config: LogConfig) -> Log:
+        """The partition's log, with `config` now in force; a new log goes to the log dir
+        holding the fewest partitions."""
+        if partition < 0:
+            raise UnknownTopicOrPartition(f"partition {partition} of {topic} is negative")
+        existing = self._logs.get((topic, partition))
+        if existing is not None:
+            existing.config = config
+            return existing
+        log_dir = min(self.log_dirs, key=lambda d: len(self._partitions_in[d]))
+        created = Log.open(log_dir / f"{topic}-{partition}", config, 0, self._time_ms)
+        self._add((topic, partition), created)
+        log.info("created log %s in %s", created.name, log_dir)
+        return created
+
+    def leader_epoch_cache(self, topic: str, partition: int) -> LeaderEpochCache:
+        return self._require(topic, partition).leader_epoch_cache
+
+    def delete_log(self, topic: str, partition: int) -> None:
+        doomed = self._require(topic, partition)
+        doomed.delete()
+        del self._logs[(topic, partition)]
+        self._partitions_in[doomed.dir.parent].discard((topic, partition))
+        log.info("deleted log %s-%d", topic, partition)
+
+    def _require(self, topic: str, partition: int) -> Log:
+        found = self._logs.get((topic, partition))
+        if found is None:
+            raise UnknownTopicOrPartition(f"no log for {topic}-{partition} on this broker")
+        return found
+
+    # -- durability ----------------------------------------------------------------------
+
+    def checkpoint_recovery_points(self) -> None:
+        """Write each log dir's recovery-point-offset-checkpoint."""
+        for log_dir in self.log_dirs:
+            OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).write(
+                {tp: self._logs[tp].recovery_point for tp in self._partitions_in[log_dir]}
+            )
+
+    def shutdown(self) -> None:
+        """Flush every log, checkpoint the recovery points (now the LEOs), close everything:
+        the next start recovers nothing. Only the first call does anything."""
+        if self._closed:
+            return
+        for lg in self._logs.values():
+            lg.flush()
+        self.checkpoint_recovery_points()
+        self._close_all()
+
+    def _close_all(self) -> None:
+        self._closed = True
+        for lg in self._logs.values():
+            lg.close()
+        self._logs.clear()
+        for partitions in self._partitions_in.values():
+            partitions.clear()
+        for fd in self._lock_fds:
+            os.close(fd)
+        self._lock_fds.clear()
+
+    # -- background work -----------------------------------------------------------------
+
+    async def run_background_tasks(
+        self,
+        retention_check_interval_ms: int = 300000,
+        flush_check_interval_ms: int = 1000,
+        recovery_point_checkpoint_interval_ms: int = 60000,
+    ) -> None:
+        """Retention, flush.ms and recovery point checkpoints, each on its own period, until
+        cancelled."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._every(retention_check_interval_ms, self._apply_retention))
+            group.create_task(self._every(flush_check_interval_ms, self._flush_due_logs))
+            group.create_task(
+                self._every(recovery_point_checkpoint_interval_ms, self.checkpoint_recovery_points)
+            )
+
+    async def _every(self, interval_ms: int, job: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                job()
+            except Exception:
+                # A failing disk must not stop the other logs' upkeep; the next round retries.
+                log.exception("log manager background job %s failed", job.__name__)
+
+    def _apply_retention(self) -> None:
+        now = self._time_ms()
+        for lg in list(self._logs.values()):
+            lg.delete_retention_segments(now)
+
+    def _flush_due_logs(self) -> None:
+        now = self._time_ms()
+        for lg in list(self._logs.values()):
+            lg.flush_if_due(now)

@@ -1,0 +1,52 @@
+"""The leader's view of one follower replica (Kafka's Replica / ReplicaState)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UNKNOWN_OFFSET = -1
+
+
+@dataclass
+class Replica:
+    broker_id: int
+    log_start_offset: int = UNKNOWN_OFFSET
+    log_end_offset: int = UNKNOWN_OFFSET
+    # The leader's LEO and the time at the follower's previous fetch: a follower that fetched
+    # up to what the leader had then was caught up then, even if the leader has moved on.
+    last_fetch_leader_log_end_offset: int = UNKNOWN_OFFSET
+    last_fetch_time_ms: int = 0
+    last_caught_up_time_ms: int = 0
+
+    def update_fetch_state(
+        self, fetch_offset: int, log_start_offset: int, fetch_time_ms: int, leader_end_offset: int
+    ) -> None:
+        """Kafka's Replica#updateFetchState (updateLogReadResult in older releases)."""
+        if fetch_offset >= leader_end_offset:
+            self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, fetch_time_ms)
+        elif fetch_offset >= self.last_fetch_leader_log_end_offset:
+            self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, self.last_fetch_time_ms)
+        self.log_start_offset = log_start_offset
+        self.log_end_offset = fetch_offset
+        self.last_fetch_leader_log_end_offset = leader_end_offset
+        self.last_fetch_time_ms = fetch_time_ms
+
+    def reset(self, now_ms: int, leader_end_offset: int, is_new_leader: bool, in_sync: bool) -> None:
+        """On becoming leader: ISR members count as caught up now, others not at all; a new
+        leader knows nothing of the followers' logs until they fetch."""
+        self.last_caught_up_time_ms = now_ms if in_sync else 0
+        if is_new_leader:
+            self.log_start_offset = UNKNOWN_OFFSET
+            self.log_end_offset = UNKNOWN_OFFSET
+            self.last_fetch_leader_log_end_offset = UNKNOWN_OFFSET
+            self.last_fetch_time_ms = 0
+        else:
+            self.last_fetch_leader_log_end_offset = leader_end_offset
+            self.last_fetch_time_ms = now_ms
+
+    def is_caught_up(self, leader_end_offset: int, now_ms: int, replica_lag_time_max_ms: int) -> bool:
+        """In sync by the lag rule: at the leader's LEO, or caught up within the lag time."""
+        return (
+            leader_end_offset == self.log_end_offset
+            or now_ms - self.last_caught_up_time_ms <= replica_lag_time_max_ms
+        )

@@ -1,0 +1,727 @@
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from tidewater.broker.log.checkpoints import EpochEntry
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.log import Log, UnexpectedAppendOffset, parse_partition_dir
+from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
+from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
+
+if TYPE_CHECKING:
+    from conftest import Clock
+
+T0 = 1_750_000_000_000  # record timestamps: any fixed time
+MakeBatch = Callable[..., bytearray]
+OpenLog = Callable[..., Log]
+Split = Callable[[bytes | bytearray | memoryview], list[bytes]]
+
+
+def fill(log: Log, make_batch: MakeBatch, count: int, records: int = 3, size: int = 200) -> None:
+    """Append `count` batches of `records` records whose bodies say which batch they are."""
+    for i in range(count):
+        log.append_as_leader(make_batch(records, body=body(i, size)), leader_epoch=1)
+
+
+def body(i: int, size: int = 200) -> bytes:
+    return f"batch-{i:05d}|".encode().ljust(size, b".")
+
+
+def read_all(log: Log, split: Split, offset: int | None = None, **kwargs: int) -> list[bytes]:
+    """Every batch from `offset` (default: log start) to the end, fetching like a consumer."""
+    offset = log.log_start_offset if offset is None else offset
+    batches: list[bytes] = []
+    while chunk := log.read(offset, kwargs.get("max_bytes", 1 << 20), kwargs.get("max_offset")):
+        batches += split(chunk)
+        offset = read_header(batches[-1]).next_offset
+    return batches
+
+
+def bodies(batches: list[bytes]) -> list[bytes]:
+    return [batch[HEADER_SIZE:] for batch in batches]
+
+
+def segment_files(log_dir: Path, suffix: str = ".log") -> list[str]:
+    return sorted(p.name for p in log_dir.glob(f"*{suffix}"))
+
+
+# -- appends and reads -------------------------------------------------------------------
+
+
+def test_append_assigns_offsets_and_reads_back_across_rolls(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000)
+    infos = [log.append_as_leader(make_batch(3, body=body(i)), leader_epoch=4) for i in range(20)]
+    assert [(i.first_offset, i.last_offset) for i in infos] == [
+        (3 * n, 3 * n + 2) for n in range(20)
+    ]
+    assert log.log_end_offset == 60
+    assert len(log.segments) > 5
+    assert all(segment.size <= 1000 for segment in log.segments)
+    assert segment_files(log_dir) == [f"{s.base_offset:020d}.log" for s in log.segments]
+
+    batches = read_all(log, split)
+    assert bodies(batches) == [body(i) for i in range(20)]
+    headers = [read_header(b) for b in batches]
+    assert [h.base_offset for h in headers] == [3 * n for n in range(20)]
+    assert {h.partition_leader_epoch for h in headers} == {4}
+    assert all(crc_matches(b, h) for b, h in zip(batches, headers, strict=True))
+
+
+def test_leader_append_patches_the_callers_buffer(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log()
+    fill(log, make_batch, 2)
+    batch = make_batch(5)
+    log.append_as_leader(batch, leader_epoch=9)
+    header = read_header(batch)
+    assert (header.base_offset, header.partition_leader_epoch) == (6, 9)
+    assert crc_matches(batch, header)
+
+
+def test_one_append_may_carry_several_batches(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(segment_bytes=700)
+    data = bytearray().join(make_batch(2, body=body(i)) for i in range(6))
+    info = log.append_as_leader(data, leader_epoch=1)
+    assert (info.first_offset, info.last_offset, info.size_bytes) == (0, 11, len(data))
+    assert len(log.segments) == 3  # split between segments at batch boundaries
+    assert bodies(read_all(log, split)) == [body(i) for i in range(6)]
+
+
+def test_append_info_reports_the_max_timestamp(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log()
+    data = make_batch(2, max_timestamp=T0 + 50) + make_batch(3, max_timestamp=T0 + 9)
+    info = log.append_as_leader(data, leader_epoch=1)
+    assert (info.max_timestamp, info.offset_of_max_timestamp) == (T0 + 50, 1)
+
+
+MALFORMED: dict[str, Callable[[MakeBatch], bytearray]] = {
+    "empty": lambda make: bytearray(),
+    "shorter than a header": lambda make: make(1)[:30],
+    "second batch cut short": lambda make: make(1) + make(1)[:-5],
+    "bad magic": lambda make: make(1)[:16] + b"\x01" + make(1)[17:],
+    "length below a header": lambda make: make(1)[:8] + (10).to_bytes(4, "big") + make(1)[12:],
+}
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+def test_malformed_appends_are_refused_and_change_nothing(
+    open_log: OpenLog, make_batch: MakeBatch, kind: str
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 1)
+    with pytest.raises(CorruptMessage):
+        log.append_as_leader(MALFORMED[kind](make_batch), leader_epoch=1)
+    assert log.log_end_offset == 3
+    assert log.size_bytes == len(make_batch(3, body=body(0)))
+
+
+def test_a_batch_larger_than_a_segment_is_refused(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log(segment_bytes=500)
+    with pytest.raises(MessageTooLarge, match=r"segment\.bytes=500"):
+        log.append_as_leader(make_batch(1, body=bytes(600)), leader_epoch=1)
+    assert log.log_end_offset == 0
+
+
+def test_read_returns_at_most_max_bytes_of_whole_batches(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 10)
+    size = len(make_batch(3, body=body(0)))
+    assert len(split(log.read(0, size * 2 + size // 2))) == 2
+    assert len(split(log.read(0, size * 3))) == 3
+    # At least one whole batch, even past max_bytes (Kafka's rule).
+    assert split(log.read(0, 10)) == [bytes(log.read(0, size))]
+    assert len(log.read(0, 0)) == size
+    assert len(log.read(0, 1 << 20)) == 10 * size
+
+
+def test_read_starts_at_the_batch_holding_the_offset(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(index_interval_bytes=300)
+    fill(log, make_batch, 10)
+    for offset in (0, 4, 13, 29):
+        first = read_header(split(log.read(offset, 1))[0])
+        assert first.base_offset <= offset <= first.last_offset
+
+
+def test_read_stops_before_max_offset(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 10)
+    served = split(log.read(0, 1 << 20, max_offset=12))
+    assert [read_header(b).base_offset for b in served] == [0, 3, 6, 9]
+    # The batch holding max_offset - 1 is served whole, as the HW always ends a batch.
+    assert read_all(log, split, 0, max_offset=12) == served
+    assert log.read(12, 1 << 20, max_offset=12) == b""
+    assert log.read(20, 1 << 20, max_offset=12) == b""
+
+
+def test_read_at_the_log_end_is_empty_and_outside_the_log_is_out_of_range(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log()
+    assert log.read(0, 100) == b""
+    fill(log, make_batch, 2)
+    assert log.read(6, 100) == b""
+    with pytest.raises(OffsetOutOfRange, match=r"offset 7 is outside the log's range \[0, 6\]"):
+        log.read(7, 100)
+    with pytest.raises(OffsetOutOfRange):
+        log.read(-1, 100)
+
+
+def test_reads_after_reopening(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000, index_interval_bytes=100)
+    fill(log, make_batch, 20)
+    before = read_all(log, split)
+    log.close()
+    reopened = open_log(recovery_point=log.recovery_point, segment_bytes=1000)
+    assert reopened.log_end_offset == 60
+    assert read_all(reopened, split) == before
+    assert bodies(read_all(reopened, split, 31)) == [body(i) for i in range(10, 20)]
+    fill(reopened, make_batch, 1)
+    assert reopened.log_end_offset == 63
+
+
+def test_topic_and_partition_come_from_the_directory_name(tmp_path: Path) -> None:
+    assert parse_partition_dir("my-topic-with-dashes-12") == ("my-topic-with-dashes", 12)
+    assert parse_partition_dir("a.b_c-0") == ("a.b_c", 0)
+    for bad in ("nodash", "topic-", "-3", "topic-x", "topic-1.abc-delete"):
+        with pytest.raises(StorageError, match="not a partition directory"):
+            parse_partition_dir(bad)
+    log = Log.open(tmp_path / "my-topic-7", LogConfig())
+    assert (log.topic, log.partition, log.name) == ("my-topic", 7, "my-topic-7")
+    log.close()
+
+
+# -- follower appends --------------------------------------------------------------------
+
+
+def leader_batches(make_batch: MakeBatch, first_offset: int, count: int, epoch: int) -> bytes:
+    data = bytearray()
+    for i in range(count):
+        data += make_batch(2, body=body(i), base_offset=first_offset + 2 * i, epoch=epoch)
+    return bytes(data)
+
+
+def test_follower_append_keeps_the_leaders_offsets_and_epochs(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(segment_bytes=600)
+    info = log.append_as_follower(leader_batches(make_batch, 0, 5, epoch=3))
+    assert (info.first_offset, info.last_offset) == (0, 9)
+    log.append_as_follower(leader_batches(make_batch, 10, 2, epoch=4))
+    served = read_all(log, split)
+    assert [read_header(b).base_offset for b in served] == [0, 2, 4, 6, 8, 10, 12]
+    assert [read_header(b).partition_leader_epoch for b in served] == [3] * 5 + [4] * 2
+    assert log.leader_epoch_cache.epoch_entries == [EpochEntry(3, 0), EpochEntry(4, 10)]
+
+
+def test_follower_append_must_start_at_the_log_end(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log()
+    log.append_as_follower(leader_batches(make_batch, 0, 2, epoch=1))
+    for first in (2, 6):
+        with pytest.raises(UnexpectedAppendOffset, match=f"starts at offset {first}.* is 4"):
+            log.append_as_follower(leader_batches(make_batch, first, 1, epoch=1))
+    overlapping = make_batch(2, base_offset=4) + make_batch(2, base_offset=5)
+    with pytest.raises(UnexpectedAppendOffset, match="overlaps"):
+        log.append_as_follower(bytes(overlapping))
+    assert log.log_end_offset == 4
+
+
+def test_follower_append_checks_crcs(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log()
+    data = bytearray(leader_batches(make_batch, 0, 2, epoch=1))
+    data[-1] ^= 0xFF
+    with pytest.raises(CorruptMessage, match="CRC"):
+        log.append_as_follower(data)
+    assert log.log_end_offset == 0
+
+
+# -- rolling -----------------------------------------------------------------------------
+
+
+def test_segment_rolls_by_age(
+    open_log: OpenLog, make_batch: MakeBatch, clock: Clock, split: Split
+) -> None:
+    log = open_log(segment_ms=60_000)
+    fill(log, make_batch, 2)
+    clock.now += 60_000
+    fill(log, make_batch, 1)
+    assert len(log.segments) == 1
+    clock.now += 1
+    fill(log, make_batch, 1)
+    assert [s.base_offset for s in log.segments] == [0, 9]
+    # The new segment's age starts now; an empty one never rolls.
+    clock.now += 60_000
+    fill(log, make_batch, 1)
+    assert [s.base_offset for s in log.segments] == [0, 9]
+    assert len(read_all(log, split)) == 5
+
+
+def test_segment_rolls_when_an_index_is_full(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    # Three offset index entries (24 bytes) at most, one per batch after the first; the
+    # time index gets one, as the timestamps do not grow.
+    log = open_log(segment_index_bytes=24, index_interval_bytes=0)
+    fill(log, make_batch, 9)
+    assert [s.base_offset for s in log.segments] == [0, 12, 24]
+    assert [s.offset_index.entries for s in log.segments] == [3, 3, 0]
+    assert bodies(read_all(log, split)) == [body(i) for i in range(9)]
+
+
+def test_roll_flushes_the_finished_segment(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log(segment_bytes=600)
+    fill(log, make_batch, 2)
+    assert log.recovery_point == 0
+    fill(log, make_batch, 1)
+    assert len(log.segments) == 2
+    assert log.recovery_point == 6 == log.segments[1].base_offset
+
+
+# -- truncation --------------------------------------------------------------------------
+
+
+def test_truncate_to_drops_everything_from_the_offset(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000, index_interval_bytes=100)
+    fill(log, make_batch, 20)
+    log.leader_epoch_cache.assign(2, 30)
+    log.truncate_to(27)
+    assert log.log_end_offset == 27
+    assert bodies(read_all(log, split)) == [body(i) for i in range(9)]
+    assert segment_files(log_dir) == [f"{s.base_offset:020d}.log" for s in log.segments]
+    assert log.segments[-1].base_offset <= 27
+    assert log.leader_epoch_cache.latest_epoch == 1
+    fill(log, make_batch, 1)
+    assert log.log_end_offset == 30
+    assert read_header(split(log.read(27, 1))[0]).base_offset == 27
+
+
+def test_truncate_to_a_segment_boundary_and_mid_batch(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(segment_bytes=1000)
+    fill(log, make_batch, 20)
+    boundary = log.segments[2].base_offset
+    log.truncate_to(boundary)
+    assert log.log_end_offset == boundary
+    assert log.segments[-1].base_offset == boundary
+    assert log.segments[-1].size == 0
+    # Batches are whole: truncating inside one drops all of it.
+    log.truncate_to(boundary - 2)
+    assert log.log_end_offset == boundary - 3
+    # Truncating at or past the end changes nothing.
+    log.truncate_to(1000)
+    assert log.log_end_offset == boundary - 3
+    assert len(read_all(log, split)) == (boundary - 3) // 3
+
+
+def test_truncate_survives_reopening(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(segment_bytes=1000, index_interval_bytes=100)
+    fill(log, make_batch, 20)
+    log.truncate_to(33)
+    log.close()
+    reopened = open_log(recovery_point=log.recovery_point, segment_bytes=1000)
+    assert reopened.log_end_offset == 33
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(11)]
+
+
+def test_truncate_fully_and_start_at(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000)
+    fill(log, make_batch, 20)
+    log.truncate_fully_and_start_at(500)
+    assert log.log_start_offset == log.log_end_offset == log.recovery_point == 500
+    assert segment_files(log_dir) == ["00000000000000000500.log"]
+    assert log.leader_epoch_cache.epoch_entries == []
+    with pytest.raises(OffsetOutOfRange):
+        log.read(0, 100)
+    fill(log, make_batch, 1)
+    assert [read_header(b).base_offset for b in read_all(log, split)] == [500]
+    log.close()
+    reopened = open_log(recovery_point=log.recovery_point)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (500, 503)
+
+
+def test_truncate_below_the_log_start_starts_over_there(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log()
+    log.truncate_fully_and_start_at(100)
+    fill(log, make_batch, 2)
+    log.truncate_to(50)
+    assert log.log_start_offset == log.log_end_offset == 50
+
+
+# -- retention ---------------------------------------------------------------------------
+
+
+def test_retention_by_time_deletes_old_segments_and_moves_the_log_start(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000, retention_ms=3_600_000)
+    for i in range(20):
+        # Batch i is stamped i minutes after T0.
+        log.append_as_leader(make_batch(3, body=body(i), timestamp=T0 + i * 60_000), leader_epoch=1)
+    log.leader_epoch_cache.assign(2, 15)
+    old_segments = len(log.segments)
+    second = log.segments[1]
+    # Only the first segment's newest record is over an hour old.
+    newest_in_first = log.segments[0].max_timestamp
+    assert log.delete_retention_segments(newest_in_first + 3_600_001) == 1
+    assert log.log_start_offset == second.base_offset
+    assert len(log.segments) == old_segments - 1
+    assert segment_files(log_dir)[0] == f"{second.base_offset:020d}.log"
+    with pytest.raises(OffsetOutOfRange):
+        log.read(0, 100)
+    assert read_header(read_all(log, split)[0]).base_offset == second.base_offset
+    assert log.leader_epoch_cache.epoch_entries[0].start_offset == second.base_offset
+    # Far in the future everything is old, but the active segment stays.
+    log.delete_retention_segments(T0 + 10**10)
+    assert log.segments == (log.segments[-1],)
+    assert log.log_start_offset == log.segments[-1].base_offset
+    assert log.log_end_offset == 60
+
+
+def test_retention_by_size_keeps_at_least_retention_bytes(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log(segment_bytes=1000, retention_ms=-1, retention_bytes=2500)
+    fill(log, make_batch, 20)
+    sizes = [s.size for s in log.segments]
+    deleted = log.delete_retention_segments(T0)
+    assert deleted > 0
+    assert log.size_bytes >= 2500
+    assert log.size_bytes - log.segments[0].size < 2500
+    assert log.size_bytes == sum(sizes[deleted:])
+    assert log.delete_retention_segments(T0) == 0
+
+
+def test_no_retention_when_unbounded(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log(segment_bytes=1000, retention_ms=-1, retention_bytes=-1)
+    fill(log, make_batch, 20)
+    assert log.delete_retention_segments(T0 + 10**12) == 0
+    assert log.log_start_offset == 0
+
+
+# -- flushing ----------------------------------------------------------------------------
+
+
+def test_flush_moves_the_recovery_point(open_log: OpenLog, make_batch: MakeBatch) -> None:
+    log = open_log()
+    fill(log, make_batch, 3)
+    assert log.recovery_point == 0
+    log.flush(4)
+    assert log.recovery_point == 4
+    log.flush()
+    assert log.recovery_point == 9
+    log.flush(100)
+    assert log.recovery_point == 9
+
+
+def test_flush_messages_flushes_after_enough_appends(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log(flush_messages=5)
+    fill(log, make_batch, 1)
+    assert log.recovery_point == 0
+    fill(log, make_batch, 1)
+    assert log.recovery_point == 6
+
+
+def test_flush_ms_flushes_when_due(open_log: OpenLog, make_batch: MakeBatch, clock: Clock) -> None:
+    log = open_log(flush_ms=1000)
+    fill(log, make_batch, 1)
+    log.flush_if_due(clock.now + 999)
+    assert log.recovery_point == 0
+    log.flush_if_due(clock.now + 1000)
+    assert log.recovery_point == 3
+
+
+def test_without_flush_settings_only_rolls_and_close_flush(
+    open_log: OpenLog, make_batch: MakeBatch, clock: Clock
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 5)
+    log.flush_if_due(clock.now + 10**9)
+    assert log.recovery_point == 0
+    log.close()
+    assert log.recovery_point == 15
+
+
+# -- timestamps --------------------------------------------------------------------------
+
+
+def test_fetch_offset_by_timestamp(open_log: OpenLog) -> None:
+    from tidewater.records.batch import Record, build_batch
+
+    log = open_log(segment_bytes=2000, index_interval_bytes=200)
+    for i in range(30):
+        # Records i*3 .. i*3+2 stamped T0 + 10 * (their offset).
+        records = [Record(value=b"v" * 50, timestamp_ms=T0 + 10 * (3 * i + j)) for j in range(3)]
+        log.append_as_leader(bytearray(build_batch(records)), leader_epoch=1)
+    assert len(log.segments) > 2
+    assert log.fetch_offset_by_timestamp(0) == (0, T0)
+    assert log.fetch_offset_by_timestamp(T0 + 10 * 47) == (47, T0 + 470)
+    assert log.fetch_offset_by_timestamp(T0 + 10 * 47 - 5) == (47, T0 + 470)
+    assert log.fetch_offset_by_timestamp(T0 + 10 * 89) == (89, T0 + 890)
+    assert log.fetch_offset_by_timestamp(T0 + 10 * 89 + 1) is None
+
+
+# -- loading and recovery ----------------------------------------------------------------
+
+
+def crash(log: Log) -> None:
+    """Drop the log as a killed process would: no flush, no close of anything but fds."""
+    for segment in log.segments:
+        segment.close()
+
+
+def test_torn_tail_is_truncated_and_appends_continue(
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    log_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = open_log(segment_bytes=1000)
+    fill(log, make_batch, 10)
+    crash(log)
+    last = log_dir / segment_files(log_dir)[-1]
+    with open(last, "r+b") as f:
+        f.truncate(last.stat().st_size - 50)  # half of the last batch is lost
+
+    with caplog.at_level(logging.WARNING):
+        reopened = open_log(recovery_point=log.recovery_point, segment_bytes=1000)
+    assert "truncating" in caplog.text
+    assert reopened.log_end_offset == 27
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(9)]
+    fill(reopened, make_batch, 1)
+    assert read_header(read_all(reopened, split)[-1]).base_offset == 27
+
+
+def test_crc_corrupted_tail_is_truncated(
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    log_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 10)
+    crash(log)
+    path = log_dir / "00000000000000000000.log"
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0x01  # a flipped bit in the last batch's records
+    path.write_bytes(data)
+
+    with caplog.at_level(logging.WARNING):
+        reopened = open_log()
+    assert "CRC mismatch" in caplog.text
+    assert reopened.log_end_offset == 27
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(9)]
+
+
+def test_garbage_after_the_last_batch_is_truncated(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 3)
+    crash(log)
+    with open(log_dir / "00000000000000000000.log", "ab") as f:
+        f.write(b"\x00" * 100)  # preallocated space or a lost write
+    reopened = open_log()
+    assert reopened.log_end_offset == 9
+    assert len(read_all(reopened, split)) == 3
+
+
+def test_recovery_of_an_early_segment_deletes_the_later_ones(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000)
+    fill(log, make_batch, 20)
+    crash(log)
+    second = log_dir / segment_files(log_dir)[1]
+    data = bytearray(second.read_bytes())
+    data[-10] ^= 0x01
+    second.write_bytes(data)
+    reopened = open_log(segment_bytes=1000)  # recovery point 0: everything is checked
+    assert len(reopened.segments) == 2
+    assert segment_files(log_dir) == segment_files(log_dir)[:2]
+    assert reopened.log_end_offset == reopened.segments[1].next_offset
+    assert bodies(read_all(reopened, split)) == [
+        body(i) for i in range(reopened.log_end_offset // 3)
+    ]
+
+
+def test_data_before_the_recovery_point_is_trusted(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000)
+    fill(log, make_batch, 20)
+    log.flush()
+    log.close()
+    first = log_dir / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-10] ^= 0x01  # undetectable without a CRC check
+    first.write_bytes(data)
+    # Below the recovery point nothing is CRC-checked: the log loads whole.
+    reopened = open_log(recovery_point=60, segment_bytes=1000)
+    assert reopened.log_end_offset == 60
+    crash(reopened)
+    # From recovery point 0 the damage is found.
+    assert open_log(recovery_point=0, segment_bytes=1000).log_end_offset < 60
+
+
+def test_deleted_indexes_are_rebuilt(
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    log_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = open_log(segment_bytes=2000, index_interval_bytes=300)
+    fill(log, make_batch, 30)
+    original = {p.name: p.read_bytes() for p in log_dir.glob("*index")}
+    assert any(original.values())
+    log.close()
+    for name in original:
+        (log_dir / name).unlink()
+
+    with caplog.at_level(logging.WARNING):
+        reopened = open_log(
+            recovery_point=log.recovery_point, segment_bytes=2000, index_interval_bytes=300
+        )
+    assert "index files missing" in caplog.text
+    assert {p.name: p.read_bytes() for p in log_dir.glob("*index")} == original
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(30)]
+    for offset in (0, 31, 46, 89):
+        first = read_header(split(reopened.read(offset, 1))[0])
+        assert first.base_offset <= offset <= first.last_offset
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda raw: raw[:-3],  # torn entry
+        lambda raw: raw[8:16] + raw[:8] + raw[16:],  # out of order
+        lambda raw: raw[:-4] + (10**6).to_bytes(4, "big"),  # points past the segment
+        lambda raw: raw[:-4] + (int.from_bytes(raw[-4:], "big") + 1).to_bytes(4, "big"),
+    ],
+    ids=["torn", "unordered", "past-the-end", "off-by-one-position"],
+)
+def test_corrupt_index_is_rebuilt(
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    log_dir: Path,
+    damage: Callable[[bytes], bytes],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = open_log(segment_bytes=2000, index_interval_bytes=300)
+    fill(log, make_batch, 30)
+    log.close()
+    index = log_dir / "00000000000000000000.index"
+    original = index.read_bytes()
+    assert len(original) >= 16
+    index.write_bytes(damage(original))
+
+    with caplog.at_level(logging.WARNING):
+        reopened = open_log(
+            recovery_point=log.recovery_point, segment_bytes=2000, index_interval_bytes=300
+        )
+    assert "00000000000000000000.index" in caplog.text
+    assert index.read_bytes() == original
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(30)]
+    assert reopened.log_end_offset == 90
+
+
+def test_corrupt_time_index_is_rebuilt(
+    open_log: OpenLog, make_batch: MakeBatch, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=2000, index_interval_bytes=300)
+    for i in range(30):
+        log.append_as_leader(make_batch(3, timestamp=T0 + i), leader_epoch=1)
+    log.close()
+    index = log_dir / "00000000000000000000.timeindex"
+    original = index.read_bytes()
+    index.write_bytes(original[12:24] + original[:12] + original[24:])
+    open_log(recovery_point=log.recovery_point, segment_bytes=2000, index_interval_bytes=300)
+    assert index.read_bytes() == original
+
+
+def test_open_removes_stray_and_orphan_files(
+    open_log: OpenLog, make_batch: MakeBatch, log_dir: Path
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 2)
+    log.close()
+    strays = [
+        "00000000000000000000.log.deleted",
+        "00000000000000000007.index.deleted",
+        "00000000000000000003.log.cleaned",
+        "leader-epoch-checkpoint.tmp",
+        "00000000000000000099.index",
+        "00000000000000000099.timeindex",
+    ]
+    for name in strays:
+        (log_dir / name).write_bytes(b"junk")
+    reopened = open_log(recovery_point=log.recovery_point)
+    assert sorted(p.name for p in log_dir.iterdir()) == [
+        "00000000000000000000.index",
+        "00000000000000000000.log",
+        "00000000000000000000.timeindex",
+        "leader-epoch-checkpoint",
+    ]
+    assert reopened.log_end_offset == 6
+
+
+def test_open_creates_an_empty_log(open_log: OpenLog, log_dir: Path) -> None:
+    log = open_log()
+    assert (log.log_start_offset, log.log_end_offset, log.size_bytes) == (0, 0, 0)
+    assert segment_files(log_dir) == ["00000000000000000000.log"]
+
+
+def test_leader_epochs_past_the_recovered_end_are_forgotten(
+    open_log: OpenLog, make_batch: MakeBatch, log_dir: Path
+) -> None:
+    log = open_log()
+    log.append_as_follower(leader_batches(make_batch, 0, 2, epoch=1))
+    log.append_as_follower(leader_batches(make_batch, 4, 1, epoch=2))
+    assert log.leader_epoch_cache.epoch_entries == [EpochEntry(1, 0), EpochEntry(2, 4)]
+    crash(log)
+    segment = log_dir / "00000000000000000000.log"
+    os.truncate(segment, segment.stat().st_size - 1)
+    reopened = open_log()
+    assert reopened.log_end_offset == 4
+    assert reopened.leader_epoch_cache.epoch_entries == [EpochEntry(1, 0)]
+
+
+def test_delete_removes_the_directory(
+    open_log: OpenLog, make_batch: MakeBatch, log_dir: Path
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 2)
+    log.delete()
+    assert not log_dir.exists()
+    assert list(log_dir.parent.iterdir()) == []

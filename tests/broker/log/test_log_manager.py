@@ -1,0 +1,261 @@
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from tidewater.broker.log.checkpoints import EpochEntry, OffsetCheckpoint
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.manager import RECOVERY_POINT_CHECKPOINT, LogManager
+from tidewater.errors import StorageError, UnknownTopicOrPartition
+from tidewater.records.header import read_header
+
+if TYPE_CHECKING:
+    from conftest import Clock
+
+MakeBatch = Callable[..., bytearray]
+SMALL = LogConfig(segment_bytes=1000)
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> list[Path]:
+    return [tmp_path / "disk-a", tmp_path / "disk-b"]
+
+
+@pytest.fixture
+def managers(dirs: list[Path], clock: Clock) -> Iterator[Callable[..., LogManager]]:
+    """start(config=LogConfig()): a LogManager over `dirs`; left-over ones are shut down."""
+    started: list[LogManager] = []
+
+    def start(config: LogConfig = SMALL) -> LogManager:
+        started.append(LogManager(dirs, config, clock))
+        return started[-1]
+
+    yield start
+    for manager in started:
+        with contextlib.suppress(Exception):
+            manager.shutdown()
+
+
+def append(manager: LogManager, make_batch: MakeBatch, topic: str, partition: int, n: int) -> None:
+    for i in range(n):
+        manager.get_or_create_log(topic, partition, SMALL).append_as_leader(
+            make_batch(2, body=f"{topic}/{partition}/{i}".encode() * 10), leader_epoch=1
+        )
+
+
+def test_new_partitions_go_to_the_emptiest_log_dir(
+    managers: Callable[..., LogManager], dirs: list[Path]
+) -> None:
+    manager = managers()
+    placed = [manager.get_or_create_log("t", p, SMALL).dir.parent for p in range(6)]
+    assert placed.count(dirs[0]) == placed.count(dirs[1]) == 3
+    manager.delete_log("t", 0)
+    manager.delete_log("t", 2)
+    manager.delete_log("t", 4)
+    fresh = {manager.get_or_create_log("u", p, SMALL).dir.parent for p in range(3)}
+    assert fresh == {placed[0]}
+    assert manager.get_or_create_log("t", 1, SMALL) is manager.get_log("t", 1)
+
+
+def test_get_or_create_applies_the_new_config(managers: Callable[..., LogManager]) -> None:
+    manager = managers()
+    log = manager.get_or_create_log("t", 0, SMALL)
+    updated = LogConfig(segment_bytes=5000, retention_ms=10)
+    assert manager.get_or_create_log("t", 0, updated) is log
+    assert log.config == updated
+
+
+def test_restart_reloads_every_log(
+    managers: Callable[..., LogManager], make_batch: MakeBatch, dirs: list[Path]
+) -> None:
+    manager = managers()
+    for partition in range(4):
+        append(manager, make_batch, "orders-eu", partition, 10 + partition)
+    manager.leader_epoch_cache("orders-eu", 1).assign(3, 20)
+    before = {p: bytes(manager.get_log("orders-eu", p).read(0, 1 << 20)) for p in range(4)}
+    manager.shutdown()
+
+    for log_dir in dirs:
+        checkpoint = OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()
+        assert len(checkpoint) == 2
+        assert all(offset == 2 * (10 + p) for (_, p), offset in checkpoint.items())
+
+    restarted = managers()
+    for partition in range(4):
+        log = restarted.get_log("orders-eu", partition)
+        assert log is not None
+        assert log.log_end_offset == log.recovery_point == 2 * (10 + partition)
+        assert bytes(log.read(0, 1 << 20)) == before[partition]
+    assert restarted.leader_epoch_cache("orders-eu", 1).epoch_entries[-1] == EpochEntry(3, 20)
+    assert restarted.get_log("orders-eu", 4) is None
+
+
+CRASHING_BROKER = """
+import os, sys
+from pathlib import Path
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.manager import LogManager
+from tidewater.records.batch import Record, build_batch
+
+config = LogConfig(segment_bytes=1000)
+manager = LogManager([Path(d) for d in sys.argv[1:]], config)
+log = manager.get_or_create_log("t", 0, config)
+for i in range(35):
+    log.append_as_leader(bytearray(build_batch([Record(value=bytes(100))] * 2)), leader_epoch=1)
+    if i == 29:
+        manager.checkpoint_recovery_points()
+os._exit(0)  # killed: no flush, no close, no checkpoint
+"""
+
+
+def test_restart_after_a_crash_recovers_from_the_checkpointed_points(
+    managers: Callable[..., LogManager], dirs: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    subprocess.run([sys.executable, "-c", CRASHING_BROKER, *map(str, dirs)], check=True)
+    checkpointed = OffsetCheckpoint(dirs[0] / RECOVERY_POINT_CHECKPOINT).read()[("t", 0)]
+    assert 0 < checkpointed < 60
+    last_segment = sorted((dirs[0] / "t-0").glob("*.log"))[-1]
+    os.truncate(last_segment, last_segment.stat().st_size - 7)  # the last batch is torn
+
+    with caplog.at_level(logging.WARNING):
+        log = managers().get_log("t", 0)
+    assert "truncating" in caplog.text
+    assert log.log_end_offset == 68
+    last = read_header(bytes(log.read(66, 1 << 20)))
+    assert (last.base_offset, last.next_offset) == (66, 68)
+
+
+def test_corrupt_recovery_checkpoint_means_full_recovery(
+    managers: Callable[..., LogManager],
+    make_batch: MakeBatch,
+    dirs: list[Path],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager = managers()
+    append(manager, make_batch, "t", 0, 10)
+    manager.shutdown()
+    log_dir = next(d for d in dirs if (d / "t-0").exists())
+    (log_dir / RECOVERY_POINT_CHECKPOINT).write_text("0\n7\ngarbage\n")
+    with caplog.at_level(logging.WARNING):
+        restarted = managers()
+    assert "corrupt checkpoint file" in caplog.text
+    assert restarted.get_log("t", 0).log_end_offset == 20
+
+
+def test_delete_log_removes_it_for_good(
+    managers: Callable[..., LogManager], make_batch: MakeBatch, dirs: list[Path]
+) -> None:
+    manager = managers()
+    append(manager, make_batch, "t", 0, 3)
+    append(manager, make_batch, "t", 1, 3)
+    partition_dir = manager.get_log("t", 0).dir
+    manager.delete_log("t", 0)
+    assert not partition_dir.exists()
+    assert manager.get_log("t", 0) is None
+    with pytest.raises(UnknownTopicOrPartition):
+        manager.delete_log("t", 0)
+    with pytest.raises(UnknownTopicOrPartition):
+        manager.leader_epoch_cache("t", 0)
+    manager.shutdown()
+    restarted = managers()
+    assert restarted.get_log("t", 0) is None
+    assert restarted.get_log("t", 1).log_end_offset == 6
+
+
+def test_start_finishes_interrupted_deletions_and_skips_strangers(
+    managers: Callable[..., LogManager], dirs: list[Path]
+) -> None:
+    half_deleted = dirs[0] / "t-3.0f1e2d-delete"
+    half_deleted.mkdir(parents=True)
+    (half_deleted / "00000000000000000000.log").write_bytes(b"old")
+    (dirs[0] / "lost+found").mkdir()
+    (dirs[0] / "recovery-point-offset-checkpoint.tmp").write_text("half")
+    manager = managers()
+    assert not half_deleted.exists()
+    assert not (dirs[0] / "recovery-point-offset-checkpoint.tmp").exists()
+    assert (dirs[0] / "lost+found").exists()
+    assert manager.get_log("t", 3) is None
+
+
+def test_a_log_dir_serves_one_broker_at_a_time(managers: Callable[..., LogManager]) -> None:
+    first = managers()
+    with pytest.raises(StorageError, match="in use by another process"):
+        managers()
+    first.shutdown()
+    managers()
+
+
+def test_a_partition_in_two_log_dirs_is_refused(
+    managers: Callable[..., LogManager], dirs: list[Path]
+) -> None:
+    manager = managers()
+    assert manager.get_or_create_log("t", 0, SMALL).dir.parent == dirs[0]
+    manager.shutdown()
+    (dirs[1] / "t-0").mkdir(parents=True)
+    with pytest.raises(StorageError, match="t-0 is in two log dirs"):
+        managers()
+
+
+def test_a_thousand_partitions_hold_one_file_descriptor_each(
+    managers: Callable[..., LogManager],
+) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    manager = managers()
+    for partition in range(1000):
+        manager.get_or_create_log("many", partition, SMALL)
+    assert len(os.listdir("/proc/self/fd")) - before <= 1000 + len(manager.log_dirs)
+    manager.shutdown()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+async def wait_for(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_background_tasks_apply_retention_flush_ms_and_checkpoints(
+    managers: Callable[..., LogManager], make_batch: MakeBatch, clock: Clock, dirs: list[Path]
+) -> None:
+    manager = managers()
+    retained = manager.get_or_create_log("old", 0, LogConfig(segment_bytes=1000, retention_bytes=0))
+    flushed = manager.get_or_create_log("flushy", 0, LogConfig(flush_ms=1000))
+    for i in range(10):
+        retained.append_as_leader(make_batch(2, body=bytes(300) + bytes([i])), leader_epoch=1)
+    flushed.append_as_leader(make_batch(2), leader_epoch=1)
+    assert flushed.recovery_point == 0
+    checkpoints = [d / RECOVERY_POINT_CHECKPOINT for d in dirs]
+
+    task = asyncio.create_task(
+        manager.run_background_tasks(
+            retention_check_interval_ms=5,
+            flush_check_interval_ms=5,
+            recovery_point_checkpoint_interval_ms=5,
+        )
+    )
+    try:
+        await wait_for(lambda: retained.log_start_offset > 0)
+        assert len(retained.segments) == 1
+        await wait_for(lambda: all(c.exists() for c in checkpoints))
+        assert flushed.recovery_point == 0  # flush.ms has not passed on the test clock
+        clock.now += 1000
+        await wait_for(lambda: flushed.recovery_point == 2)
+        await wait_for(
+            lambda: (
+                OffsetCheckpoint(flushed.dir.parent / RECOVERY_POINT_CHECKPOINT).read()
+                == {("flushy", 0): 2}
+            )
+        )
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert task.cancelled()

@@ -16,6 +16,7 @@ DECLARATION = re.compile(r"^\s*(service|rpc|message|enum)\s+(\w+)")
 ENUM_VALUE = re.compile(r"^\s*([A-Z][A-Z0-9_]*)\s*=\s*-?\d+\s*;")
 ERRORS_PROTO = PROTO_ROOT / "tidewater" / "v1" / "errors.proto"
 
+
 class Declaration(NamedTuple):
     file: str
     kind: str
@@ -58,11 +59,7 @@ def test_parse_sees_every_declaration(path: Path) -> None:
 
 
 def test_every_declaration_has_a_leading_comment() -> None:
-    undocumented = [
-        f"{d.file}: {d.kind} {d.name}"
-        for d in all_declarations()
-        if not d.documented
-    ]
+    undocumented = [f"{d.file}: {d.kind} {d.name}" for d in all_declarations() if not d.documented]
     assert not undocumented, "add a comment saying what it means and when errors are returned"
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import AppendInfo, Log
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
@@ -46,7 +45,6 @@ class Partition:
         partition: int,
         local_broker_id: int,
         log: Log,
-        epoch_cache: LeaderEpochCache,
         config: TopicConfig,
         checkpointed_high_watermark: int,
     ) -> None:
@@ -54,7 +52,7 @@ class Partition:
         self.partition = partition
         self.local_broker_id = local_broker_id
         self.log = log
-        self.epoch_cache = epoch_cache
+        self.epoch_cache = log.leader_epoch_cache
         self.config = config
         self.leader = NO_LEADER
         self.leader_epoch = -1

@@ -135,7 +135,6 @@ class ReplicaManager:
             partition=tp[1],
             local_broker_id=self.broker_id,
             log=log_,
-            epoch_cache=self.log_manager.leader_epoch_cache(tp[0], tp[1]),
             config=config,
             checkpointed_high_watermark=self._checkpointed_hws.get(tp, 0),
         )

@@ -31,7 +31,9 @@ class Replica:
         self.last_fetch_leader_log_end_offset = leader_end_offset
         self.last_fetch_time_ms = fetch_time_ms
 
-    def reset(self, now_ms: int, leader_end_offset: int, is_new_leader: bool, in_sync: bool) -> None:
+    def reset(
+        self, now_ms: int, leader_end_offset: int, is_new_leader: bool, in_sync: bool
+    ) -> None:
         """On becoming leader: ISR members count as caught up now, others not at all; a new
         leader knows nothing of the followers' logs until they fetch."""
         self.last_caught_up_time_ms = now_ms if in_sync else 0
@@ -44,7 +46,9 @@ class Replica:
             self.last_fetch_leader_log_end_offset = leader_end_offset
             self.last_fetch_time_ms = now_ms
 
-    def is_caught_up(self, leader_end_offset: int, now_ms: int, replica_lag_time_max_ms: int) -> bool:
+    def is_caught_up(
+        self, leader_end_offset: int, now_ms: int, replica_lag_time_max_ms: int
+    ) -> bool:
         """In sync by the lag rule: at the leader's LEO, or caught up within the lag time."""
         return (
             leader_end_offset == self.log_end_offset

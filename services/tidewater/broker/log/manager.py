@@ -17,7 +17,6 @@ from pathlib import Path
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, CorruptCheckpoint, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import DELETE_DIR_SUFFIX, Log, parse_partition_dir, wall_clock_ms
 from tidewater.errors import StorageError, UnknownTopicOrPartition
 
@@ -115,9 +114,6 @@ class LogManager:
         self._add((topic, partition), created)
         log.info("created log %s in %s", created.name, log_dir)
         return created
-
-    def leader_epoch_cache(self, topic: str, partition: int) -> LeaderEpochCache:
-        return self._require(topic, partition).leader_epoch_cache
 
     def delete_log(self, topic: str, partition: int) -> None:
         doomed = self._require(topic, partition)

@@ -474,3 +474,19 @@ async def test_retention_moves_the_log_start_offset(start_broker: Callable[..., 
     assert (await client.service.Fetch(fetch_request(0))).partitions[0].error_code == (
         ErrorCode.OFFSET_OUT_OF_RANGE
     )
+
+
+async def test_only_the_first_data_of_a_response_may_exceed_max_bytes(leader: Any) -> None:
+    await make_leader(leader.channel, TOPIC, 1, leader=1, leader_epoch=1, replicas=[1])
+    for partition in (0, 1):
+        request = produce_request(batch_of([bytes(500)] * 4), partition=partition)
+        assert (await leader.service.Produce(request)).partitions[0].error_code == ErrorCode.NONE
+    request = fetch_request(0, max_bytes=100)
+    request.partitions.add().CopyFrom(request.partitions[0])
+    request.partitions[1].partition = 1
+    response = await leader.service.Fetch(request)
+    first, second = response.partitions
+    assert (first.error_code, second.error_code) == (ErrorCode.NONE, ErrorCode.NONE)
+    assert len(list(decode_batches(first.record_batches))) == 4  # one whole batch, over the limit
+    assert second.record_batches == b""
+    assert second.high_watermark == 4

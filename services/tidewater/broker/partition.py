@@ -148,10 +148,12 @@ class Partition:
             return None
         return len(self.isr) >= self.config.min_insync_replicas
 
-    def read(self, fetch_offset: int, max_bytes: int, *, for_follower: bool) -> LogReadResult:
+    def read(
+        self, fetch_offset: int, max_bytes: int, *, for_follower: bool, min_one_batch: bool
+    ) -> LogReadResult:
         """Consumers read up to the HW, followers up to the LEO."""
         max_offset = None if for_follower else self.high_watermark
-        data = self.log.read(fetch_offset, max_bytes, max_offset)
+        data = self.log.read(fetch_offset, max_bytes, max_offset, min_one_batch)
         return LogReadResult(
             data=bytes(data),
             high_watermark=self.high_watermark,

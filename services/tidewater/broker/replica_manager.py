@@ -300,9 +300,8 @@ class ReplicaManager:
                 limit = budget - total
                 if fp.partition_max_bytes > 0:
                     limit = min(limit, fp.partition_max_bytes)
-                # Kafka's rule: only the response's first data may exceed the limits.
                 read = partition.read(
-                    fp.fetch_offset, max(limit, 0) if total else limit, for_follower=for_follower
+                    fp.fetch_offset, limit, for_follower=for_follower, min_one_batch=total == 0
                 )
             except TidewaterError as e:
                 result.error_code = e.code

@@ -286,11 +286,16 @@ class Log:
     # -- reads ---------------------------------------------------------------------------
 
     def read(
-        self, offset: int, max_bytes: int, max_offset: int | None = None
+        self,
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None = None,
+        min_one_batch: bool = True,
     ) -> bytes | memoryview:
-        """Whole batches from the one holding `offset`, up to max_bytes but at least one batch,
-        none whose base offset is >= max_offset (consumers pass the HW). Empty at the LEO;
-        OffsetOutOfRange outside [log start offset, LEO]. Reads one segment at most."""
+        """Whole batches from the one holding `offset`, up to max_bytes but at least one batch
+        (unless min_one_batch is off: Kafka lets only a response's first data exceed the
+        limit), none whose base offset is >= max_offset (consumers pass the HW). Empty at the
+        LEO; OffsetOutOfRange outside [log start offset, LEO]. Reads one segment at most."""
         start, end = self.log_start_offset, self.log_end_offset
         if not start <= offset <= end:
             raise OffsetOutOfRange(
@@ -305,7 +310,7 @@ class Log:
                 position, first = found
                 if max_offset is not None and first.base_offset >= max_offset:
                     return b""
-                return segment.read(position, first, max_bytes, max_offset)
+                return segment.read(position, first, max_bytes, max_offset, min_one_batch)
         return b""
 
     def fetch_offset_by_timestamp(self, target_ms: int) -> tuple[int, int] | None:

@@ -245,10 +245,18 @@ class LogSegment:
         return None
 
     def read(
-        self, position: int, first: BatchHeader, max_bytes: int, max_offset: int | None
+        self,
+        position: int,
+        first: BatchHeader,
+        max_bytes: int,
+        max_offset: int | None,
+        min_one_batch: bool = True,
     ) -> bytes | memoryview:
         """Whole batches from `position`, where batch `first` starts: as many as fit in
-        max_bytes, but always `first`; none whose base offset is >= max_offset."""
+        max_bytes, but always `first` when min_one_batch; none whose base offset is >=
+        max_offset."""
+        if first.size > max_bytes and not min_one_batch:
+            return b""
         if first.size >= max_bytes:
             return os.pread(self._fd, first.size, position)
         data = os.pread(self._fd, min(max_bytes, self._size - position), position)

@@ -1,0 +1,130 @@
+"""A follower's decisions on what its leader tells it: where to truncate, and what to do when
+its fetch offset is out of the leader's range. Pure functions of the two logs' offsets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tidewater.replication.partition import (
+    NO_EPOCH,
+    EpochHistory,
+    FollowerFetch,
+    Partition,
+    ReplicaLog,
+)
+
+
+class FollowerLog(ReplicaLog, Protocol):
+    """The log operations a follower performs on what its leader sends."""
+
+    def append_as_follower(self, batches: Any) -> Any: ...
+
+    def truncate_to(self, offset: int) -> None: ...
+
+    def truncate_fully_and_start_at(self, offset: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class FetchedPartition:
+    """One partition of a fetch response, on the follower. Errors are the fetcher's concern."""
+
+    high_watermark: int
+    diverging_epoch: tuple[int, int] | None
+    records: Any  # whole batches as the leader's log serves them; empty when none
+
+
+@dataclass(frozen=True)
+class TruncateTo:
+    offset: int
+
+
+@dataclass(frozen=True)
+class TruncateFullyAndStartAt:
+    offset: int
+
+
+@dataclass(frozen=True)
+class StopReplicating:
+    """Truncation would lose data the controller did not allow to lose: stop fetching this
+    partition and say so loudly, as Kafka does without unclean leader election."""
+
+    reason: str
+
+
+OutOfRangeAction = TruncateTo | TruncateFullyAndStartAt | StopReplicating
+
+
+def truncation_offset(
+    local_epochs: EpochHistory, local_end_offset: int, diverging_epoch: tuple[int, int]
+) -> int:
+    """Where to truncate when the leader reports (epoch, end offset) of our diverging history
+    (Kafka's getOffsetTruncationState). If our own largest epoch <= theirs is smaller, we
+    truncate to its end and the next fetch, naming that epoch, checks again (KIP-279)."""
+    leader_epoch, leader_end_offset = diverging_epoch
+    if leader_epoch == NO_EPOCH:
+        return min(leader_end_offset, local_end_offset)
+    follower_epoch, follower_end_offset = local_epochs.end_offset_for(
+        leader_epoch, local_end_offset
+    )
+    if follower_epoch == NO_EPOCH:
+        return min(leader_end_offset, local_end_offset)
+    if follower_epoch != leader_epoch:
+        return min(follower_end_offset, local_end_offset)
+    return min(leader_end_offset, follower_end_offset, local_end_offset)
+
+
+def on_offset_out_of_range(
+    name: str,
+    local_end_offset: int,
+    leader_end_offset: int,
+    leader_start_offset: int,
+    unclean_leader_election_enable: bool,
+) -> OutOfRangeAction | None:
+    """Kafka's handleOffsetOutOfRange. None: our LEO is in range after all; fetch again."""
+    if leader_end_offset < local_end_offset:
+        if not unclean_leader_election_enable:
+            return StopReplicating(
+                f"{name}: the leader's log ends at {leader_end_offset}, before this replica's "
+                f"{local_end_offset}; truncating would lose data and "
+                "unclean.leader.election.enable is false"
+            )
+        return TruncateTo(leader_end_offset)
+    if leader_start_offset > local_end_offset:
+        return TruncateFullyAndStartAt(leader_start_offset)
+    return None
+
+
+def next_fetch(partition: Partition) -> FollowerFetch:
+    """What a follower asks its leader for: from its LEO, naming the epoch of its last batch
+    so the leader can spot a diverging history, and its view of the leader epoch (KIP-320)."""
+    return FollowerFetch(
+        replica_id=partition.local_broker_id,
+        fetch_offset=partition.log.log_end_offset,
+        log_start_offset=partition.log.log_start_offset,
+        last_fetched_epoch=partition.log.leader_epoch_cache.latest_epoch,
+        current_leader_epoch=partition.leader_epoch,
+    )
+
+
+def apply_fetch_response(partition: Partition, log: FollowerLog, fetched: FetchedPartition) -> None:
+    """Truncate to where a diverging history agrees, or append what the leader sent and take
+    its HW (capped by our LEO). Truncation is decided by leader epochs, never by the HW."""
+    if fetched.diverging_epoch is not None:
+        log.truncate_to(
+            truncation_offset(log.leader_epoch_cache, log.log_end_offset, fetched.diverging_epoch)
+        )
+        partition.after_truncation()
+        return
+    if fetched.records:
+        log.append_as_follower(fetched.records)
+    partition.update_follower_high_watermark(fetched.high_watermark)
+
+
+def apply_out_of_range(partition: Partition, log: FollowerLog, action: OutOfRangeAction) -> None:
+    """Carry out a truncation decided by on_offset_out_of_range."""
+    if isinstance(action, TruncateTo):
+        log.truncate_to(action.offset)
+    elif isinstance(action, TruncateFullyAndStartAt):
+        log.truncate_fully_and_start_at(action.offset)
+    partition.after_truncation()

@@ -1,0 +1,393 @@
+"""One replica of a partition: Kafka's Partition rules as a pure state machine.
+
+It knows the partition's role, AR, ISR (committed and proposed), the leader epoch and its start
+offset, the HW, and, as leader, every follower's fetch state. It reads the local log's offsets
+and leader epoch cache through `ReplicaLog` and never changes the log: appends and truncations
+are the caller's, who tells the partition afterwards. Time is an argument. So every rule here
+runs in a unit test in microseconds, with no files, sockets or event loop.
+
+Inputs:  make_leader / make_follower (LeaderAndIsr), check_append + after_leader_append
+         (produce), on_follower_fetch (a follower's fetch, on the leader), maybe_shrink_isr
+         (the periodic check), on_alter_isr_result (the controller's answer),
+         update_follower_high_watermark (a fetch response, on a follower).
+Outputs: return values — whether the HW moved (so delayed operations can complete), ISR
+         change proposals for the controller, diverging epochs for followers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tidewater.errors import (
+    FencedLeaderEpoch,
+    NotEnoughReplicas,
+    NotLeaderOrFollower,
+    OffsetOutOfRange,
+    TidewaterError,
+    UnknownLeaderEpoch,
+)
+from tidewater.replication.replica import UNKNOWN_OFFSET, Replica
+
+NO_LEADER = -1
+ACKS_ALL = -1
+NO_EPOCH = -1
+
+
+class EpochHistory(Protocol):
+    """What the partition needs of the leader epoch cache."""
+
+    @property
+    def latest_epoch(self) -> int: ...
+
+    def assign(self, epoch: int, start_offset: int) -> None: ...
+
+    def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]: ...
+
+
+class ReplicaLog(Protocol):
+    """What the partition reads of the local log."""
+
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    @property
+    def leader_epoch_cache(self) -> EpochHistory: ...
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    replica_lag_time_max_ms: int = 30000
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
+
+
+@dataclass(frozen=True)
+class LeaderAndIsr:
+    """The controller's decision for one partition."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...]
+    partition_epoch: int
+    controller_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class IsrState:
+    """The committed ISR, and the proposed one while an AlterIsr is in flight (Kafka's
+    PendingExpandIsr / PendingShrinkIsr). While pending, the HW uses the union of both, so a
+    shrink cannot commit data the old ISR has not all got, nor an expansion skip a member."""
+
+    isr: frozenset[int]
+    partition_epoch: int
+    proposed: frozenset[int] | None = None
+
+    @property
+    def maximal_isr(self) -> frozenset[int]:
+        return self.isr | self.proposed if self.proposed is not None else self.isr
+
+    @property
+    def in_flight(self) -> bool:
+        return self.proposed is not None
+
+
+@dataclass(frozen=True)
+class AlterIsrProposal:
+    topic: str
+    partition: int
+    leader_epoch: int
+    new_isr: tuple[int, ...]
+    partition_epoch: int
+
+
+@dataclass(frozen=True)
+class FollowerFetch:
+    """A follower's fetch of one partition, as the leader sees it."""
+
+    replica_id: int
+    fetch_offset: int
+    log_start_offset: int
+    last_fetched_epoch: int
+    current_leader_epoch: int
+
+
+@dataclass(frozen=True)
+class FollowerFetchOutcome:
+    # (epoch, end offset) when the follower's log diverges from ours: it must truncate and
+    # fetch again; no data is served.
+    diverging_epoch: tuple[int, int] | None = None
+    high_watermark_changed: bool = False
+    isr_proposal: AlterIsrProposal | None = None
+
+
+class Partition:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        local_broker_id: int,
+        log: ReplicaLog,
+        config: ReplicationConfig,
+        checkpointed_high_watermark: int,
+        isr_eligible: Callable[[int], bool] = lambda broker_id: True,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.local_broker_id = local_broker_id
+        self.log = log
+        self.config = config
+        # Fenced or shutting-down brokers do not join an ISR (KIP-841); the broker's metadata
+        # cache answers this.
+        self.isr_eligible = isr_eligible
+        self.leader = NO_LEADER
+        self.leader_epoch = NO_EPOCH
+        self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        self.controller_epoch = 0
+        self.replicas: tuple[int, ...] = ()
+        self.isr_state = IsrState(frozenset(), -1)
+        self.remote_replicas: dict[int, Replica] = {}
+        # After a restart the HW is min(checkpoint, LEO): an unflushed tail may be gone.
+        self.high_watermark = min(checkpointed_high_watermark, log.log_end_offset)
+
+    @property
+    def name(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader == self.local_broker_id
+
+    @property
+    def isr(self) -> frozenset[int]:
+        return self.isr_state.isr
+
+    @property
+    def partition_epoch(self) -> int:
+        return self.isr_state.partition_epoch
+
+    # -- LeaderAndIsr ------------------------------------------------------------------------
+
+    def make_leader(self, state: LeaderAndIsr, now_ms: int) -> bool:
+        """Kafka's makeLeader. Returns whether the HW moved."""
+        is_new_leader = not self.is_leader
+        self._apply(state)
+        leader_end_offset = self.log.log_end_offset
+        self.leader_epoch_start_offset = leader_end_offset
+        self.log.leader_epoch_cache.assign(state.leader_epoch, leader_end_offset)
+        followers = [r for r in state.replicas if r != self.local_broker_id]
+        known = {} if is_new_leader else self.remote_replicas
+        self.remote_replicas = {r: known.get(r) or Replica(r) for r in followers}
+        for replica in self.remote_replicas.values():
+            replica.reset(now_ms, leader_end_offset, is_new_leader, replica.broker_id in self.isr)
+        # The ISR may be just us now, so the HW may move at once.
+        return self._maybe_increment_high_watermark(now_ms)
+
+    def make_follower(self, state: LeaderAndIsr) -> bool:
+        """Kafka's makeFollower. Returns whether the fetcher must (re)start: the leader or its
+        epoch changed, even when the leader id is the same (an update we missed)."""
+        changed = state.leader != self.leader or state.leader_epoch != self.leader_epoch
+        self._apply(state)
+        self.isr_state = IsrState(frozenset(), state.partition_epoch)
+        self.remote_replicas = {}
+        self.leader_epoch_start_offset = UNKNOWN_OFFSET
+        return changed
+
+    def _apply(self, state: LeaderAndIsr) -> None:
+        self.leader = state.leader
+        self.leader_epoch = state.leader_epoch
+        self.controller_epoch = state.controller_epoch
+        self.replicas = state.replicas
+        self.isr_state = IsrState(frozenset(state.isr), state.partition_epoch)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def check_current_leader_epoch(self, current_leader_epoch: int) -> None:
+        """KIP-320: an older epoch is fenced, a newer one not known here yet."""
+        if current_leader_epoch == NO_EPOCH:
+            return
+        if current_leader_epoch < self.leader_epoch:
+            raise FencedLeaderEpoch(
+                f"{self.name}: request epoch {current_leader_epoch} is older than the "
+                f"current leader epoch {self.leader_epoch}"
+            )
+        if current_leader_epoch > self.leader_epoch:
+            raise UnknownLeaderEpoch(
+                f"{self.name}: request epoch {current_leader_epoch} is newer than this "
+                f"replica's leader epoch {self.leader_epoch}"
+            )
+
+    def require_leader(self) -> None:
+        if not self.is_leader:
+            raise NotLeaderOrFollower(
+                f"broker {self.local_broker_id} is not the leader of {self.name} "
+                f"(leader: {self.leader}, epoch {self.leader_epoch})"
+            )
+
+    def check_append(self, acks: int) -> None:
+        """Before a produce appends: leader, and for acks=all an ISR of min.insync.replicas."""
+        self.require_leader()
+        if acks == ACKS_ALL and len(self.isr) < self.config.min_insync_replicas:
+            raise NotEnoughReplicas(
+                f"{self.name}: ISR {sorted(self.isr)} is smaller than "
+                f"min.insync.replicas={self.config.min_insync_replicas}"
+            )
+
+    def after_leader_append(self, now_ms: int) -> bool:
+        """The leader's LEO moved. Returns whether the HW moved (an ISR of one)."""
+        return self._maybe_increment_high_watermark(now_ms)
+
+    def enough_replicas_for(self, required_offset: int) -> bool | None:
+        """acks=all completion (checkEnoughReplicasReachOffset): None while the HW is short of
+        the offset; else whether the ISR still meets min.insync.replicas."""
+        if self.high_watermark < required_offset:
+            return None
+        return len(self.isr) >= self.config.min_insync_replicas
+
+    # -- the leader's side of a follower fetch -----------------------------------------------
+
+    def on_follower_fetch(self, fetch: FollowerFetch, now_ms: int) -> FollowerFetchOutcome:
+        """Validate a follower's fetch and record its progress. On a normal outcome the caller
+        serves data from fetch.fetch_offset up to the LEO."""
+        self.require_leader()
+        self.check_current_leader_epoch(fetch.current_leader_epoch)
+        replica = self.remote_replicas.get(fetch.replica_id)
+        if replica is None:
+            raise NotLeaderOrFollower(
+                f"broker {fetch.replica_id} is not a replica of {self.name} "
+                f"(replicas {list(self.replicas)})"
+            )
+        leader_end_offset = self.log.log_end_offset
+        if fetch.last_fetched_epoch != NO_EPOCH:
+            epoch, end_offset = self.log.leader_epoch_cache.end_offset_for(
+                fetch.last_fetched_epoch, leader_end_offset
+            )
+            # KIP-595-style divergence check: our history of that epoch ends before the
+            # follower's log does, or we never had that epoch.
+            if epoch < fetch.last_fetched_epoch or end_offset < fetch.fetch_offset:
+                return FollowerFetchOutcome(diverging_epoch=(epoch, end_offset))
+        if not self.log.log_start_offset <= fetch.fetch_offset <= leader_end_offset:
+            raise OffsetOutOfRange(
+                f"{self.name}: follower {fetch.replica_id} fetch offset {fetch.fetch_offset} is "
+                f"outside [{self.log.log_start_offset}, {leader_end_offset}]"
+            )
+        previous_end_offset = replica.log_end_offset
+        replica.update_fetch_state(
+            fetch.fetch_offset, fetch.log_start_offset, now_ms, leader_end_offset
+        )
+        proposal = self._maybe_expand_isr(replica)
+        hw_changed = False
+        if replica.log_end_offset != previous_end_offset or proposal is not None:
+            hw_changed = self._maybe_increment_high_watermark(now_ms)
+        return FollowerFetchOutcome(high_watermark_changed=hw_changed, isr_proposal=proposal)
+
+    # -- ISR ---------------------------------------------------------------------------------
+
+    def _maybe_expand_isr(self, replica: Replica) -> AlterIsrProposal | None:
+        """Kafka's maybeExpandIsr: a follower joins once it has reached the HW and the start
+        of the current leader epoch, so it holds everything committed under this leader."""
+        state = self.isr_state
+        if state.in_flight or replica.broker_id in state.isr:
+            return None
+        if not self.isr_eligible(replica.broker_id):
+            return None
+        if replica.log_end_offset < self.high_watermark:
+            return None
+        if replica.log_end_offset < self.leader_epoch_start_offset:
+            return None
+        return self._propose(state.isr | {replica.broker_id})
+
+    def maybe_shrink_isr(self, now_ms: int) -> AlterIsrProposal | None:
+        """Kafka's maybeShrinkIsr, run every replica.lag.time.max.ms / 2: drop ISR members
+        that have not caught up within replica.lag.time.max.ms."""
+        if not self.is_leader or self.isr_state.in_flight:
+            return None
+        out_of_sync = self.out_of_sync_replicas(now_ms)
+        if not out_of_sync:
+            return None
+        return self._propose(self.isr - out_of_sync)
+
+    def out_of_sync_replicas(self, now_ms: int) -> frozenset[int]:
+        leader_end_offset = self.log.log_end_offset
+        return frozenset(
+            r
+            for r in self.isr
+            if r != self.local_broker_id
+            and not self.remote_replicas[r].is_caught_up(
+                leader_end_offset, now_ms, self.config.replica_lag_time_max_ms
+            )
+        )
+
+    def _propose(self, new_isr: frozenset[int]) -> AlterIsrProposal:
+        self.isr_state = IsrState(self.isr, self.partition_epoch, frozenset(new_isr))
+        return AlterIsrProposal(
+            topic=self.topic,
+            partition=self.partition,
+            leader_epoch=self.leader_epoch,
+            new_isr=tuple(sorted(new_isr)),
+            partition_epoch=self.partition_epoch,
+        )
+
+    def on_alter_isr_result(
+        self,
+        proposal: AlterIsrProposal,
+        committed: LeaderAndIsr | None,
+        error: TidewaterError | None,
+        now_ms: int,
+    ) -> bool:
+        """The controller's answer to our proposal. Committed: adopt its ISR and partition
+        epoch. Refused: drop the proposal and keep the last committed ISR; the next check
+        proposes again if still needed. Returns whether the HW moved."""
+        if (
+            not self.is_leader
+            or self.leader_epoch != proposal.leader_epoch
+            or self.isr_state.proposed != frozenset(proposal.new_isr)
+        ):
+            return False  # a newer LeaderAndIsr superseded this proposal
+        if committed is None or error is not None:
+            self.isr_state = IsrState(self.isr, self.partition_epoch)
+            return False
+        if committed.leader_epoch != self.leader_epoch:
+            return False  # the controller moved on; its LeaderAndIsr will follow
+        self.isr_state = IsrState(frozenset(committed.isr), committed.partition_epoch)
+        return self._maybe_increment_high_watermark(now_ms)
+
+    # -- HW ----------------------------------------------------------------------------------
+
+    def _maybe_increment_high_watermark(self, now_ms: int) -> bool:
+        """Kafka's maybeIncrementLeaderHW: the HW is the smallest LEO among the leader, the
+        maximal ISR, and followers caught up within the lag time (which are about to join);
+        it never moves back."""
+        if not self.is_leader:
+            return False
+        maximal_isr = self.isr_state.maximal_isr
+        lag = self.config.replica_lag_time_max_ms
+        new_hw = self.log.log_end_offset
+        for replica in self.remote_replicas.values():
+            if replica.log_end_offset < new_hw and (
+                replica.broker_id in maximal_isr
+                or (
+                    now_ms - replica.last_caught_up_time_ms <= lag
+                    and self.isr_eligible(replica.broker_id)
+                )
+            ):
+                new_hw = replica.log_end_offset
+        if new_hw > self.high_watermark:
+            self.high_watermark = new_hw
+            return True
+        return False
+
+    def update_follower_high_watermark(self, leader_high_watermark: int) -> None:
+        """A follower's HW is the leader's, capped by its own LEO."""
+        self.high_watermark = min(leader_high_watermark, self.log.log_end_offset)
+
+    def after_truncation(self) -> None:
+        """The caller truncated the log: the HW stays within [log start, LEO]."""
+        self.high_watermark = max(
+            min(self.high_watermark, self.log.log_end_offset), self.log.log_start_offset
+        )

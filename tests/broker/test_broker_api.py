@@ -350,7 +350,16 @@ async def test_unknown_partition_invalid_topic_and_acks(leader: Any) -> None:
 
 async def test_not_leader_after_becoming_follower(leader: Any) -> None:
     await produce_ok(leader, batch_of([b"x"]))
-    await make_leader(leader.channel, TOPIC, 0, leader=2, leader_epoch=2, replicas=[1, 2])
+    # Broker 2 does not run: this broker's fetches to it just fail and back off.
+    await make_leader(
+        leader.channel,
+        TOPIC,
+        0,
+        leader=2,
+        leader_epoch=2,
+        replicas=[1, 2],
+        leaders={2: "127.0.0.1:1"},
+    )
     code, _ = await produce_error(leader, produce_request(batch_of([b"y"])))
     assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
     response = await leader.service.Produce(produce_request(batch_of([b"y"])))

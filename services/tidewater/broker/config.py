@@ -48,6 +48,15 @@ class BrokerConfig:
     log_retention_check_interval_ms: int = 300000
     log_flush_offset_checkpoint_interval_ms: int = 60000
     log_flush_scheduler_interval_ms: int = 1000
+    replica_lag_time_max_ms: int = 30000
+    num_replica_fetchers: int = 1
+    replica_fetch_backoff_ms: int = 1000
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_min_bytes: int = 1
+    replica_fetch_max_bytes: int = 1048576
+    replica_fetch_response_max_bytes: int = 10485760
+    # Where ISR change proposals (AlterIsr) go: the controllers' addresses.
+    controllers: tuple[str, ...] = ()
 
     @property
     def listen_address(self) -> str:
@@ -101,6 +110,14 @@ class BrokerConfig:
                 "log.flush.offset.checkpoint.interval.ms", 60000
             ),
             log_flush_scheduler_interval_ms=take_int("log.flush.scheduler.interval.ms", 1000),
+            replica_lag_time_max_ms=take_int("replica.lag.time.max.ms", 30000),
+            num_replica_fetchers=max(1, take_int("num.replica.fetchers", 1)),
+            replica_fetch_backoff_ms=take_int("replica.fetch.backoff.ms", 1000),
+            replica_fetch_wait_max_ms=take_int("replica.fetch.wait.max.ms", 500),
+            replica_fetch_min_bytes=take_int("replica.fetch.min.bytes", 1),
+            replica_fetch_max_bytes=take_int("replica.fetch.max.bytes", 1048576),
+            replica_fetch_response_max_bytes=take_int("replica.fetch.response.max.bytes", 10485760),
+            controllers=_addresses(remaining.pop("controllers", ())),
         )
         if remaining:
             raise InvalidConfig(f"unknown broker config: {', '.join(sorted(remaining))}")
@@ -130,3 +147,14 @@ def load_properties(path: Path | None, overrides: Mapping[str, Any]) -> dict[str
             raise InvalidConfig(f"cannot read config file {path}: {e}") from None
     props.update({k: v for k, v in overrides.items() if v is not None})
     return props
+
+
+def _addresses(raw: Any) -> tuple[str, ...]:
+    """ "h:p,h:p" or a list → ("h:p", ...); InvalidConfig on anything else."""
+    items = raw.split(",") if isinstance(raw, str) else list(raw)
+    addresses = tuple(str(item).strip() for item in items if str(item).strip())
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise InvalidConfig(f"controllers must be host:port entries, got {address!r}")
+    return addresses

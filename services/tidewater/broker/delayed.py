@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from tidewater.broker.partition import Partition
 from tidewater.broker.purgatory import DelayedOperation
+from tidewater.replication.partition import Partition
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
@@ -43,13 +43,13 @@ class DelayedProduce(DelayedOperation):
                     f"leadership of {tp[0]}-{tp[1]} moved before the batch was committed",
                 )
                 continue
-            enough = partition.has_enough_replicas_for(required)
+            enough = partition.enough_replicas_for(required)
             if enough is True:
                 self.outcomes[tp] = (ErrorCode.NONE, "")
             elif enough is False:
                 self.outcomes[tp] = (
                     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                    f"{tp[0]}-{tp[1]}: ISR {list(partition.isr)} shrank below "
+                    f"{tp[0]}-{tp[1]}: ISR {sorted(partition.isr)} shrank below "
                     f"min.insync.replicas={partition.config.min_insync_replicas} after the append",
                 )
         if len(self.outcomes) == len(self._required):

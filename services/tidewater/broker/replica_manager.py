@@ -5,15 +5,18 @@ Speaks the protocol's request and response messages; the gRPC layer only moves t
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.delayed import DelayedFetch, DelayedProduce, TopicPartition
+from tidewater.broker.fetcher import ReplicaFetcherManager, SourceBroker
+from tidewater.broker.isr_channel import AlterIsrChannel
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.broker.log.manager import LogManager
-from tidewater.broker.partition import ACKS_ALL, LeaderAndIsrState, Partition
+from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.purgatory import Purgatory, Scheduler
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
@@ -25,6 +28,13 @@ from tidewater.errors import (
 )
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.validate import validate_batch
+from tidewater.replication.partition import (
+    ACKS_ALL,
+    AlterIsrProposal,
+    FollowerFetch,
+    LeaderAndIsr,
+    Partition,
+)
 from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import common_pb2
@@ -49,10 +59,14 @@ class ReplicaManager:
         self.broker_id = config.broker_id
         self.log_manager = log_manager
         self.time_ms = time_ms
-        self.partitions: dict[TopicPartition, Partition] = {}
+        self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.controller_epoch = 0
         self.produce_purgatory = Purgatory("Produce", schedule)
         self.fetch_purgatory = Purgatory("Fetch", schedule)
+        self.fetcher_manager = ReplicaFetcherManager(config, self.partitions.get)
+        self.isr_channel = AlterIsrChannel(
+            config.broker_id, config.controllers, self._on_alter_isr_result
+        )
         self._checkpointed_hws: dict[TopicPartition, int] = {}
         for log_dir in config.log_dirs:
             self._checkpointed_hws.update(self._hw_checkpoint(log_dir).read())
@@ -67,9 +81,13 @@ class ReplicaManager:
             return pb.LeaderAndIsrResponse(error_code=e.code, error_message=str(e))
         self.controller_epoch = request.controller_epoch
         configs = {tc.topic: dict(tc.configs) for tc in request.topic_configs}
+        leaders = {
+            b.broker_id: SourceBroker(b.broker_id, f"{b.endpoint.host}:{b.endpoint.port}")
+            for b in request.live_leaders
+        }
         response = pb.LeaderAndIsrResponse()
         for ps in request.partition_states:
-            error = self._apply_partition_state(ps, configs.get(ps.topic, {}))
+            error = self._apply_partition_state(ps, configs.get(ps.topic, {}), leaders)
             response.partition_errors.append(
                 common_pb2.PartitionError(
                     topic=ps.topic,
@@ -81,7 +99,10 @@ class ReplicaManager:
         return response
 
     def _apply_partition_state(
-        self, ps: pb.LeaderAndIsrPartitionState, topic_props: dict[str, str]
+        self,
+        ps: pb.LeaderAndIsrPartitionState,
+        topic_props: dict[str, str],
+        leaders: dict[int, SourceBroker],
     ) -> TidewaterError | None:
         tp = (ps.topic, ps.partition)
         try:
@@ -91,19 +112,24 @@ class ReplicaManager:
                     f"broker {self.broker_id} is not a replica of {ps.topic}-{ps.partition} "
                     f"(replicas {list(ps.replicas)})"
                 )
-            partition = self.partitions.get(tp)
-            if partition is not None and ps.leader_epoch <= partition.leader_epoch:
+            hosted = self.partitions.get(tp)
+            if hosted is not None and ps.leader_epoch <= hosted.state.leader_epoch:
                 return TidewaterError(
                     f"{ps.topic}-{ps.partition}: leader epoch {ps.leader_epoch} is not newer "
-                    f"than the current {partition.leader_epoch}; ignored",
+                    f"than the current {hosted.state.leader_epoch}; ignored",
                     ErrorCode.FENCED_LEADER_EPOCH,
                 )
             config = TopicConfig.from_properties({**self.config.topic_defaults, **topic_props})
-            if partition is None:
-                partition = self._create_partition(tp, config)
+            if ps.leader != self.broker_id and ps.leader not in leaders:
+                raise InvalidRequest(
+                    f"{ps.topic}-{ps.partition}: live_leaders has no endpoint for leader "
+                    f"{ps.leader}"
+                )
+            if hosted is None:
+                hosted = self._create_partition(tp, config)
             else:
-                partition.config = config
-            state = LeaderAndIsrState(
+                hosted.reconfigure(config, self.config.replica_lag_time_max_ms)
+            state = LeaderAndIsr(
                 leader=ps.leader,
                 leader_epoch=ps.leader_epoch,
                 isr=tuple(ps.isr),
@@ -112,34 +138,42 @@ class ReplicaManager:
                 controller_epoch=ps.controller_epoch,
             )
             if ps.leader == self.broker_id:
-                partition.make_leader(state)
+                self.fetcher_manager.remove_partitions([tp])
+                hosted.state.make_leader(state, self.time_ms())
                 log.info(
                     "became leader of %s-%d at epoch %d, LEO %d, HW %d",
                     *tp,
                     ps.leader_epoch,
-                    partition.log.log_end_offset,
-                    partition.high_watermark,
+                    hosted.log.log_end_offset,
+                    hosted.state.high_watermark,
                 )
             else:
-                partition.make_follower(state)
-                log.info("became follower of %s-%d at epoch %d", *tp, ps.leader_epoch)
+                if hosted.state.make_follower(state):
+                    self.fetcher_manager.add_partition(tp, leaders[ps.leader], ps.leader_epoch)
+                log.info(
+                    "became follower of %s-%d at epoch %d (leader %d)",
+                    *tp,
+                    ps.leader_epoch,
+                    ps.leader,
+                )
             self._partition_changed(tp)
         except TidewaterError as e:
             return e
         return None
 
-    def _create_partition(self, tp: TopicPartition, config: TopicConfig) -> Partition:
+    def _create_partition(self, tp: TopicPartition, config: TopicConfig) -> HostedPartition:
         log_ = self.log_manager.get_or_create_log(tp[0], tp[1], config.log)
-        partition = Partition(
+        state = Partition(
             topic=tp[0],
             partition=tp[1],
             local_broker_id=self.broker_id,
             log=log_,
-            config=config,
+            config=replication_config(config, self.config.replica_lag_time_max_ms),
             checkpointed_high_watermark=self._checkpointed_hws.get(tp, 0),
         )
-        self.partitions[tp] = partition
-        return partition
+        hosted = HostedPartition(state, log_, config)
+        self.partitions[tp] = hosted
+        return hosted
 
     def stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         try:
@@ -150,6 +184,7 @@ class ReplicaManager:
         response = pb.StopReplicaResponse()
         for sp in request.partitions:
             tp = (sp.topic, sp.partition)
+            self.fetcher_manager.remove_partitions([tp])
             partition = self.partitions.pop(tp, None)
             if partition is not None:
                 # Leadership is gone: waiting produces and fetches answer now.
@@ -184,7 +219,7 @@ class ReplicaManager:
             try:
                 partition = self._leader_partition(tp)
                 batch = self._batch_of(data, partition.config.log.max_message_bytes)
-                info = partition.append_as_leader(batch, request.acks)
+                info, _ = partition.append_as_leader(batch, request.acks, self.time_ms())
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
                 continue
@@ -236,7 +271,7 @@ class ReplicaManager:
         waiting: dict[TopicPartition, int],
     ) -> None:
         timeout_ms = request.timeout_ms or self.config.request_timeout_ms
-        op = DelayedProduce(timeout_ms, waiting, self.partitions.get)
+        op = DelayedProduce(timeout_ms, waiting, self._partition_state)
         self.produce_purgatory.try_complete_else_watch(op, waiting)
         outcomes = await op.done
         for result in response.partitions:
@@ -264,8 +299,11 @@ class ReplicaManager:
     # -- fetch ---------------------------------------------------------------------------
 
     async def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+        # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
+        answered = self._record_follower_fetches(request) if self._from_follower(request) else {}
+
         def read() -> tuple[FetchPartitionResults, int, bool]:
-            return self._read_partitions(request)
+            return self._read_partitions(request, answered)
 
         results, size, failed = read()
         if request.max_wait_ms <= 0 or size >= max(request.min_bytes, 1) or failed:
@@ -284,8 +322,75 @@ class ReplicaManager:
         response.partitions.extend(results)
         return response
 
-    def _read_partitions(self, request: pb.FetchRequest) -> tuple[FetchPartitionResults, int, bool]:
-        for_follower = request.replica_id != CONSUMER_REPLICA_ID
+    @staticmethod
+    def _from_follower(request: pb.FetchRequest) -> bool:
+        return request.replica_id != CONSUMER_REPLICA_ID
+
+    def _record_follower_fetches(
+        self, request: pb.FetchRequest
+    ) -> dict[TopicPartition, pb.FetchPartitionResponse]:
+        """The leader's side of a follower fetch: fencing, divergence, the follower's LEO,
+        ISR expansion, HW. Returns the partitions answered without data (errors, diverging
+        epochs)."""
+        answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
+        moved: list[TopicPartition] = []
+        now = self.time_ms()
+        for fp in request.partitions:
+            tp = (fp.topic, fp.partition)
+            try:
+                hosted = self._leader_partition(tp)
+                outcome = hosted.state.on_follower_fetch(
+                    FollowerFetch(
+                        replica_id=request.replica_id,
+                        fetch_offset=fp.fetch_offset,
+                        log_start_offset=fp.log_start_offset,
+                        last_fetched_epoch=fp.last_fetched_epoch,
+                        current_leader_epoch=fp.current_leader_epoch,
+                    ),
+                    now,
+                )
+            except TidewaterError as e:
+                answered[tp] = self._fetch_error(fp, e)
+                continue
+            if outcome.isr_proposal is not None:
+                self.isr_channel.propose(outcome.isr_proposal)
+            if outcome.high_watermark_changed:
+                moved.append(tp)
+            if outcome.diverging_epoch is not None:
+                result = pb.FetchPartitionResponse(
+                    topic=fp.topic,
+                    partition=fp.partition,
+                    high_watermark=hosted.state.high_watermark,
+                    log_start_offset=hosted.log.log_start_offset,
+                    log_end_offset=hosted.log.log_end_offset,
+                )
+                result.diverging_epoch.epoch, result.diverging_epoch.end_offset = (
+                    outcome.diverging_epoch
+                )
+                answered[tp] = result
+        for tp in moved:
+            self._partition_changed(tp)
+        return answered
+
+    def _fetch_error(
+        self, fp: pb.FetchPartition, error: TidewaterError
+    ) -> pb.FetchPartitionResponse:
+        result = pb.FetchPartitionResponse(
+            topic=fp.topic,
+            partition=fp.partition,
+            error_code=error.code,
+            error_message=str(error),
+            high_watermark=-1,
+            log_start_offset=-1,
+            log_end_offset=-1,
+        )
+        self._fill_current_leader(result, (fp.topic, fp.partition))
+        return result
+
+    def _read_partitions(
+        self, request: pb.FetchRequest, answered: dict[TopicPartition, pb.FetchPartitionResponse]
+    ) -> tuple[FetchPartitionResults, int, bool]:
+        for_follower = self._from_follower(request)
         as_records = request.record_format == pb.RECORD_FORMAT_RECORDS
         budget = request.max_bytes if request.max_bytes > 0 else 1 << 62
         results: FetchPartitionResults = []
@@ -293,10 +398,14 @@ class ReplicaManager:
         failed = False
         for fp in request.partitions:
             tp = (fp.topic, fp.partition)
+            if tp in answered:
+                results.append(answered[tp])
+                failed = failed or answered[tp].error_code != ErrorCode.NONE
+                continue
             result = pb.FetchPartitionResponse(topic=fp.topic, partition=fp.partition)
             try:
                 partition = self._leader_partition(tp)
-                partition.check_current_leader_epoch(fp.current_leader_epoch)
+                partition.state.check_current_leader_epoch(fp.current_leader_epoch)
                 limit = budget - total
                 if fp.partition_max_bytes > 0:
                     limit = min(limit, fp.partition_max_bytes)
@@ -304,12 +413,8 @@ class ReplicaManager:
                     fp.fetch_offset, limit, for_follower=for_follower, min_one_batch=total == 0
                 )
             except TidewaterError as e:
-                result.error_code = e.code
-                result.error_message = str(e)
-                result.high_watermark = result.log_start_offset = result.log_end_offset = -1
-                self._fill_current_leader(result, tp)
+                results.append(self._fetch_error(fp, e))
                 failed = True
-                results.append(result)
                 continue
             total += len(read.data)
             result.high_watermark = read.high_watermark
@@ -333,7 +438,7 @@ class ReplicaManager:
             )
             try:
                 partition = self._leader_partition(tp)
-                partition.check_current_leader_epoch(lp.current_leader_epoch)
+                partition.state.check_current_leader_epoch(lp.current_leader_epoch)
                 self._find_offset(partition, lp, request.replica_id, result)
             except TidewaterError as e:
                 result.error_code = e.code
@@ -343,14 +448,14 @@ class ReplicaManager:
 
     def _find_offset(
         self,
-        partition: Partition,
+        partition: HostedPartition,
         lp: pb.ListOffsetsPartition,
         replica_id: int,
         result: pb.ListOffsetsPartitionResponse,
     ) -> None:
         # A consumer never learns of offsets beyond the HW: they are not committed yet.
         visible_end = (
-            partition.high_watermark
+            partition.state.high_watermark
             if replica_id == CONSUMER_REPLICA_ID
             else partition.log.log_end_offset
         )
@@ -365,7 +470,7 @@ class ReplicaManager:
         else:
             raise InvalidRequest(f"unknown offset spec {lp.spec}")
         if result.offset >= 0:
-            result.leader_epoch = partition.epoch_cache.epoch_for_offset(result.offset)
+            result.leader_epoch = partition.log.leader_epoch_cache.epoch_for_offset(result.offset)
 
     def offset_for_leader_epoch(
         self, request: pb.OffsetForLeaderEpochRequest
@@ -377,9 +482,11 @@ class ReplicaManager:
             )
             try:
                 partition = self._leader_partition((ep.topic, ep.partition))
-                partition.check_current_leader_epoch(ep.current_leader_epoch)
-                result.leader_epoch, result.end_offset = partition.epoch_cache.end_offset_for(
-                    ep.leader_epoch, partition.log.log_end_offset
+                partition.state.check_current_leader_epoch(ep.current_leader_epoch)
+                result.leader_epoch, result.end_offset = (
+                    partition.log.leader_epoch_cache.end_offset_for(
+                        ep.leader_epoch, partition.log.log_end_offset
+                    )
                 )
             except TidewaterError as e:
                 result.error_code = e.code
@@ -389,22 +496,26 @@ class ReplicaManager:
 
     # -- shared --------------------------------------------------------------------------
 
-    def _leader_partition(self, tp: TopicPartition) -> Partition:
+    def _leader_partition(self, tp: TopicPartition) -> HostedPartition:
         validate_topic_name(tp[0])
         partition = self.partitions.get(tp)
         if partition is None:
             raise UnknownTopicOrPartition(
                 f"broker {self.broker_id} has no partition {tp[0]}-{tp[1]}"
             )
-        partition.require_leader()
+        partition.state.require_leader()
         return partition
 
     def _fill_current_leader(
         self, result: pb.PartitionProduceResponse | pb.FetchPartitionResponse, tp: TopicPartition
     ) -> None:
-        partition = self.partitions.get(tp)
-        result.current_leader.leader_id = partition.leader if partition else -1
-        result.current_leader.leader_epoch = partition.leader_epoch if partition else -1
+        state = self._partition_state(tp)
+        result.current_leader.leader_id = state.leader if state else -1
+        result.current_leader.leader_epoch = state.leader_epoch if state else -1
+
+    def _partition_state(self, tp: TopicPartition) -> Partition | None:
+        hosted = self.partitions.get(tp)
+        return hosted.state if hosted else None
 
     def _partition_changed(self, tp: TopicPartition) -> None:
         """Data, HW or role of a partition moved: let waiting operations re-check."""
@@ -418,11 +529,48 @@ class ReplicaManager:
         """Write every partition's HW to its log dir's replication-offset-checkpoint."""
         by_dir: dict[Path, dict[TopicPartition, int]] = {d: {} for d in self.config.log_dirs}
         for tp, partition in self.partitions.items():
-            by_dir.setdefault(partition.log.dir.parent, {})[tp] = partition.high_watermark
+            by_dir.setdefault(partition.log.dir.parent, {})[tp] = partition.state.high_watermark
         for log_dir, hws in by_dir.items():
             self._hw_checkpoint(log_dir).write(hws)
 
-    def shutdown(self) -> None:
+    # -- ISR ---------------------------------------------------------------------------------
+
+    async def shrink_isr_periodically(self) -> None:
+        """Kafka's isr-expiration task: every replica.lag.time.max.ms / 2."""
+        while True:
+            await asyncio.sleep(self.config.replica_lag_time_max_ms / 2000)
+            self.maybe_shrink_isrs()
+
+    def maybe_shrink_isrs(self) -> None:
+        now = self.time_ms()
+        for hosted in self.partitions.values():
+            proposal = hosted.state.maybe_shrink_isr(now)
+            if proposal is not None:
+                log.info(
+                    "%s: proposing ISR shrink %s -> %s",
+                    hosted.state.name,
+                    sorted(hosted.state.isr),
+                    list(proposal.new_isr),
+                )
+                self.isr_channel.propose(proposal)
+
+    def _on_alter_isr_result(
+        self,
+        proposal: AlterIsrProposal,
+        committed: LeaderAndIsr | None,
+        error: TidewaterError | None,
+    ) -> None:
+        tp = (proposal.topic, proposal.partition)
+        state = self._partition_state(tp)
+        if state is None:
+            return
+        if committed is not None:
+            log.info("%s-%d: ISR is now %s", *tp, list(committed.isr))
+        if state.on_alter_isr_result(proposal, committed, error, self.time_ms()):
+            self._partition_changed(tp)
+
+    async def shutdown(self) -> None:
+        await self.fetcher_manager.shutdown()
         self.produce_purgatory.cancel_all()
         self.fetch_purgatory.cancel_all()
         self.checkpoint_high_watermarks()

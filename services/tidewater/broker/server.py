@@ -64,6 +64,8 @@ class BrokerServer:
                 )
             ),
             asyncio.create_task(self._checkpoint_high_watermarks()),
+            asyncio.create_task(self.replica_manager.shrink_isr_periodically()),
+            asyncio.create_task(self.replica_manager.isr_channel.run()),
         ]
         await self.host.set_serving()
         log.info("broker %d listening on %s", self.config.broker_id, self.address)
@@ -82,7 +84,7 @@ class BrokerServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        self.replica_manager.shutdown()
+        await self.replica_manager.shutdown()
         self.log_manager.shutdown()
         log.info("broker %d stopped cleanly", self.config.broker_id)
 

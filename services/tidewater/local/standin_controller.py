@@ -21,7 +21,10 @@ def leader_and_isr_request(
     isr: Sequence[int] | None = None,
     controller_epoch: int = 1,
     configs: dict[str, str] | None = None,
+    leaders: dict[int, str] | None = None,
 ) -> pb.LeaderAndIsrRequest:
+    """LeaderAndIsr for one partition; `leaders` maps broker ids to addresses (host:port) so
+    followers can reach the leader."""
     return pb.LeaderAndIsrRequest(
         controller_id=0,
         controller_epoch=controller_epoch,
@@ -39,6 +42,15 @@ def leader_and_isr_request(
             )
         ],
         topic_configs=[common_pb2.TopicConfig(topic=topic, configs=configs or {})],
+        live_leaders=[
+            common_pb2.BrokerInfo(
+                broker_id=broker_id,
+                endpoint=common_pb2.Endpoint(
+                    host=address.rpartition(":")[0], port=int(address.rpartition(":")[2])
+                ),
+            )
+            for broker_id, address in (leaders or {}).items()
+        ],
     )
 
 

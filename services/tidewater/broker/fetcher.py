@@ -1,0 +1,277 @@
+"""Followers fetching from their leaders (Kafka's ReplicaFetcherManager / ReplicaFetcherThread).
+
+One fetcher task per (source broker, fetcher id) replicates many partitions with one
+long-polling fetch at a time on a long-lived FetchStream; partitions are spread over
+`num.replica.fetchers` fetchers per source broker by Kafka's hash. The rules of what to do
+with a response are in tidewater.replication.follower; this module moves bytes and handles
+errors: per-partition backoff, a fenced partition waits for the next LeaderAndIsr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from tidewater.broker.config import BrokerConfig
+from tidewater.broker.partition import HostedPartition
+from tidewater.errors import TidewaterError
+from tidewater.replication.follower import (
+    FetchedPartition,
+    StopReplicating,
+    apply_fetch_response,
+    apply_out_of_range,
+    next_fetch,
+    on_offset_out_of_range,
+)
+from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+# Errors after which the partition retries after replica.fetch.backoff.ms.
+RPC_GRACE_S = 10.0
+
+
+def java_string_hash(text: str) -> int:
+    """Java's String#hashCode, so partitions land on the fetchers Kafka would pick."""
+    data = text.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(data), 2):
+        h = (31 * h + int.from_bytes(data[i : i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def fetcher_id(topic: str, partition: int, num_fetchers: int) -> int:
+    """Kafka's AbstractFetcherManager#getFetcherId: abs(31 * topic.hashCode + partition) % n."""
+    value = (31 * java_string_hash(topic) + partition) & 0xFFFFFFFF
+    return (value & 0x7FFFFFFF) % num_fetchers
+
+
+@dataclass(frozen=True)
+class SourceBroker:
+    broker_id: int
+    address: str
+
+
+@dataclass
+class PartitionFetchState:
+    leader_epoch: int
+    delayed_until: float = 0.0
+    failed: bool = False
+
+
+@dataclass
+class ReplicaFetcher:
+    source: SourceBroker
+    fetcher_id: int
+    config: BrokerConfig
+    lookup: Callable[[TopicPartition], HostedPartition | None]
+    partitions: dict[TopicPartition, PartitionFetchState] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        name = f"fetcher-{self.source.broker_id}-{self.fetcher_id}"
+        self.task = asyncio.create_task(self._run(), name=name)
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def _run(self) -> None:
+        backoff_s = self.config.replica_fetch_backoff_ms / 1000
+        async with grpc.aio.insecure_channel(self.source.address, options=CHANNEL_OPTIONS) as ch:
+            stub = broker_pb2_grpc.BrokerServiceStub(ch)
+            stream: grpc.aio.StreamStreamCall | None = None
+            correlation_id = 0
+            while True:
+                request = self._build_request()
+                if request is None:
+                    await self._wait_for_work()
+                    continue
+                correlation_id += 1
+                request.correlation_id = correlation_id
+                try:
+                    if stream is None:
+                        stream = stub.FetchStream()
+                    await stream.write(request)
+                    response = await asyncio.wait_for(
+                        stream.read(), self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S
+                    )
+                    if response is grpc.aio.EOF:
+                        raise ConnectionError("fetch stream closed by the leader")
+                except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:
+                    log.info("fetch from broker %d failed: %s", self.source.broker_id, e)
+                    if stream is not None:
+                        stream.cancel()
+                    stream = None
+                    self._delay(list(self.partitions), backoff_s)
+                    continue
+                await self._process(stub, response)
+
+    async def _wait_for_work(self) -> None:
+        self.changed.clear()
+        now = time.monotonic()
+        delays = [s.delayed_until - now for s in self.partitions.values() if not s.failed]
+        timeout = max(min(delays), 0.0) if delays else None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), timeout)
+
+    def _build_request(self) -> pb.FetchRequest | None:
+        now = time.monotonic()
+        request = pb.FetchRequest(
+            replica_id=self.config.broker_id,
+            max_wait_ms=self.config.replica_fetch_wait_max_ms,
+            min_bytes=self.config.replica_fetch_min_bytes,
+            max_bytes=self.config.replica_fetch_response_max_bytes,
+        )
+        for tp, state in self.partitions.items():
+            hosted = self.lookup(tp)
+            if state.failed or state.delayed_until > now or hosted is None:
+                continue
+            fetch = next_fetch(hosted.state)
+            request.partitions.add(
+                topic=tp[0],
+                partition=tp[1],
+                fetch_offset=fetch.fetch_offset,
+                current_leader_epoch=fetch.current_leader_epoch,
+                last_fetched_epoch=fetch.last_fetched_epoch,
+                log_start_offset=fetch.log_start_offset,
+                partition_max_bytes=self.config.replica_fetch_max_bytes,
+            )
+        return request if request.partitions else None
+
+    async def _process(
+        self, stub: broker_pb2_grpc.BrokerServiceStub, response: pb.FetchResponse
+    ) -> None:
+        backoff_s = self.config.replica_fetch_backoff_ms / 1000
+        for result in response.partitions:
+            tp = (result.topic, result.partition)
+            state = self.partitions.get(tp)
+            hosted = self.lookup(tp)
+            if state is None or hosted is None or hosted.state.leader_epoch != state.leader_epoch:
+                continue  # removed or moved on while the fetch was in flight
+            code = result.error_code
+            try:
+                if code == ErrorCode.NONE:
+                    diverging = None
+                    if result.HasField("diverging_epoch"):
+                        diverging = (
+                            result.diverging_epoch.epoch,
+                            result.diverging_epoch.end_offset,
+                        )
+                    apply_fetch_response(
+                        hosted.state,
+                        hosted.log,
+                        FetchedPartition(result.high_watermark, diverging, result.record_batches),
+                    )
+                elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    await self._handle_out_of_range(stub, hosted, state)
+                elif code == ErrorCode.FENCED_LEADER_EPOCH:
+                    log.warning("%s-%d: fenced by the leader; waiting for LeaderAndIsr", *tp)
+                    state.failed = True
+                else:
+                    name = ErrorCode.Name(code)
+                    log.info("%s-%d: fetch error %s: %s", *tp, name, result.error_message)
+                    state.delayed_until = time.monotonic() + backoff_s
+            except TidewaterError as e:
+                log.warning("%s-%d: cannot apply fetched data: %s", *tp, e)
+                state.delayed_until = time.monotonic() + backoff_s
+
+    async def _handle_out_of_range(
+        self,
+        stub: broker_pb2_grpc.BrokerServiceStub,
+        hosted: HostedPartition,
+        state: PartitionFetchState,
+    ) -> None:
+        topic, partition = hosted.key
+        request = pb.ListOffsetsRequest(
+            replica_id=self.config.broker_id,
+            partitions=[
+                pb.ListOffsetsPartition(
+                    topic=topic,
+                    partition=partition,
+                    current_leader_epoch=state.leader_epoch,
+                    spec=spec,
+                )
+                for spec in (pb.OFFSET_SPEC_LATEST, pb.OFFSET_SPEC_EARLIEST)
+            ],
+        )
+        response = await stub.ListOffsets(request, timeout=RPC_GRACE_S)
+        latest, earliest = response.partitions
+        if latest.error_code or earliest.error_code:
+            state.delayed_until = time.monotonic() + self.config.replica_fetch_backoff_ms / 1000
+            return
+        action = on_offset_out_of_range(
+            hosted.state.name,
+            hosted.log.log_end_offset,
+            latest.offset,
+            earliest.offset,
+            hosted.config.unclean_leader_election_enable,
+        )
+        if isinstance(action, StopReplicating):
+            log.error("STOPPED REPLICATING %s", action.reason)
+            state.failed = True
+        elif action is not None:
+            log.warning("%s: fetch offset out of range; %s", hosted.state.name, action)
+            apply_out_of_range(hosted.state, hosted.log, action)
+
+    def _delay(self, tps: list[TopicPartition], seconds: float) -> None:
+        until = time.monotonic() + seconds
+        for tp in tps:
+            self.partitions[tp].delayed_until = until
+
+
+class ReplicaFetcherManager:
+    def __init__(
+        self, config: BrokerConfig, lookup: Callable[[TopicPartition], HostedPartition | None]
+    ) -> None:
+        self.config = config
+        self.lookup = lookup
+        self.fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def add_partition(self, tp: TopicPartition, source: SourceBroker, leader_epoch: int) -> None:
+        self.remove_partitions([tp])
+        key = (source.broker_id, fetcher_id(tp[0], tp[1], self.config.num_replica_fetchers))
+        fetcher = self.fetchers.get(key)
+        if fetcher is None or fetcher.source != source:
+            # A restarted leader may listen elsewhere: a new fetcher takes over the old one's
+            # partitions.
+            replaced = fetcher
+            fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup)
+            if replaced is not None:
+                fetcher.partitions.update(replaced.partitions)
+                self._stop_later(replaced)
+            self.fetchers[key] = fetcher
+            fetcher.start()
+        fetcher.partitions[tp] = PartitionFetchState(leader_epoch)
+        fetcher.changed.set()
+
+    def remove_partitions(self, tps: list[TopicPartition]) -> None:
+        for key, fetcher in list(self.fetchers.items()):
+            for tp in tps:
+                fetcher.partitions.pop(tp, None)
+            if not fetcher.partitions:
+                del self.fetchers[key]
+                self._stop_later(fetcher)
+
+    def _stop_later(self, fetcher: ReplicaFetcher) -> None:
+        task = asyncio.ensure_future(fetcher.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    async def shutdown(self) -> None:
+        fetchers, self.fetchers = list(self.fetchers.values()), {}
+        await asyncio.gather(*(f.stop() for f in fetchers), *self._stopping)

@@ -1,13 +1,18 @@
-"""The controller's LeaderAndIsr, sent by hand: the demo and tests play the controller with it."""
+"""A stand-in for the controller, until the controller service exists: the demo and the tests
+play the controller with it. It sends LeaderAndIsr by hand and answers brokers' AlterIsr
+proposals the way the controller will (validate leader epoch and partition epoch, commit,
+answer with the committed state)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
+from tidewater.rpc.server import CHANNEL_OPTIONS, ServiceHost
 from tidewater.v1 import broker_pb2 as pb
-from tidewater.v1 import broker_pb2_grpc, common_pb2
+from tidewater.v1 import broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 
@@ -58,10 +63,113 @@ async def make_leader(
     channel: grpc.aio.Channel, topic: str, partition: int, **kwargs: object
 ) -> pb.LeaderAndIsrResponse:
     """Send LeaderAndIsr for one partition; raise if the broker refused it."""
-    response = await broker_pb2_grpc.BrokerControlStub(channel).LeaderAndIsr(
-        leader_and_isr_request(topic, partition, **kwargs)  # type: ignore[arg-type]
-    )
+    return await _send(channel, leader_and_isr_request(topic, partition, **kwargs))  # type: ignore[arg-type]
+
+
+async def _send(
+    channel: grpc.aio.Channel, request: pb.LeaderAndIsrRequest
+) -> pb.LeaderAndIsrResponse:
+    response = await broker_pb2_grpc.BrokerControlStub(channel).LeaderAndIsr(request)
     errors = [response.error_code] + [p.error_code for p in response.partition_errors]
     if any(code != ErrorCode.NONE for code in errors):
         raise RuntimeError(f"LeaderAndIsr refused: {response}")
     return response
+
+
+@dataclass
+class PartitionState:
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    replicas: list[int]
+    partition_epoch: int
+
+
+@dataclass
+class StandinController(controller_pb2_grpc.ControllerServiceServicer):
+    """Keeps each partition's LeaderAndIsr and drives brokers at known addresses."""
+
+    brokers: dict[int, str]
+    configs: dict[str, dict[str, str]] = field(default_factory=dict)
+    states: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
+    # Every committed ISR change, in order: (topic, partition, new ISR).
+    isr_changes: list[tuple[str, int, list[int]]] = field(default_factory=list)
+    host: ServiceHost | None = None
+
+    async def start(self) -> str:
+        """Serve ControllerService (AlterIsr) on 127.0.0.1; returns the address."""
+        self.host = ServiceHost(
+            [controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name]
+        )
+        controller_pb2_grpc.add_ControllerServiceServicer_to_server(self, self.host.server)
+        port = self.host.bind("127.0.0.1", 0)
+        await self.host.start()
+        await self.host.set_serving()
+        return f"127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        if self.host is not None:
+            await self.host.stop(0)
+
+    async def elect(
+        self,
+        topic: str,
+        partition: int,
+        leader: int,
+        replicas: Sequence[int] | None = None,
+        isr: Sequence[int] | None = None,
+    ) -> None:
+        """A new leader epoch with `leader`, sent to every live replica (brokers listed in
+        `brokers`; the others are skipped as dead)."""
+        tp = (topic, partition)
+        old = self.states.get(tp)
+        replicas = list(replicas if replicas is not None else old.replicas if old else [leader])
+        state = PartitionState(
+            leader=leader,
+            leader_epoch=old.leader_epoch + 1 if old else 1,
+            isr=list(isr if isr is not None else old.isr if old else replicas),
+            replicas=replicas,
+            partition_epoch=old.partition_epoch + 1 if old else 1,
+        )
+        self.states[tp] = state
+        for broker_id in replicas:
+            address = self.brokers.get(broker_id)
+            if address is None:
+                continue
+            async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+                request = leader_and_isr_request(
+                    topic,
+                    partition,
+                    leader=leader,
+                    leader_epoch=state.leader_epoch,
+                    replicas=replicas,
+                    isr=state.isr,
+                    configs=self.configs.get(topic),
+                    leaders={leader: self.brokers[leader]} if leader in self.brokers else {},
+                )
+                request.partition_states[0].partition_epoch = state.partition_epoch
+                await _send(channel, request)
+
+    async def AlterIsr(
+        self, request: controller_pb2.AlterIsrRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.AlterIsrResponse:
+        response = controller_pb2.AlterIsrResponse()
+        for p in request.partitions:
+            result = response.partitions.add(topic=p.topic, partition=p.partition)
+            state = self.states.get((p.topic, p.partition))
+            if state is None:
+                result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif p.leader_epoch != state.leader_epoch or request.broker_id != state.leader:
+                result.error_code = ErrorCode.FENCED_LEADER_EPOCH
+            elif p.partition_epoch != state.partition_epoch:
+                result.error_code = ErrorCode.INVALID_UPDATE_VERSION
+            else:
+                state.isr = list(p.new_isr)
+                state.partition_epoch += 1
+                self.isr_changes.append((p.topic, p.partition, list(p.new_isr)))
+            if state is not None:
+                result.leader = state.leader
+                result.leader_epoch = state.leader_epoch
+                result.isr.extend(state.isr)
+                result.partition_epoch = state.partition_epoch
+        return response

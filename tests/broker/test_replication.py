@@ -1,0 +1,128 @@
+"""Three in-process brokers (real gRPC on loopback, real files) replicating RF=3, with the
+stand-in controller answering ISR proposals."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tidewater.broker.server import BrokerServer
+from tidewater.local.standin_controller import StandinController
+from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TOPIC = "replicated"
+TP = (TOPIC, 0)
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Wait until condition() holds, failing after timeout_s."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
+@pytest.fixture
+async def cluster(start_broker: Callable[..., Awaitable[Any]]) -> AsyncIterator[Any]:
+    controller = StandinController(brokers={})
+    address = await controller.start()
+    servers: dict[int, BrokerServer] = {}
+    clients: dict[int, Any] = {}
+    for broker_id in (1, 2, 3):
+        server, client = await start_broker(
+            broker_id,
+            controllers=address,
+            **{"replica.lag.time.max.ms": 1000, "replica.fetch.backoff.ms": 50},
+        )
+        servers[broker_id] = server
+        clients[broker_id] = client
+        controller.brokers[broker_id] = server.address
+    controller.configs[TOPIC] = {"min.insync.replicas": "2"}
+    await controller.elect(TOPIC, 0, leader=1, replicas=[1, 2, 3])
+    yield controller, servers, clients
+    await controller.stop()
+
+
+def log_bytes(server: BrokerServer, up_to: int) -> bytes:
+    log = server.replica_manager.partitions[TP].log
+    data = b""
+    while True:
+        chunk = bytes(log.read(len(data) and _next_offset(data), 1 << 20, up_to))
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _next_offset(data: bytes) -> int:
+    return list(decode_batches(data))[-1].offset + 1
+
+
+async def produce(client: Any, value: bytes, acks: int = -1) -> pb.PartitionProduceResponse:
+    response = await client.service.Produce(
+        pb.ProduceRequest(
+            acks=acks,
+            timeout_ms=10_000,
+            partitions=[
+                pb.PartitionProduceData(
+                    topic=TOPIC, partition=0, record_batch=build_batch([Record(value=value)] * 3)
+                )
+            ],
+        )
+    )
+    return response.partitions[0]
+
+
+async def test_acks_all_replicates_to_every_replica(cluster: Any) -> None:
+    _, servers, clients = cluster
+    for i in range(30):
+        result = await produce(clients[1], f"v{i}".encode())
+        assert result.error_code == ErrorCode.NONE, result.error_message
+        assert result.base_offset == 3 * i
+    leader = servers[1].replica_manager.partitions[TP]
+    assert leader.state.high_watermark == 90
+    followers = [servers[b].replica_manager.partitions[TP] for b in (2, 3)]
+    await eventually(lambda: all(f.state.high_watermark == 90 for f in followers))
+    expected = log_bytes(servers[1], 90)
+    assert all(log_bytes(servers[b], 90) == expected for b in (2, 3))
+
+
+async def test_stopped_follower_leaves_and_rejoins_the_isr(
+    cluster: Any, start_broker: Callable[..., Awaitable[Any]]
+) -> None:
+    controller, servers, clients = cluster
+    assert (await produce(clients[1], b"before")).error_code == ErrorCode.NONE
+    await servers[3].stop(grace_s=0)
+    del controller.brokers[3]
+    # The next acks=all write waits until broker 3, lagging, is proposed out of the ISR
+    # (an idle follower at the leader's LEO is not lagging); then ISR {1, 2} commits it.
+    assert (await produce(clients[1], b"first while down")).error_code == ErrorCode.NONE
+    assert (TOPIC, 0, [1, 2]) in controller.isr_changes
+    for i in range(5):
+        assert (await produce(clients[1], f"while-down-{i}".encode())).error_code == ErrorCode.NONE
+
+    server, _ = await start_broker(3, controllers=servers[1].replica_manager.config.controllers[0])
+    controller.brokers[3] = server.address
+    await controller.elect(TOPIC, 0, leader=1)
+    await eventually(lambda: controller.states[TP].isr == [1, 2, 3])
+    hw = servers[1].replica_manager.partitions[TP].state.high_watermark
+    await eventually(lambda: server.replica_manager.partitions[TP].log.log_end_offset == hw)
+    assert log_bytes(server, hw) == log_bytes(servers[1], hw)
+
+
+async def test_acks_all_refused_when_isr_below_min_insync(cluster: Any) -> None:
+    controller, servers, clients = cluster
+    for b in (2, 3):
+        await servers[b].stop(grace_s=0)
+        del controller.brokers[b]
+    assert (await produce(clients[1], b"makes them lag", acks=1)).error_code == ErrorCode.NONE
+    await eventually(lambda: controller.states[TP].isr == [1])
+    result = await produce(clients[1], b"refused")
+    assert result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert (await produce(clients[1], b"acks=1 still works", acks=1)).error_code == ErrorCode.NONE

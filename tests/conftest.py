@@ -7,6 +7,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.server import BrokerServer
 from tidewater.local.process import ManagedProcess, broker_args

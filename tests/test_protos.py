@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
 from tidewater.devtools.protogen import PROTO_ROOT, proto_files
 from tidewater.v1.errors_pb2 import ErrorCode
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from tidewater.local.process import ManagedProcess, broker_args
 from tidewater.local.standin_controller import make_leader
 from tidewater.records.batch import Record, build_batch

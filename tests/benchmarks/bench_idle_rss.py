@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+
 from tidewater.local.process import ManagedProcess, broker_args
 from tidewater.local.standin_controller import leader_and_isr_request
 from tidewater.v1 import broker_pb2_grpc

@@ -10,6 +10,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.header import Compression, read_header

@@ -12,6 +12,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.server import BrokerServer
 from tidewater.local.standin_controller import leader_and_isr_request

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from tidewater.broker.config import BrokerConfig, load_properties
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import InvalidConfig

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import make_leader
 from tidewater.records.batch import Record, build_batch, decode_batches

@@ -6,6 +6,7 @@ import struct
 from collections.abc import Callable
 
 import pytest
+
 from tidewater.records.header import (
     CRC_OFFSET,
     HEADER,

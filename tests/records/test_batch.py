@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tidewater.errors import CorruptMessage, UnsupportedCompressionType
 from tidewater.records.batch import ConsumerRecord, Record, build_batch, decode_batches
 from tidewater.records.header import (

@@ -8,6 +8,7 @@ import pytest
 import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tidewater.errors import CorruptMessage, UnsupportedCompressionType
 from tidewater.records.compression import compress, decompress
 from tidewater.records.header import Compression

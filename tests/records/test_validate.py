@@ -5,6 +5,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from tidewater.errors import (
     CorruptMessage,
     MessageTooLarge,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from tidewater.errors import CorruptMessage
 from tidewater.records.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
 

@@ -4,6 +4,7 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from tidewater.broker.log.index import CorruptIndex, OffsetIndex, TimeIndex
 
 BASE = 1000

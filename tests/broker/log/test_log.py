@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log, UnexpectedAppendOffset, parse_partition_dir

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tidewater.broker.log.config import LogConfig
 from tidewater.errors import InvalidConfig
 

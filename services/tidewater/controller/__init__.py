@@ -1,0 +1,1 @@
+"""The controller: etcd-lease election, LeaderAndIsr decisions, broker liveness, admin operations."""

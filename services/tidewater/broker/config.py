@@ -55,8 +55,10 @@ class BrokerConfig:
     replica_fetch_min_bytes: int = 1
     replica_fetch_max_bytes: int = 1048576
     replica_fetch_response_max_bytes: int = 10485760
-    # Where ISR change proposals (AlterIsr) go: the controllers' addresses.
+    # The controllers' addresses: registration, heartbeats, ISR change proposals.
     controllers: tuple[str, ...] = ()
+    broker_heartbeat_interval_ms: int = 500
+    rack: str = ""
 
     @property
     def listen_address(self) -> str:
@@ -118,6 +120,8 @@ class BrokerConfig:
             replica_fetch_max_bytes=take_int("replica.fetch.max.bytes", 1048576),
             replica_fetch_response_max_bytes=take_int("replica.fetch.response.max.bytes", 10485760),
             controllers=_addresses(remaining.pop("controllers", ())),
+            broker_heartbeat_interval_ms=take_int("broker.heartbeat.interval.ms", 500),
+            rack=str(remaining.pop("broker.rack", "")),
         )
         if remaining:
             raise InvalidConfig(f"unknown broker config: {', '.join(sorted(remaining))}")

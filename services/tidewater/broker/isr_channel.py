@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import grpc
-
+from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.errors import TidewaterError
 from tidewater.replication.partition import AlterIsrProposal, LeaderAndIsr
-from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import controller_pb2 as cpb
-from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -21,25 +18,22 @@ log = logging.getLogger(__name__)
 AlterIsrResultHandler = Callable[
     [AlterIsrProposal, LeaderAndIsr | None, TidewaterError | None], None
 ]
-RPC_TIMEOUT_S = 10.0
 
 
 class AlterIsrChannel:
     def __init__(
         self,
         broker_id: int,
-        controllers: Sequence[str],
+        controller: ControllerClient,
         on_result: AlterIsrResultHandler,
-        broker_epoch: Callable[[], int] = lambda: 0,
+        broker_epoch: Callable[[], int],
     ) -> None:
         self._broker_id = broker_id
-        self._controllers = list(controllers)
-        self._active = 0
+        self._controller = controller
         self._on_result = on_result
         self._broker_epoch = broker_epoch
         self._pending: dict[tuple[str, int], AlterIsrProposal] = {}
         self._wake = asyncio.Event()
-        self.rpcs_sent = 0
 
     def propose(self, proposal: AlterIsrProposal) -> None:
         self._pending[(proposal.topic, proposal.partition)] = proposal
@@ -54,9 +48,6 @@ class AlterIsrChannel:
                 await self._send(batch)
 
     async def _send(self, batch: list[AlterIsrProposal]) -> None:
-        if not self._controllers:
-            self._fail(batch, "no controller configured (broker config `controllers`)")
-            return
         request = cpb.AlterIsrRequest(
             broker_id=self._broker_id,
             broker_epoch=self._broker_epoch(),
@@ -71,19 +62,12 @@ class AlterIsrChannel:
                 for p in batch
             ],
         )
-        address = self._controllers[self._active]
         try:
-            async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-                stub = controller_pb2_grpc.ControllerServiceStub(channel)
-                self.rpcs_sent += 1
-                response = await stub.AlterIsr(request, timeout=RPC_TIMEOUT_S)
-        except grpc.aio.AioRpcError as e:
-            self._active = (self._active + 1) % len(self._controllers)
-            self._fail(batch, f"AlterIsr to {address} failed: {e.code().name} {e.details()}")
+            response = await self._controller.call("AlterIsr", request)
+        except ControllerUnavailable as e:
+            self._fail(batch, str(e))
             return
         if response.error_code != ErrorCode.NONE:
-            if response.error_code == ErrorCode.NOT_CONTROLLER:
-                self._follow(response.controller)
             self._fail(batch, response.error_message, response.error_code)
             return
         by_partition = {(r.topic, r.partition): r for r in response.partitions}
@@ -105,14 +89,6 @@ class AlterIsrChannel:
                     partition_epoch=result.partition_epoch,
                 )
                 self._on_result(proposal, committed, None)
-
-    def _follow(self, controller: object) -> None:
-        endpoint = getattr(controller, "endpoint", None)
-        if endpoint is not None and endpoint.host:
-            address = f"{endpoint.host}:{endpoint.port}"
-            if address not in self._controllers:
-                self._controllers.append(address)
-            self._active = self._controllers.index(address)
 
     def _fail(
         self, batch: list[AlterIsrProposal], reason: str, code: int = ErrorCode.UNKNOWN_SERVER_ERROR

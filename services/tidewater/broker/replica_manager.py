@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tidewater.broker.config import BrokerConfig
+from tidewater.broker.controller_client import ControllerClient
 from tidewater.broker.delayed import DelayedFetch, DelayedProduce, TopicPartition
 from tidewater.broker.fetcher import ReplicaFetcherManager, SourceBroker
 from tidewater.broker.isr_channel import AlterIsrChannel
@@ -37,7 +38,7 @@ from tidewater.replication.partition import (
 )
 from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import broker_pb2 as pb
-from tidewater.v1 import common_pb2
+from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -64,9 +65,18 @@ class ReplicaManager:
         self.produce_purgatory = Purgatory("Produce", schedule)
         self.fetch_purgatory = Purgatory("Fetch", schedule)
         self.fetcher_manager = ReplicaFetcherManager(config, self.partitions.get)
+        self.controller = ControllerClient(config.controllers)
+        # Set by the broker's lifecycle once registered; 0 until then.
+        self.broker_epoch: Callable[[], int] = lambda: 0
         self.isr_channel = AlterIsrChannel(
-            config.broker_id, config.controllers, self._on_alter_isr_result
+            config.broker_id,
+            self.controller,
+            self._on_alter_isr_result,
+            lambda: self.broker_epoch(),
         )
+        # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata; None
+        # until the first one. Only these may join an ISR.
+        self.usable_brokers: set[int] | None = None
         self._checkpointed_hws: dict[TopicPartition, int] = {}
         for log_dir in config.log_dirs:
             self._checkpointed_hws.update(self._hw_checkpoint(log_dir).read())
@@ -76,8 +86,8 @@ class ReplicaManager:
     def become_leader_or_follower(self, request: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
         """Kafka's becomeLeaderOrFollower: epoch checks, then makeLeader / makeFollower."""
         try:
-            self._check_controller_epoch(request.controller_epoch)
-        except StaleControllerEpoch as e:
+            self._check_control_request(request.controller_epoch, request.broker_epoch)
+        except TidewaterError as e:
             return pb.LeaderAndIsrResponse(error_code=e.code, error_message=str(e))
         self.controller_epoch = request.controller_epoch
         configs = {tc.topic: dict(tc.configs) for tc in request.topic_configs}
@@ -170,6 +180,7 @@ class ReplicaManager:
             log=log_,
             config=replication_config(config, self.config.replica_lag_time_max_ms),
             checkpointed_high_watermark=self._checkpointed_hws.get(tp, 0),
+            isr_eligible=self._isr_eligible,
         )
         hosted = HostedPartition(state, log_, config)
         self.partitions[tp] = hosted
@@ -177,8 +188,8 @@ class ReplicaManager:
 
     def stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         try:
-            self._check_controller_epoch(request.controller_epoch)
-        except StaleControllerEpoch as e:
+            self._check_control_request(request.controller_epoch, request.broker_epoch)
+        except TidewaterError as e:
             return pb.StopReplicaResponse(error_code=e.code, error_message=str(e))
         self.controller_epoch = request.controller_epoch
         response = pb.StopReplicaResponse()
@@ -197,11 +208,34 @@ class ReplicaManager:
             )
         return response
 
-    def _check_controller_epoch(self, controller_epoch: int) -> None:
+    def update_metadata(
+        self, request: cluster_pb2.UpdateMetadataRequest
+    ) -> cluster_pb2.UpdateMetadataResponse:
+        """The controller's view of live brokers, which decides who may join an ISR."""
+        try:
+            self._check_control_request(request.controller_epoch, request.broker_epoch)
+        except TidewaterError as e:
+            return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=str(e))
+        self.controller_epoch = request.controller_epoch
+        self.usable_brokers = {b.broker_id for b in request.live_brokers}
+        return cluster_pb2.UpdateMetadataResponse()
+
+    def _isr_eligible(self, broker_id: int) -> bool:
+        return self.usable_brokers is None or broker_id in self.usable_brokers
+
+    def _check_control_request(self, controller_epoch: int, broker_epoch: int) -> None:
+        """Refuse requests from a deposed controller, or meant for an earlier incarnation of
+        this broker (0 skips the broker epoch check: tools and tests)."""
         if controller_epoch < self.controller_epoch:
             raise StaleControllerEpoch(
                 f"controller epoch {controller_epoch} is older than {self.controller_epoch}, "
                 "the newest this broker has seen"
+            )
+        current = self.broker_epoch()
+        if broker_epoch and current and broker_epoch < current:
+            raise TidewaterError(
+                f"request for broker epoch {broker_epoch}; this broker is at epoch {current}",
+                ErrorCode.STALE_BROKER_EPOCH,
             )
 
     # -- produce -------------------------------------------------------------------------
@@ -571,6 +605,7 @@ class ReplicaManager:
 
     async def shutdown(self) -> None:
         await self.fetcher_manager.shutdown()
+        await self.controller.close()
         self.produce_purgatory.cancel_all()
         self.fetch_purgatory.cancel_all()
         self.checkpoint_high_watermarks()

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from tidewater.broker.config import BrokerConfig
+from tidewater.broker.lifecycle import BrokerLifecycle
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.broker.service import BrokerControl, BrokerService
@@ -51,7 +52,16 @@ class BrokerServer:
         return f"{self.config.host}:{self.host.port}"
 
     async def start(self) -> None:
-        self.host.bind(self.config.host, self.config.port)
+        port = self.host.bind(self.config.host, self.config.port)
+        self.lifecycle = BrokerLifecycle(
+            self.replica_manager.controller,
+            self.config.broker_id,
+            self.config.host,
+            port,
+            self.config.rack,
+            self.config.broker_heartbeat_interval_ms,
+        )
+        self.replica_manager.broker_epoch = lambda: self.lifecycle.broker_epoch
         await self.host.start()
         self._tasks = [
             asyncio.create_task(
@@ -67,6 +77,8 @@ class BrokerServer:
             asyncio.create_task(self.replica_manager.shrink_isr_periodically()),
             asyncio.create_task(self.replica_manager.isr_channel.run()),
         ]
+        if self.replica_manager.controller.configured:
+            self._tasks.append(asyncio.create_task(self.lifecycle.run()))
         await self.host.set_serving()
         log.info("broker %d listening on %s", self.config.broker_id, self.address)
 

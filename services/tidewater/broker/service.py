@@ -9,7 +9,7 @@ import grpc
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.rpc.streams import pipelined
 from tidewater.v1 import broker_pb2 as pb
-from tidewater.v1 import broker_pb2_grpc
+from tidewater.v1 import broker_pb2_grpc, cluster_pb2
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
@@ -57,6 +57,11 @@ class BrokerControl(broker_pb2_grpc.BrokerControlServicer):
         self, request: pb.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
     ) -> pb.LeaderAndIsrResponse:
         return self._rm.become_leader_or_follower(request)
+
+    async def UpdateMetadata(
+        self, request: cluster_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_pb2.UpdateMetadataResponse:
+        return self._rm.update_metadata(request)
 
     async def StopReplica(
         self, request: pb.StopReplicaRequest, context: grpc.aio.ServicerContext

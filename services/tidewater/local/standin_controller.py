@@ -150,6 +150,16 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
                 request.partition_states[0].partition_epoch = state.partition_epoch
                 await _send(channel, request)
 
+    async def RegisterBroker(
+        self, request: controller_pb2.RegisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.RegisterBrokerResponse:
+        return controller_pb2.RegisterBrokerResponse(broker_epoch=1)
+
+    async def BrokerHeartbeat(
+        self, request: controller_pb2.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.BrokerHeartbeatResponse:
+        return controller_pb2.BrokerHeartbeatResponse()
+
     async def AlterIsr(
         self, request: controller_pb2.AlterIsrRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.AlterIsrResponse:

@@ -1,0 +1,74 @@
+"""Calls from a broker to the active controller, following NOT_CONTROLLER answers and trying
+the configured controllers in turn when one does not answer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+
+from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.v1 import controller_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+RPC_TIMEOUT_S = 10.0
+
+
+class ControllerUnavailable(Exception):
+    pass
+
+
+class ControllerClient:
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = list(addresses)
+        self._active = 0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.addresses)
+
+    async def call(self, method: str, request: Any) -> Any:
+        """Send to the active controller; ControllerUnavailable when no controller answers
+        as active after trying each known one."""
+        if not self.addresses:
+            raise ControllerUnavailable("no controller configured (broker config `controllers`)")
+        last_error = "no answer"
+        for _ in range(len(self.addresses) + 2):
+            address = self.addresses[self._active]
+            try:
+                response = await getattr(self._stub(address), method)(
+                    request, timeout=RPC_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as e:
+                last_error = f"{address}: {e.code().name} {e.details()}"
+                self._active = (self._active + 1) % len(self.addresses)
+                continue
+            if response.error_code != ErrorCode.NOT_CONTROLLER:
+                return response
+            last_error = f"{address}: not the active controller"
+            endpoint = response.controller.endpoint
+            if response.controller.controller_id >= 0 and endpoint.host:
+                active = f"{endpoint.host}:{endpoint.port}"
+                if active not in self.addresses:
+                    self.addresses.append(active)
+                self._active = self.addresses.index(active)
+            else:
+                self._active = (self._active + 1) % len(self.addresses)
+        raise ControllerUnavailable(f"{method}: {last_error}")
+
+    def _stub(self, address: str) -> controller_pb2_grpc.ControllerServiceStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=CHANNEL_OPTIONS
+            )
+        return controller_pb2_grpc.ControllerServiceStub(channel)
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,83 @@
+"""The broker's registration with the controller and its heartbeats.
+
+Registration gives the broker its epoch; a restarted broker (a new incarnation) gets a newer
+one, so requests meant for its previous life are refused. Heartbeats every
+broker.heartbeat.interval.ms keep it unfenced; a broker the controller no longer knows (or
+knows under a newer epoch) registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
+from tidewater.v1 import common_pb2
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+
+REREGISTER = {ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_NOT_AVAILABLE}
+
+
+class BrokerLifecycle:
+    def __init__(
+        self,
+        controller: ControllerClient,
+        broker_id: int,
+        host: str,
+        port: int,
+        rack: str,
+        heartbeat_interval_ms: int,
+    ) -> None:
+        self._controller = controller
+        self._info = common_pb2.BrokerInfo(
+            broker_id=broker_id, endpoint=common_pb2.Endpoint(host=host, port=port), rack=rack
+        )
+        self._incarnation_id = uuid.uuid4().hex
+        self._interval_s = heartbeat_interval_ms / 1000
+        self.broker_epoch = 0
+        self.fenced = True
+        self.registered = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                if not self.broker_epoch:
+                    await self._register()
+                await self._heartbeat()
+            except ControllerUnavailable as e:
+                log.info("controller unavailable: %s", e)
+            await asyncio.sleep(self._interval_s)
+
+    async def _register(self) -> None:
+        response = await self._controller.call(
+            "RegisterBroker",
+            cpb.RegisterBrokerRequest(broker=self._info, incarnation_id=self._incarnation_id),
+        )
+        if response.error_code != ErrorCode.NONE:
+            log.warning("registration refused: %s", response.error_message)
+            return
+        self.broker_epoch = response.broker_epoch
+        self.registered.set()
+        log.info("registered with the controller: broker epoch %d", self.broker_epoch)
+
+    async def _heartbeat(self) -> None:
+        if not self.broker_epoch:
+            return
+        response = await self._controller.call(
+            "BrokerHeartbeat",
+            cpb.BrokerHeartbeatRequest(
+                broker_id=self._info.broker_id, broker_epoch=self.broker_epoch
+            ),
+        )
+        if response.error_code in REREGISTER:
+            log.warning("controller does not know this broker's epoch; registering again")
+            self.broker_epoch = 0
+            return
+        if response.error_code == ErrorCode.NONE:
+            if self.fenced != response.is_fenced:
+                log.info("broker is %s", "fenced" if response.is_fenced else "unfenced")
+            self.fenced = response.is_fenced

@@ -1,0 +1,232 @@
+"""The active controller: one ordered event queue over the cluster model, etcd-fenced commits,
+and the requests that bring brokers to the committed state.
+
+Every request handler and timer becomes an event on one queue, processed one at a time, so the
+model never sees two decisions interleave. Decisions come from core.py (pure); this module
+commits them (store.py, fenced by controller epoch and partition epoch) and sends LeaderAndIsr,
+UpdateMetadata and StopReplica (sender.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tidewater.controller.core import (
+    PartitionChange,
+    changes_for_offline_partitions,
+    changes_for_unusable_broker,
+)
+from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
+from tidewater.controller.sender import BrokerSender
+from tidewater.controller.store import ControllerStore
+from tidewater.errors import TidewaterError
+from tidewater.v1.errors_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    controller_id: int
+    host: str
+    port: int
+    lease_ttl_s: int = 5
+    broker_session_timeout_ms: int = 6000
+    session_check_interval_ms: int = 100
+
+
+class NotActive(TidewaterError):
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class Controller:
+    def __init__(
+        self, config: ControllerConfig, store: ControllerStore, time_ms: Callable[[], int]
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.time_ms = time_ms
+        self.model = ClusterModel()
+        self.epoch = -1
+        self.active = False
+        self.sender = BrokerSender(self)
+        self._queue: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._grace_until_ms = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.config.host}:{self.config.port}"
+
+    # -- the event queue ---------------------------------------------------------------------
+
+    async def submit(self, event: Callable[[], Awaitable[T]]) -> T:
+        """Run `event` on the controller's queue, after every event before it; NotActive if
+        this controller is (or becomes) a standby first."""
+        if not self.active:
+            raise NotActive(f"controller {self.config.controller_id} is not active")
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+        async def run() -> None:
+            if not self.active:
+                done.set_exception(NotActive("controller stepped down"))
+                return
+            try:
+                done.set_result(await event())
+            except Exception as e:  # handed to the caller, who answers with it
+                done.set_exception(e)
+
+        await self._queue.put(run)
+        return await done
+
+    async def run(self) -> None:
+        """Campaign, lead until the lease is lost, step down, repeat."""
+        while True:
+            self.epoch = await self.store.campaign(
+                self.config.controller_id, self.endpoint, self.config.lease_ttl_s
+            )
+            log.info("controller %d is active at epoch %d", self.config.controller_id, self.epoch)
+            try:
+                await self._lead()
+            finally:
+                self._step_down()
+
+    async def _lead(self) -> None:
+        await self._load()
+        self.active = True
+        tasks = [
+            asyncio.create_task(self._process_events()),
+            asyncio.create_task(self._check_sessions()),
+        ]
+        lost = asyncio.create_task(self.store.lost.wait())
+        try:
+            await asyncio.wait([lost, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in [lost, *tasks]:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for task in tasks:
+            if task.done() and not task.cancelled() and task.exception():
+                raise task.exception()  # type: ignore[misc]
+        log.warning("controller %d lost its lease: stepping down", self.config.controller_id)
+
+    def _step_down(self) -> None:
+        self.active = False
+        self.model = ClusterModel()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self.sender.reset()
+
+    async def _process_events(self) -> None:
+        while True:
+            event = await self._queue.get()
+            await event()
+
+    async def _load(self) -> None:
+        """A new controller's view: everything from etcd; every broker fenced until it
+        heartbeats to us. Leaders are not moved during a grace period of one session timeout
+        (or until every registered broker has heartbeated), so failover does not cause a
+        storm of elections."""
+        model = ClusterModel()
+        now = self.time_ms()
+        for broker_id, value in (await self.store.load_brokers()).items():
+            model.brokers[broker_id] = BrokerState(
+                broker_id=broker_id,
+                host=value["host"],
+                port=int(value["port"]),
+                rack=value.get("rack", ""),
+                incarnation_id=value.get("incarnation_id", ""),
+                epoch=int(value["epoch"]),
+                last_heartbeat_ms=now,
+            )
+        for name, value in (await self.store.load_topics()).items():
+            model.topics[name] = TopicState.from_json(name, value)
+        for tp, (value, revision) in (await self.store.load_partitions()).items():
+            model.partitions[tp] = PartitionRecord.from_json(value, revision)
+        self.model = model
+        self._grace_until_ms = now + self.config.broker_session_timeout_ms
+
+    # -- broker liveness -----------------------------------------------------------------------
+
+    async def _check_sessions(self) -> None:
+        interval = self.config.session_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self.submit(self._expire_sessions)
+
+    async def _expire_sessions(self) -> None:
+        now = self.time_ms()
+        in_grace = now < self._grace_until_ms and any(b.fenced for b in self.model.brokers.values())
+        if in_grace:
+            return
+        if self._grace_until_ms:
+            self._grace_until_ms = 0
+            await self.commit_and_send(changes_for_offline_partitions(self.model, self.epoch))
+        timeout = self.config.broker_session_timeout_ms
+        for broker in list(self.model.brokers.values()):
+            if not broker.fenced and now - broker.last_heartbeat_ms > timeout:
+                await self.fence(broker, "missed its session timeout")
+
+    async def fence(self, broker: BrokerState, reason: str) -> None:
+        log.warning("fencing broker %d: %s", broker.broker_id, reason)
+        changes = changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
+        broker.fenced = True
+        await self.commit_and_send(changes)
+
+    async def unfence(self, broker: BrokerState) -> None:
+        log.info("broker %d is alive (epoch %d)", broker.broker_id, broker.epoch)
+        broker.fenced = False
+        if self._grace_until_ms and all(not b.fenced for b in self.model.brokers.values()):
+            self._grace_until_ms = 0
+        changes = (
+            [] if self._grace_until_ms else changes_for_offline_partitions(self.model, self.epoch)
+        )
+        committed = await self.commit_and_send(changes)
+        # A (re)started broker learns every partition it hosts, not just the changed ones.
+        changed = {c.tp for c in committed}
+        rest = [tp for tp in self.model.partitions_on(broker.broker_id) if tp not in changed]
+        self.sender.leader_and_isr({broker.broker_id}, rest)
+        self.sender.update_metadata_full(broker.broker_id)
+
+    # -- commits -------------------------------------------------------------------------------
+
+    async def commit_and_send(self, changes: list[PartitionChange]) -> list[PartitionChange]:
+        """Commit partition changes to etcd (fenced) and tell the brokers concerned; returns the
+        changes that committed."""
+        committed = await self.commit(changes)
+        if committed:
+            self.sender.leader_and_isr_changes(committed)
+        return committed
+
+    async def commit(self, changes: list[PartitionChange]) -> list[PartitionChange]:
+        if not changes:
+            return []
+        results = await self.store.write_partitions(
+            self.epoch,
+            [(c.tp[0], c.tp[1], c.expected_partition_epoch, c.after.to_json()) for c in changes],
+        )
+        committed = []
+        for change, result in zip(changes, results, strict=True):
+            if not result.ok:
+                log.warning("%s-%d: write lost a race; reloading its state", *change.tp)
+                if result.current_value is not None:
+                    self.model.partitions[change.tp] = PartitionRecord.from_json(
+                        result.current_value, result.new_mod_revision
+                    )
+                continue
+            after = change.after.with_(partition_epoch=result.new_mod_revision)
+            self.model.partitions[change.tp] = after
+            committed.append(PartitionChange(change.tp, change.before, after, change.unclean))
+            if change.unclean:
+                log.warning(
+                    "%s-%d: UNCLEAN leader election of broker %d: acknowledged data may be lost",
+                    *change.tp,
+                    after.leader,
+                )
+        return committed

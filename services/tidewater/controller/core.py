@@ -1,0 +1,160 @@
+"""The controller's decisions, as pure functions of the cluster model.
+
+Each returns the partition changes to commit (to etcd, fenced by controller epoch and partition
+epoch) and whom to tell; the Controller (controller.py) commits them and sends the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tidewater.controller.model import NO_LEADER, ClusterModel, PartitionRecord, TopicPartition
+from tidewater.errors import TidewaterError
+from tidewater.v1.errors_pb2 import ErrorCode
+
+
+@dataclass(frozen=True)
+class PartitionChange:
+    tp: TopicPartition
+    before: PartitionRecord | None
+    after: PartitionRecord
+    unclean: bool = False
+
+    @property
+    def expected_partition_epoch(self) -> int | None:
+        """The mod_revision the write compares against; None: the key must not exist."""
+        return self.before.partition_epoch if self.before is not None else None
+
+
+def offline_leader(
+    replicas: Iterable[int], isr: Iterable[int], usable: set[int], unclean_allowed: bool
+) -> tuple[int, tuple[int, ...], bool]:
+    """(leader, ISR, unclean) for a partition whose leader is gone (Kafka's
+    OfflinePartitionLeaderElectionStrategy); leader NO_LEADER when none may lead."""
+    isr = tuple(isr)
+    live_isr = [b for b in replicas if b in isr and b in usable]
+    if live_isr:
+        return live_isr[0], tuple(b for b in isr if b in usable), False
+    if unclean_allowed:
+        live = [b for b in replicas if b in usable]
+        if live:
+            return live[0], (live[0],), True
+    # No eligible leader: stay offline, keeping the last ISR so its members can lead on return.
+    return NO_LEADER, isr, False
+
+
+def changes_for_unusable_broker(
+    model: ClusterModel, broker_id: int, controller_epoch: int
+) -> list[PartitionChange]:
+    """A broker was fenced or is shutting down: elect new leaders where it led, and take it
+    out of the ISRs it was in (Kafka's OnlineReplica → OfflineReplica)."""
+    usable = model.usable_brokers() - {broker_id}
+    changes = []
+    for tp, record in sorted(model.partitions.items()):
+        if broker_id not in model.replicas(tp):
+            continue
+        if record.leader == broker_id:
+            changes.append(_elect(model, tp, record, usable, controller_epoch))
+        elif broker_id in record.isr and record.leader != NO_LEADER:
+            isr = tuple(b for b in record.isr if b != broker_id)
+            after = record.with_(
+                isr=isr, leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch
+            )
+            changes.append(PartitionChange(tp, record, after))
+    return changes
+
+
+def changes_for_offline_partitions(
+    model: ClusterModel, controller_epoch: int
+) -> list[PartitionChange]:
+    """Partitions without a usable leader that could get one now (a broker came back, or a
+    new controller found leaders dead)."""
+    usable = model.usable_brokers()
+    changes = []
+    for tp, record in sorted(model.partitions.items()):
+        if record.leader in usable:
+            continue
+        change = _elect(model, tp, record, usable, controller_epoch)
+        if change.after.leader != NO_LEADER or record.leader != NO_LEADER:
+            changes.append(change)
+    return changes
+
+
+def _elect(
+    model: ClusterModel,
+    tp: TopicPartition,
+    record: PartitionRecord,
+    usable: set[int],
+    controller_epoch: int,
+) -> PartitionChange:
+    unclean_allowed = model.topics[tp[0]].unclean_leader_election_enable
+    leader, isr, unclean = offline_leader(model.replicas(tp), record.isr, usable, unclean_allowed)
+    after = record.with_(
+        leader=leader,
+        isr=isr,
+        leader_epoch=record.leader_epoch + 1,
+        controller_epoch=controller_epoch,
+    )
+    return PartitionChange(tp, record, after, unclean)
+
+
+def validate_isr_change(
+    model: ClusterModel,
+    leader_id: int,
+    tp: TopicPartition,
+    leader_epoch: int,
+    partition_epoch: int,
+    new_isr: tuple[int, ...],
+    controller_epoch: int,
+) -> PartitionChange:
+    """AlterIsr for one partition: the proposer must lead it in the current epoch, name the
+    current partition epoch, and propose only usable replicas that include itself."""
+    record = model.partitions.get(tp)
+    if record is None or tp[0] not in model.topics:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        )
+    if record.leader != leader_id or record.leader_epoch != leader_epoch:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: broker {leader_id} at leader epoch {leader_epoch} is not the "
+            f"leader (leader {record.leader}, epoch {record.leader_epoch})",
+            ErrorCode.FENCED_LEADER_EPOCH,
+        )
+    if record.partition_epoch != partition_epoch:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: partition epoch {partition_epoch} is stale (current "
+            f"{record.partition_epoch})",
+            ErrorCode.INVALID_UPDATE_VERSION,
+        )
+    replicas = model.replicas(tp)
+    usable = model.usable_brokers()
+    ineligible = [b for b in new_isr if b not in replicas or b not in usable]
+    if leader_id not in new_isr or ineligible or len(set(new_isr)) != len(new_isr):
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: proposed ISR {list(new_isr)} must include the leader and only "
+            f"live, unfenced replicas (ineligible: {ineligible})",
+            ErrorCode.INELIGIBLE_REPLICA,
+        )
+    after = record.with_(isr=tuple(new_isr), controller_epoch=controller_epoch)
+    return PartitionChange(tp, record, after)
+
+
+def initial_partition_records(
+    replicas_by_partition: dict[int, tuple[int, ...]],
+    topic: str,
+    usable: set[int],
+    controller_epoch: int,
+) -> list[PartitionChange]:
+    """New partitions: the first usable replica leads, the usable replicas form the ISR."""
+    changes = []
+    for partition, replicas in sorted(replicas_by_partition.items()):
+        live = [b for b in replicas if b in usable]
+        after = PartitionRecord(
+            leader=live[0] if live else NO_LEADER,
+            leader_epoch=0,
+            isr=tuple(live),
+            controller_epoch=controller_epoch,
+        )
+        changes.append(PartitionChange((topic, partition), None, after))
+    return changes

@@ -1,0 +1,124 @@
+"""What the controller knows: brokers, topics and every partition's LeaderAndIsr.
+
+Loaded from etcd on becoming active and kept in step with every committed write. Plain data;
+the rules that change it are in core.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+TopicPartition = tuple[str, int]
+NO_LEADER = -1
+
+
+@dataclass
+class BrokerState:
+    broker_id: int
+    host: str
+    port: int
+    rack: str
+    incarnation_id: str
+    # The etcd revision of the registration: a restarted broker registers anew and gets a
+    # larger epoch, so requests from (or meant for) its previous life are refused.
+    epoch: int
+    last_heartbeat_ms: int = 0
+    # Fenced until its first heartbeat to this controller, and again after a missed session.
+    fenced: bool = True
+    shutting_down: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def usable(self) -> bool:
+        """Alive for leadership and ISR membership."""
+        return not self.fenced and not self.shutting_down
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "broker_id": self.broker_id,
+            "host": self.host,
+            "port": self.port,
+            "rack": self.rack,
+            "incarnation_id": self.incarnation_id,
+        }
+
+
+@dataclass(frozen=True)
+class PartitionRecord:
+    """A partition's LeaderAndIsr as stored in etcd; partition_epoch is the key's mod_revision."""
+
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    controller_epoch: int
+    partition_epoch: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "isr": list(self.isr),
+            "controller_epoch": self.controller_epoch,
+        }
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any], partition_epoch: int) -> PartitionRecord:
+        return cls(
+            leader=int(value["leader"]),
+            leader_epoch=int(value["leader_epoch"]),
+            isr=tuple(int(b) for b in value["isr"]),
+            controller_epoch=int(value["controller_epoch"]),
+            partition_epoch=partition_epoch,
+        )
+
+    def with_(self, **changes: Any) -> PartitionRecord:
+        return replace(self, **changes)
+
+
+@dataclass
+class TopicState:
+    name: str
+    configs: dict[str, str]
+    # partition → assigned replicas (AR), preferred leader first
+    assignment: dict[int, tuple[int, ...]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "configs": self.configs,
+            "assignment": {str(p): list(r) for p, r in sorted(self.assignment.items())},
+        }
+
+    @classmethod
+    def from_json(cls, name: str, value: dict[str, Any]) -> TopicState:
+        return cls(
+            name=name,
+            configs={str(k): str(v) for k, v in value.get("configs", {}).items()},
+            assignment={int(p): tuple(int(b) for b in r) for p, r in value["assignment"].items()},
+        )
+
+    @property
+    def unclean_leader_election_enable(self) -> bool:
+        return self.configs.get("unclean.leader.election.enable", "false").lower() == "true"
+
+
+@dataclass
+class ClusterModel:
+    brokers: dict[int, BrokerState] = field(default_factory=dict)
+    topics: dict[str, TopicState] = field(default_factory=dict)
+    partitions: dict[TopicPartition, PartitionRecord] = field(default_factory=dict)
+
+    def replicas(self, tp: TopicPartition) -> tuple[int, ...]:
+        return self.topics[tp[0]].assignment[tp[1]]
+
+    def usable_brokers(self) -> set[int]:
+        return {b.broker_id for b in self.brokers.values() if b.usable}
+
+    def partitions_of(self, topic: str) -> list[TopicPartition]:
+        return [(topic, p) for p in sorted(self.topics[topic].assignment)]
+
+    def partitions_on(self, broker_id: int) -> list[TopicPartition]:
+        return [tp for tp in self.partitions if broker_id in self.replicas(tp)]

@@ -1,0 +1,199 @@
+"""ControllerService over gRPC: each call becomes an event on the controller's queue.
+
+A standby answers NOT_CONTROLLER with the active controller's id and endpoint, so brokers and
+admin clients follow it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from tidewater.controller.controller import Controller
+from tidewater.controller.core import PartitionChange, validate_isr_change
+from tidewater.controller.model import BrokerState
+from tidewater.errors import TidewaterError
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1 import controller_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
+Response = TypeVar("Response")
+
+
+class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
+    def __init__(self, controller: Controller) -> None:
+        self._c = controller
+
+    async def _answer(self, response: Response, event: Callable[[], Awaitable[None]]) -> Response:
+        """Run the event on the queue; errors become the response's error code, and the
+        response always names the active controller."""
+        try:
+            await self._c.submit(event)
+        except TidewaterError as e:
+            response.error_code = e.code  # type: ignore[attr-defined]
+            response.error_message = str(e)  # type: ignore[attr-defined]
+        await self._fill_controller(response.controller)  # type: ignore[attr-defined]
+        return response
+
+    async def _fill_controller(self, info: object) -> None:
+        if self._c.active:
+            info.controller_id = self._c.config.controller_id  # type: ignore[attr-defined]
+            info.controller_epoch = self._c.epoch  # type: ignore[attr-defined]
+            info.endpoint.host = self._c.config.host  # type: ignore[attr-defined]
+            info.endpoint.port = self._c.config.port  # type: ignore[attr-defined]
+            return
+        active = await self._c.store.active_controller()
+        info.controller_id = active[0] if active else -1  # type: ignore[attr-defined]
+        if active:
+            host, _, port = active[1].rpartition(":")
+            info.endpoint.host = host  # type: ignore[attr-defined]
+            info.endpoint.port = int(port)  # type: ignore[attr-defined]
+            info.controller_epoch = active[2]  # type: ignore[attr-defined]
+
+    def _broker(self, broker_id: int, broker_epoch: int) -> BrokerState:
+        broker = self._c.model.brokers.get(broker_id)
+        if broker is None:
+            raise TidewaterError(
+                f"broker {broker_id} is not registered", ErrorCode.BROKER_NOT_AVAILABLE
+            )
+        if broker_epoch != broker.epoch:
+            raise TidewaterError(
+                f"broker {broker_id} epoch {broker_epoch} is stale (current {broker.epoch})",
+                ErrorCode.STALE_BROKER_EPOCH,
+            )
+        return broker
+
+    # -- broker lifecycle ----------------------------------------------------------------------
+
+    async def RegisterBroker(
+        self, request: cpb.RegisterBrokerRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.RegisterBrokerResponse:
+        response = cpb.RegisterBrokerResponse()
+
+        async def event() -> None:
+            info = request.broker
+            if info.broker_id < 0 or not info.endpoint.host or info.endpoint.port <= 0:
+                raise TidewaterError(
+                    "a registration needs a broker id >= 0 and an endpoint",
+                    ErrorCode.INVALID_REQUEST,
+                )
+            old = self._c.model.brokers.get(info.broker_id)
+            if old is not None and old.incarnation_id == request.incarnation_id:
+                response.broker_epoch = old.epoch
+                return
+            if old is not None and not old.fenced:
+                # A new incarnation: the old one is gone, whatever it led must move first.
+                await self._c.fence(old, "registered again with a new incarnation")
+            broker = BrokerState(
+                broker_id=info.broker_id,
+                host=info.endpoint.host,
+                port=info.endpoint.port,
+                rack=info.rack,
+                incarnation_id=request.incarnation_id,
+                epoch=0,
+                last_heartbeat_ms=self._c.time_ms(),
+            )
+            broker.epoch = await self._c.store.put_broker(
+                self._c.epoch, info.broker_id, broker.to_json()
+            )
+            self._c.model.brokers[info.broker_id] = broker
+            response.broker_epoch = broker.epoch
+            log.info(
+                "broker %d registered at %s, epoch %d",
+                broker.broker_id,
+                broker.address,
+                broker.epoch,
+            )
+
+        return await self._answer(response, event)
+
+    async def BrokerHeartbeat(
+        self, request: cpb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.BrokerHeartbeatResponse:
+        response = cpb.BrokerHeartbeatResponse()
+
+        async def event() -> None:
+            broker = self._broker(request.broker_id, request.broker_epoch)
+            broker.last_heartbeat_ms = self._c.time_ms()
+            if broker.fenced and not broker.shutting_down:
+                await self._c.unfence(broker)
+            response.is_fenced = broker.fenced
+            response.should_shut_down = broker.shutting_down and not any(
+                r.leader == broker.broker_id for r in self._c.model.partitions.values()
+            )
+
+        return await self._answer(response, event)
+
+    # -- ISR -----------------------------------------------------------------------------------
+
+    async def AlterIsr(
+        self, request: cpb.AlterIsrRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.AlterIsrResponse:
+        response = cpb.AlterIsrResponse()
+
+        async def event() -> None:
+            broker = self._broker(request.broker_id, request.broker_epoch)
+            if broker.fenced:
+                raise TidewaterError(
+                    f"broker {broker.broker_id} is fenced: its ISR changes are refused",
+                    ErrorCode.STALE_BROKER_EPOCH,
+                )
+            valid: list[PartitionChange] = []
+            results = {}
+            for p in request.partitions:
+                tp = (p.topic, p.partition)
+                result = cpb.AlterIsrPartitionResponse(topic=p.topic, partition=p.partition)
+                results[tp] = result
+                try:
+                    valid.append(
+                        validate_isr_change(
+                            self._c.model,
+                            request.broker_id,
+                            tp,
+                            p.leader_epoch,
+                            p.partition_epoch,
+                            tuple(p.new_isr),
+                            self._c.epoch,
+                        )
+                    )
+                except TidewaterError as e:
+                    result.error_code = e.code
+                    result.error_message = str(e)
+            committed = {c.tp for c in await self._c.commit(valid)}
+            for c in valid:
+                if c.tp not in committed:
+                    results[c.tp].error_code = ErrorCode.INVALID_UPDATE_VERSION
+                    results[c.tp].error_message = "the partition changed concurrently"
+            if committed:
+                self._c.sender.update_metadata(sorted(committed))
+            for tp, result in results.items():
+                record = self._c.model.partitions.get(tp)
+                if record is not None:
+                    result.leader = record.leader
+                    result.leader_epoch = record.leader_epoch
+                    result.isr.extend(record.isr)
+                    result.partition_epoch = record.partition_epoch
+                response.partitions.append(result)
+
+        return await self._answer(response, event)
+
+    # -- producer ids --------------------------------------------------------------------------
+
+    async def AllocateProducerIds(
+        self, request: cpb.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.AllocateProducerIdsResponse:
+        response = cpb.AllocateProducerIdsResponse()
+
+        async def event() -> None:
+            self._broker(request.broker_id, request.broker_epoch)
+            response.first_producer_id = await self._c.store.allocate_producer_ids(self._c.epoch)
+            response.producer_id_count = PRODUCER_ID_BLOCK
+
+        return await self._answer(response, event)
+
+
+PRODUCER_ID_BLOCK = 1000

@@ -1,1 +1,2 @@
-"""The controller: etcd-lease election, LeaderAndIsr decisions, broker liveness, admin operations."""
+"""The controller: etcd-lease election, LeaderAndIsr decisions, broker liveness, admin
+operations."""

@@ -39,6 +39,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     broker.add_argument("--ready-file", type=Path, help="write the bound address here once serving")
 
+    controller = commands.add_parser("controller", help="run a controller")
+    controller.add_argument("--controller-id", type=int, required=True)
+    controller.add_argument("--listen", default="127.0.0.1:9093", help="HOST:PORT (0: any port)")
+    controller.add_argument(
+        "--etcd", default="127.0.0.1:2379", help="etcd endpoints, comma-separated host:port"
+    )
+    controller.add_argument("--cluster", default="default", help="cluster name (etcd prefix)")
+    controller.add_argument("--lease-ttl", type=int, default=5, help="election lease TTL, s")
+    controller.add_argument(
+        "--broker-session-timeout-ms", type=int, default=6000, help="broker.session.timeout.ms"
+    )
+    controller.add_argument("--ready-file", type=Path, help="write the bound address here")
+
     demo = commands.add_parser(
         "demo", help="start a broker, make it leader of a partition, produce and consume"
     )
@@ -57,6 +70,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "broker":
             return _broker(args)
+        if args.command == "controller":
+            from tidewater.controller.server import run_controller
+
+            asyncio.run(
+                run_controller(
+                    args.controller_id,
+                    args.listen,
+                    [e.strip() for e in args.etcd.split(",") if e.strip()],
+                    args.cluster,
+                    args.lease_ttl,
+                    args.broker_session_timeout_ms,
+                    args.ready_file,
+                )
+            )
+            return 0
         if args.command == "demo":
             from tidewater.local.demo import run_demo
 

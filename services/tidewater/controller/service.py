@@ -13,9 +13,16 @@ from typing import TypeVar
 import grpc
 
 from tidewater.controller.controller import Controller
-from tidewater.controller.core import PartitionChange, validate_isr_change
-from tidewater.controller.model import BrokerState
+from tidewater.broker.topic_config import TopicConfig
+from tidewater.controller.assignment import assign_replicas, validate_explicit_assignment
+from tidewater.controller.core import (
+    PartitionChange,
+    initial_partition_records,
+    validate_isr_change,
+)
+from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import TidewaterError
+from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -195,5 +202,118 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         return await self._answer(response, event)
 
+    # -- topics --------------------------------------------------------------------------------
+
+    async def CreateTopics(
+        self, request: cpb.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CreateTopicsResponse:
+        response = cpb.CreateTopicsResponse()
+
+        async def event() -> None:
+            for topic in request.topics:
+                result = response.topics.add(name=topic.name)
+                try:
+                    result.num_partitions, result.replication_factor = await self._create_topic(
+                        topic, request.validate_only
+                    )
+                except TidewaterError as e:
+                    result.error_code = e.code
+                    result.error_message = str(e)
+
+        return await self._answer(response, event)
+
+    async def _create_topic(
+        self, topic: cpb.CreatableTopic, validate_only: bool
+    ) -> tuple[int, int]:
+        model = self._c.model
+        validate_topic_name(topic.name)
+        if topic.name in model.topics:
+            raise TidewaterError(
+                f"topic {topic.name!r} already exists", ErrorCode.TOPIC_ALREADY_EXISTS
+            )
+        configs = dict(topic.configs)
+        TopicConfig.from_properties(configs)  # InvalidConfig names the bad key
+        usable = sorted(model.usable_brokers())
+        if topic.assignments:
+            assignment = validate_explicit_assignment(
+                {a.partition: tuple(a.broker_ids) for a in topic.assignments},
+                set(model.brokers),
+            )
+        else:
+            assignment = assign_replicas(
+                [(b, model.brokers[b].rack or None) for b in usable],
+                topic.num_partitions if topic.num_partitions > 0 else DEFAULT_PARTITIONS,
+                topic.replication_factor
+                if topic.replication_factor > 0
+                else min(DEFAULT_REPLICATION_FACTOR, len(usable)),
+            )
+        replication_factor = len(next(iter(assignment.values())))
+        if validate_only:
+            return len(assignment), replication_factor
+        state = TopicState(topic.name, configs, assignment)
+        await self._c.store.put_topic(self._c.epoch, topic.name, state.to_json())
+        model.topics[topic.name] = state
+        await self._c.commit_and_send(
+            initial_partition_records(assignment, topic.name, set(usable), self._c.epoch)
+        )
+        log.info(
+            "created topic %s: %d partitions, RF %d",
+            topic.name,
+            len(assignment),
+            replication_factor,
+        )
+        return len(assignment), replication_factor
+
+    async def DeleteTopics(
+        self, request: cpb.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.DeleteTopicsResponse:
+        response = cpb.DeleteTopicsResponse()
+
+        async def event() -> None:
+            model = self._c.model
+            for name in request.topic_names:
+                result = response.topics.add(topic=name)
+                state = model.topics.get(name)
+                if state is None:
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_message = f"topic {name!r} does not exist"
+                    continue
+                await self._c.store.delete_topic(self._c.epoch, name)
+                tps = model.partitions_of(name)
+                for broker_id in {b for replicas in state.assignment.values() for b in replicas}:
+                    self._c.sender.stop_replica(broker_id, tps, delete=True)
+                for tp in tps:
+                    model.partitions.pop(tp, None)
+                del model.topics[name]
+                self._c.sender.update_metadata([], deleted=[name])
+                log.info("deleted topic %s", name)
+
+        return await self._answer(response, event)
+
+    async def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.DescribeClusterResponse:
+        response = cpb.DescribeClusterResponse()
+
+        async def event() -> None:
+            for broker in sorted(self._c.model.brokers.values(), key=lambda b: b.broker_id):
+                described = response.brokers.add()
+                described.broker.broker_id = broker.broker_id
+                described.broker.endpoint.host = broker.host
+                described.broker.endpoint.port = broker.port
+                described.broker.rack = broker.rack
+                described.broker_epoch = broker.epoch
+                described.status = (
+                    cpb.BROKER_STATUS_SHUTTING_DOWN
+                    if broker.shutting_down
+                    else cpb.BROKER_STATUS_FENCED
+                    if broker.fenced
+                    else cpb.BROKER_STATUS_ALIVE
+                )
+
+        return await self._answer(response, event)
+
 
 PRODUCER_ID_BLOCK = 1000
+DEFAULT_PARTITIONS = 1
+DEFAULT_REPLICATION_FACTOR = 3

@@ -105,3 +105,28 @@ def broker_args(broker_id: int, log_dir: Path, listen: str, settings: dict[str, 
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
     return args
+
+
+def controller_args(
+    controller_id: int,
+    etcd_endpoint: str,
+    cluster: str,
+    listen: str,
+    lease_ttl_s: int = 5,
+    broker_session_timeout_ms: int = 6000,
+) -> list[str]:
+    return [
+        "controller",
+        "--controller-id",
+        str(controller_id),
+        "--listen",
+        listen,
+        "--etcd",
+        etcd_endpoint,
+        "--cluster",
+        cluster,
+        "--lease-ttl",
+        str(lease_ttl_s),
+        "--broker-session-timeout-ms",
+        str(broker_session_timeout_ms),
+    ]

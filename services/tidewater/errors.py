@@ -93,3 +93,47 @@ class RequestTimedOut(TidewaterError):
 
 class InvalidRequiredAcks(TidewaterError):
     code = ErrorCode.INVALID_REQUIRED_ACKS
+
+
+class NoReplicaOnline(TidewaterError):
+    """Leader election found no replica that may lead."""
+
+    code = ErrorCode.NO_REPLICA_ONLINE
+
+
+class StateChangeFailed(TidewaterError):
+    """A leader election's strategy could not be applied; the partition keeps its state."""
+
+    code = ErrorCode.STATE_CHANGE_FAILED
+
+
+class PreferredLeaderNotAvailable(StateChangeFailed):
+    code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+
+
+class ElectionNotNeeded(TidewaterError):
+    code = ErrorCode.ELECTION_NOT_NEEDED
+
+
+class InvalidReplicationFactor(TidewaterError):
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class InvalidPartitions(TidewaterError):
+    code = ErrorCode.INVALID_PARTITIONS
+
+
+class BrokerNotAvailable(TidewaterError):
+    code = ErrorCode.BROKER_NOT_AVAILABLE
+
+
+class NotController(TidewaterError):
+    """A write by a controller whose epoch is no longer the current controller epoch."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class StoreUnavailable(TidewaterError):
+    """The controller's call to etcd did not complete (unreachable, or timed out); retriable."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT

@@ -6,11 +6,11 @@ epoch) and whom to tell; the Controller (controller.py) commits them and sends t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tidewater.controller.leader_election import offline_partition_leader
 from tidewater.controller.model import NO_LEADER, ClusterModel, PartitionRecord, TopicPartition
-from tidewater.errors import TidewaterError
+from tidewater.errors import NoReplicaOnline, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
 
 
@@ -25,23 +25,6 @@ class PartitionChange:
     def expected_partition_epoch(self) -> int | None:
         """The mod_revision the write compares against; None: the key must not exist."""
         return self.before.partition_epoch if self.before is not None else None
-
-
-def offline_leader(
-    replicas: Iterable[int], isr: Iterable[int], usable: set[int], unclean_allowed: bool
-) -> tuple[int, tuple[int, ...], bool]:
-    """(leader, ISR, unclean) for a partition whose leader is gone (Kafka's
-    OfflinePartitionLeaderElectionStrategy); leader NO_LEADER when none may lead."""
-    isr = tuple(isr)
-    live_isr = [b for b in replicas if b in isr and b in usable]
-    if live_isr:
-        return live_isr[0], tuple(b for b in isr if b in usable), False
-    if unclean_allowed:
-        live = [b for b in replicas if b in usable]
-        if live:
-            return live[0], (live[0],), True
-    # No eligible leader: stay offline, keeping the last ISR so its members can lead on return.
-    return NO_LEADER, isr, False
 
 
 def changes_for_unusable_broker(
@@ -88,15 +71,19 @@ def _elect(
     usable: set[int],
     controller_epoch: int,
 ) -> PartitionChange:
-    unclean_allowed = model.topics[tp[0]].unclean_leader_election_enable
-    leader, isr, unclean = offline_leader(model.replicas(tp), record.isr, usable, unclean_allowed)
-    after = record.with_(
-        leader=leader,
-        isr=isr,
-        leader_epoch=record.leader_epoch + 1,
-        controller_epoch=controller_epoch,
-    )
-    return PartitionChange(tp, record, after, unclean)
+    try:
+        result = offline_partition_leader(
+            model.replicas(tp),
+            record,
+            usable,
+            unclean_allowed=model.topics[tp[0]].unclean_leader_election_enable,
+        )
+        after, unclean = result.leader_and_isr, result.unclean
+    except NoReplicaOnline:
+        # No eligible leader: stay offline, keeping the last ISR so its members can lead on
+        # return (an unclean election would lose acknowledged data).
+        after, unclean = record.with_(leader=NO_LEADER, leader_epoch=record.leader_epoch + 1), False
+    return PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch), unclean)
 
 
 def validate_isr_change(

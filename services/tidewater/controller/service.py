@@ -12,9 +12,9 @@ from typing import TypeVar
 
 import grpc
 
-from tidewater.controller.controller import Controller
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.controller.assignment import assign_replicas, validate_explicit_assignment
+from tidewater.controller.controller import Controller
 from tidewater.controller.core import (
     PartitionChange,
     initial_partition_records,

@@ -13,6 +13,7 @@ from tidewater.replication.partition import (
     Partition,
     ReplicaLog,
 )
+from tidewater.replication.replica import UNKNOWN_OFFSET
 
 
 class FollowerLog(ReplicaLog, Protocol):
@@ -62,6 +63,10 @@ def truncation_offset(
     (Kafka's getOffsetTruncationState). If our own largest epoch <= theirs is smaller, we
     truncate to its end and the next fetch, naming that epoch, checks again (KIP-279)."""
     leader_epoch, leader_end_offset = diverging_epoch
+    if leader_end_offset == UNKNOWN_OFFSET:
+        # The leader knows no end for our epoch: nothing says where we diverge (Kafka keeps
+        # the fetch offset).
+        return local_end_offset
     if leader_epoch == NO_EPOCH:
         return min(leader_end_offset, local_end_offset)
     follower_epoch, follower_end_offset = local_epochs.end_offset_for(

@@ -244,10 +244,11 @@ class Partition:
 
     def enough_replicas_for(self, required_offset: int) -> bool | None:
         """acks=all completion (checkEnoughReplicasReachOffset): None while the HW is short of
-        the offset; else whether the ISR still meets min.insync.replicas."""
+        the offset; else whether the maximal ISR (a member being added holds the batch too)
+        still meets min.insync.replicas."""
         if self.high_watermark < required_offset:
             return None
-        return len(self.isr) >= self.config.min_insync_replicas
+        return len(self.isr_state.maximal_isr) >= self.config.min_insync_replicas
 
     # -- the leader's side of a follower fetch -----------------------------------------------
 

@@ -257,6 +257,7 @@ async def test_kill_9_of_the_active_controller_fails_over(cluster: Cluster) -> N
 
     await eventually(new_controller, LEASE_TTL_S + 1 + 1)
     new_id, _, new_epoch = await cluster.store.active_controller()  # type: ignore[misc]
+    assert new_id != old_id
     assert new_epoch > old_epoch
     # The new controller runs the cluster once the brokers heartbeat to it: a topic, then a
     # broker failure, both handled.

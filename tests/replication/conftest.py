@@ -343,7 +343,9 @@ class Cluster:
     def _progress(self) -> tuple[object, ...]:
         return (
             self.state,
-            tuple((b.broker_id, b.log.log_end_offset, b.partition.high_watermark) for b in self.live),
+            tuple(
+                (b.broker_id, b.log.log_end_offset, b.partition.high_watermark) for b in self.live
+            ),
         )
 
 

@@ -282,19 +282,16 @@ class ControllerStore:
         """Write LeaderAndIsr values, each only if its key's mod_revision (partition epoch) is
         still the expected one, in as few txns as etcd allows. A key already holding exactly the
         value counts as written (a retried write). Results are in the order of `updates`."""
-        results: list[WriteResult | None] = [None] * len(updates)
+        results: dict[int, WriteResult] = {}
         for start in range(0, len(updates), PARTITIONS_PER_TXN):
             chunk = range(start, min(start + PARTITIONS_PER_TXN, len(updates)))
-            await self._write_partition_chunk(epoch, updates, list(chunk), results)
-        return [r for r in results if r is not None]
+            results.update(await self._write_partition_chunk(epoch, updates, list(chunk)))
+        return [results[i] for i in range(len(updates))]
 
     async def _write_partition_chunk(
-        self,
-        epoch: int,
-        updates: Sequence[PartitionUpdate],
-        pending: list[int],
-        results: list[WriteResult | None],
-    ) -> None:
+        self, epoch: int, updates: Sequence[PartitionUpdate], pending: list[int]
+    ) -> dict[int, WriteResult]:
+        results = {}
         keys = {i: self._partition_key(updates[i][0], updates[i][1]) for i in pending}
         # Every round settles at least one key (the one whose compare failed), so this ends.
         while pending:
@@ -308,7 +305,7 @@ class ControllerStore:
                 revision = _revision(responses[0])
                 for i in pending:
                     results[i] = WriteResult(True, revision, updates[i][3])
-                return
+                return results
             retry = []
             for i, response in zip(pending, responses, strict=True):
                 kv = _first(response)
@@ -319,6 +316,7 @@ class ControllerStore:
                 else:
                     results[i] = WriteResult(current == updates[i][3], mod_revision, current)
             pending = retry
+        return results
 
     async def load_partitions(self) -> dict[tuple[str, int], tuple[Json, int]]:
         """Every partition's LeaderAndIsr and partition epoch (mod_revision)."""

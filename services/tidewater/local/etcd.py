@@ -82,7 +82,7 @@ class EtcdProcess:
         endpoint."""
         if self.running:
             raise EtcdFailed(f"etcd is already running (pid {self.pid})")
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # etcd wants it private
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         fresh_ports = not self.client_port
         for _ in range(PORT_ATTEMPTS):

@@ -1,0 +1,598 @@
+"""Kafka's Partition rules, one at a time (the ideas of PartitionTest / ReplicaManagerTest).
+
+Broker 1 is the leader unless a test says otherwise; 2 and 3 are its followers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+import pytest
+
+from tidewater.broker.log.checkpoints import EpochEntry
+from tidewater.errors import (
+    FencedLeaderEpoch,
+    InvalidRequest,
+    NotEnoughReplicas,
+    NotLeaderOrFollower,
+    OffsetOutOfRange,
+    UnknownLeaderEpoch,
+)
+from tidewater.replication.follower import (
+    StopReplicating,
+    TruncateFullyAndStartAt,
+    TruncateTo,
+    apply_out_of_range,
+    on_offset_out_of_range,
+    truncation_offset,
+)
+from tidewater.replication.partition import (
+    ACKS_ALL,
+    NO_EPOCH,
+    AlterIsrProposal,
+    FollowerFetch,
+    FollowerFetchOutcome,
+    LeaderAndIsr,
+    Partition,
+    ReplicationConfig,
+)
+from tidewater.replication.replica import UNKNOWN_OFFSET
+
+if TYPE_CHECKING:
+    from conftest import MemoryLog
+
+T0 = 1_000_000
+LAG = 10_000
+CONFIG = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=2)
+REPLICAS = (1, 2, 3)
+TOPIC = "orders"
+
+
+def leader_and_isr(
+    leader: int = 1,
+    leader_epoch: int = 0,
+    isr: tuple[int, ...] = REPLICAS,
+    partition_epoch: int = 0,
+) -> LeaderAndIsr:
+    return LeaderAndIsr(leader, leader_epoch, isr, REPLICAS, partition_epoch)
+
+
+def log_with(memory_log: type[MemoryLog], *epochs: int) -> MemoryLog:
+    """A log holding one single-record batch per epoch given, from offset 0."""
+    log = memory_log()
+    for offset, epoch in enumerate(epochs):
+        log.append_as_leader([f"r{offset}"], epoch)
+    return log
+
+
+def replica_on(
+    log: MemoryLog,
+    broker_id: int = 1,
+    checkpointed_hw: int = 0,
+    eligible: Callable[[int], bool] = lambda broker_id: True,
+    config: ReplicationConfig = CONFIG,
+) -> Partition:
+    return Partition(TOPIC, 0, broker_id, log, config, checkpointed_hw, eligible)
+
+
+def new_leader(
+    log: MemoryLog,
+    isr: tuple[int, ...] = REPLICAS,
+    leader_epoch: int = 0,
+    checkpointed_hw: int = 0,
+    eligible: Callable[[int], bool] = lambda broker_id: True,
+    config: ReplicationConfig = CONFIG,
+) -> Partition:
+    partition = replica_on(log, 1, checkpointed_hw, eligible, config)
+    partition.make_leader(leader_and_isr(1, leader_epoch, isr), T0)
+    return partition
+
+
+def fetch(
+    partition: Partition,
+    replica_id: int,
+    offset: int,
+    now: int = T0,
+    last_fetched_epoch: int = NO_EPOCH,
+    current_leader_epoch: int | None = None,
+) -> FollowerFetchOutcome:
+    epoch = partition.leader_epoch if current_leader_epoch is None else current_leader_epoch
+    request = FollowerFetch(replica_id, offset, 0, last_fetched_epoch, epoch)
+    return partition.on_follower_fetch(request, now)
+
+
+def append(partition: Partition, count: int, now: int = T0) -> bool:
+    log = cast("MemoryLog", partition.log)
+    for _ in range(count):
+        log.append_as_leader(["x"], partition.leader_epoch)
+    return partition.after_leader_append(now)
+
+
+def commit(partition: Partition, proposal: AlterIsrProposal, now: int = T0) -> bool:
+    """The controller accepts the proposal."""
+    committed = leader_and_isr(
+        1, proposal.leader_epoch, proposal.new_isr, proposal.partition_epoch + 1
+    )
+    return partition.on_alter_isr_result(proposal, committed, None, now)
+
+
+def refuse(partition: Partition, proposal: AlterIsrProposal, now: int = T0) -> bool:
+    error = InvalidRequest("the controller refused the ISR change")
+    return partition.on_alter_isr_result(proposal, None, error, now)
+
+
+@pytest.fixture
+def log(memory_log: type[MemoryLog]) -> MemoryLog:
+    return log_with(memory_log, *[0] * 10)
+
+
+# -- ISR expansion ------------------------------------------------------------------------
+
+
+def test_follower_joins_the_isr_once_its_leo_reaches_the_hw(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    assert partition.high_watermark == 10
+    assert fetch(partition, 3, 4).isr_proposal is None
+    proposal = fetch(partition, 3, 10).isr_proposal
+    assert proposal == AlterIsrProposal(
+        TOPIC, 0, leader_epoch=0, new_isr=(1, 2, 3), partition_epoch=0
+    )
+    assert partition.isr == {1, 2}, "the ISR changes only when the controller commits it"
+    assert commit(partition, proposal) is False
+    assert (partition.isr, partition.partition_epoch) == ({1, 2, 3}, 1)
+
+
+def test_follower_joins_only_once_it_reaches_the_current_leader_epoch(
+    log: MemoryLog,
+) -> None:
+    # A new leader whose HW (6) lags its LEO (10): offsets 6..9 were written under an older
+    # leader and may not be on the follower as they are here.
+    partition = new_leader(log, isr=(1, 2), leader_epoch=1, checkpointed_hw=6)
+    assert (partition.high_watermark, partition.leader_epoch_start_offset) == (6, 10)
+    assert fetch(partition, 3, 8).isr_proposal is None
+    proposal = fetch(partition, 3, 10).isr_proposal
+    assert proposal is not None and proposal.new_isr == (1, 2, 3)
+
+
+def test_isr_not_expanded_for_a_fenced_or_shutting_down_replica(log: MemoryLog) -> None:
+    fenced = {3}
+    partition = new_leader(log, isr=(1, 2), eligible=lambda broker_id: broker_id not in fenced)
+    fetch(partition, 2, 10)
+    assert fetch(partition, 3, 10).isr_proposal is None
+    fenced.clear()  # it registered again
+    proposal = fetch(partition, 3, 10).isr_proposal
+    assert proposal is not None and proposal.new_isr == (1, 2, 3)
+
+
+def test_only_one_isr_change_in_flight(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    expand = fetch(partition, 3, 10).isr_proposal
+    assert expand is not None
+    # 2 has not fetched within the lag time, but the expansion is still in flight.
+    late = T0 + LAG + 1
+    assert partition.out_of_sync_replicas(late) == {2}
+    assert partition.maybe_shrink_isr(late) is None
+    assert fetch(partition, 3, 10, late).isr_proposal is None
+    commit(partition, expand, late)
+    shrink = partition.maybe_shrink_isr(late)
+    assert shrink == AlterIsrProposal(TOPIC, 0, leader_epoch=0, new_isr=(1, 3), partition_epoch=1)
+
+
+def test_refused_isr_change_keeps_the_committed_isr_and_is_proposed_again(
+    log: MemoryLog,
+) -> None:
+    partition = new_leader(log)
+    fetch(partition, 2, 10)
+    proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert proposal is not None and proposal.new_isr == (1, 2)
+    refuse(partition, proposal, T0 + LAG + 1)
+    assert partition.isr == {1, 2, 3}
+    assert not partition.isr_state.in_flight
+    assert partition.maybe_shrink_isr(T0 + LAG + 2) == proposal
+
+
+def test_answer_to_a_superseded_proposal_is_ignored(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert proposal is not None
+    # The controller elected us again in a new epoch before answering.
+    partition.make_leader(leader_and_isr(1, 1, REPLICAS, 1), T0 + LAG + 1)
+    assert commit(partition, proposal, T0 + LAG + 1) is False
+    assert (partition.isr, partition.partition_epoch) == ({1, 2, 3}, 1)
+
+
+# -- ISR shrink ---------------------------------------------------------------------------
+
+
+def test_isr_shrinks_after_the_lag_time_without_catching_up_and_not_before(
+    log: MemoryLog,
+) -> None:
+    partition = new_leader(log)
+    fetch(partition, 2, 10)
+    fetch(partition, 3, 10)
+    append(partition, 1)
+    fetch(partition, 2, 11, T0 + LAG)
+    assert partition.maybe_shrink_isr(T0 + LAG) is None
+    proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert proposal is not None and proposal.new_isr == (1, 2)
+
+
+def test_follower_keeping_up_with_its_previous_fetch_stays_in_the_isr(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    leo_at_last_fetch = 10
+    now = T0
+    while now < T0 + 3 * LAG:
+        append(partition, 1, now)
+        now += 1000
+        fetch(partition, 2, leo_at_last_fetch, now)
+        leo_at_last_fetch = log.log_end_offset
+    assert partition.remote_replicas[2].log_end_offset < log.log_end_offset
+    assert partition.maybe_shrink_isr(now) is None
+
+
+def test_follower_at_the_leader_leo_stays_in_the_isr_however_long_it_is_quiet(
+    log: MemoryLog,
+) -> None:
+    partition = new_leader(log)
+    fetch(partition, 2, 10)
+    fetch(partition, 3, 10)
+    assert partition.maybe_shrink_isr(T0 + 100 * LAG) is None
+
+
+# -- HW -----------------------------------------------------------------------------------
+
+
+def test_hw_is_the_smallest_leo_in_the_isr(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    assert fetch(partition, 2, 10).high_watermark_changed is False  # 3 has not fetched yet
+    assert fetch(partition, 3, 7).high_watermark_changed is True
+    assert partition.high_watermark == 7
+    assert append(partition, 2) is False
+    assert fetch(partition, 3, 10).high_watermark_changed is True
+    assert partition.high_watermark == 10
+
+
+def test_hw_moves_at_once_for_a_leader_alone_in_the_isr(log: MemoryLog) -> None:
+    partition = replica_on(log)
+    assert partition.make_leader(leader_and_isr(isr=(1,)), T0) is True
+    assert partition.high_watermark == 10
+    assert append(partition, 1) is True
+    assert partition.high_watermark == 11
+
+
+def test_new_leader_hw_waits_for_every_isr_member_to_fetch(log: MemoryLog) -> None:
+    partition = replica_on(log, checkpointed_hw=6)
+    assert partition.make_leader(leader_and_isr(leader_epoch=1), T0) is False
+    fetch(partition, 2, 10)
+    assert partition.high_watermark == 6
+    fetch(partition, 3, 10)
+    assert partition.high_watermark == 10
+
+
+def test_restarted_replica_hw_is_capped_by_its_leo(log: MemoryLog) -> None:
+    # The checkpoint said 12, but the crash took the unflushed tail from 10 on.
+    assert replica_on(log, checkpointed_hw=12).high_watermark == 10
+
+
+def test_hw_never_moves_back(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    assert partition.high_watermark == 10
+    # The follower lost its tail and fetches from 4 again.
+    assert fetch(partition, 2, 4).high_watermark_changed is False
+    assert partition.high_watermark == 10
+    # A replica joining the ISR does not pull it back either.
+    proposal = fetch(partition, 3, 10).isr_proposal
+    assert proposal is not None
+    commit(partition, proposal)
+    assert partition.high_watermark == 10
+
+
+def test_hw_waits_for_a_member_being_removed_until_the_shrink_commits(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    fetch(partition, 2, 10)
+    fetch(partition, 3, 10)
+    append(partition, 5)
+    late = T0 + LAG + 1
+    fetch(partition, 2, 15, late)
+    proposal = partition.maybe_shrink_isr(late)
+    assert proposal is not None and proposal.new_isr == (1, 2)
+    append(partition, 1, late)
+    fetch(partition, 2, 16, late)
+    assert partition.high_watermark == 10, "3 may still be in the ISR: the HW waits for it"
+    assert commit(partition, proposal, late) is True
+    assert partition.high_watermark == 16
+
+
+def test_hw_waits_for_a_member_being_added(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    proposal = fetch(partition, 3, 10).isr_proposal
+    assert proposal is not None
+    # Long after 3 last caught up, so only the pending expansion holds the HW for it.
+    late = T0 + LAG + 1
+    append(partition, 5, late)
+    fetch(partition, 2, 15, late)
+    assert partition.high_watermark == 10
+    commit(partition, proposal, late)
+    fetch(partition, 3, 15, late)
+    assert partition.high_watermark == 15
+
+
+def test_hw_waits_for_a_caught_up_follower_outside_the_isr_within_the_lag_time(
+    log: MemoryLog,
+) -> None:
+    partition = new_leader(log, isr=(1,))
+    proposal = fetch(partition, 2, 10).isr_proposal
+    assert proposal is not None
+    refuse(partition, proposal)
+    # 2 is not in the ISR, but caught up at T0: it is about to join, so the HW waits for it.
+    append(partition, 5, T0 + 1)
+    assert partition.high_watermark == 10
+    # Once it has not caught up for longer than the lag time, the HW goes on without it.
+    assert append(partition, 1, T0 + LAG + 1) is True
+    assert partition.high_watermark == 16
+
+
+def test_hw_does_not_wait_for_a_fenced_follower(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1,), eligible=lambda broker_id: broker_id != 2)
+    assert fetch(partition, 2, 10).isr_proposal is None
+    append(partition, 5, T0 + 1)
+    assert partition.high_watermark == 15
+
+
+# -- roles --------------------------------------------------------------------------------
+
+
+def test_new_leader_starts_its_epoch_at_its_leo_and_offsets_continue(
+    memory_log: type[MemoryLog],
+) -> None:
+    log = log_with(memory_log, 0, 0, 0, 0, 0, 0, 0)
+    partition = replica_on(log, checkpointed_hw=5)
+    partition.make_follower(leader_and_isr(leader=2, leader_epoch=0))
+    partition.make_leader(leader_and_isr(leader=1, leader_epoch=1), T0)
+    assert partition.leader_epoch_start_offset == 7
+    assert log.leader_epoch_cache.epoch_entries == [EpochEntry(0, 0), EpochEntry(1, 7)]
+    partition.check_append(acks=1)
+    batch = log.append_as_leader(["next"], partition.leader_epoch)
+    assert (batch.base_offset, batch.epoch) == (7, 1)
+    assert log.leader_epoch_cache.end_offset_for(0, log.log_end_offset) == (0, 7)
+
+
+def test_make_follower_says_whether_the_fetcher_must_restart(log: MemoryLog) -> None:
+    partition = replica_on(log, broker_id=2)
+    assert partition.make_follower(leader_and_isr(leader=1, leader_epoch=3)) is True
+    assert partition.make_follower(leader_and_isr(leader=1, leader_epoch=3)) is False
+    # Same leader, but we missed epochs 4 and 5: its log may have changed under us.
+    assert partition.make_follower(leader_and_isr(leader=1, leader_epoch=6)) is True
+    assert partition.make_follower(leader_and_isr(leader=3, leader_epoch=7)) is True
+    assert (partition.leader, partition.leader_epoch) == (3, 7)
+
+
+def test_former_leader_refuses_appends_and_follower_fetches(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    fetch(partition, 2, 10)
+    assert partition.make_follower(leader_and_isr(leader=2, leader_epoch=1)) is True
+    with pytest.raises(NotLeaderOrFollower):
+        partition.check_append(acks=1)
+    with pytest.raises(NotLeaderOrFollower):
+        fetch(partition, 3, 10)
+    assert partition.maybe_shrink_isr(T0 + 100 * LAG) is None
+    assert partition.remote_replicas == {}
+
+
+# -- fetch validation ---------------------------------------------------------------------
+
+
+def test_fetch_with_an_older_leader_epoch_is_fenced(log: MemoryLog) -> None:
+    partition = new_leader(log, leader_epoch=5)
+    with pytest.raises(FencedLeaderEpoch):
+        fetch(partition, 2, 10, current_leader_epoch=4)
+    assert partition.remote_replicas[2].log_end_offset == UNKNOWN_OFFSET
+
+
+def test_fetch_with_a_newer_leader_epoch_is_unknown_here(log: MemoryLog) -> None:
+    partition = new_leader(log, leader_epoch=5)
+    with pytest.raises(UnknownLeaderEpoch):
+        fetch(partition, 2, 10, current_leader_epoch=6)
+    assert partition.remote_replicas[2].log_end_offset == UNKNOWN_OFFSET
+
+
+def test_fetch_without_a_leader_epoch_is_not_checked(log: MemoryLog) -> None:
+    partition = new_leader(log, leader_epoch=5)
+    fetch(partition, 2, 10, current_leader_epoch=NO_EPOCH)
+    assert partition.remote_replicas[2].log_end_offset == 10
+
+
+def test_fetch_from_a_broker_that_is_not_a_replica_is_refused(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    with pytest.raises(NotLeaderOrFollower):
+        fetch(partition, 9, 10)
+
+
+def test_leader_reports_a_diverging_epoch_it_never_had(memory_log: type[MemoryLog]) -> None:
+    # Epoch 0 wrote 0..2, epoch 2 wrote 3..5; the follower led epoch 1 and wrote 3..4 alone.
+    leader = new_leader(log_with(memory_log, 0, 0, 0, 2, 2, 2), leader_epoch=3)
+    outcome = fetch(leader, 2, 5, last_fetched_epoch=1)
+    assert outcome == FollowerFetchOutcome(diverging_epoch=(0, 3))
+    assert leader.remote_replicas[2].log_end_offset == UNKNOWN_OFFSET, "no progress recorded"
+
+
+def test_leader_reports_a_diverging_epoch_that_ends_before_the_fetch_offset(
+    memory_log: type[MemoryLog],
+) -> None:
+    leader = new_leader(log_with(memory_log, 0, 0, 0, 2, 2, 2), leader_epoch=3)
+    # The follower got 3..4 of epoch 0 from an old leader; ours ended at 3.
+    assert fetch(leader, 2, 5, last_fetched_epoch=0).diverging_epoch == (0, 3)
+    assert fetch(leader, 2, 3, last_fetched_epoch=0).diverging_epoch is None
+    assert fetch(leader, 2, 6, last_fetched_epoch=2).diverging_epoch is None
+    assert leader.remote_replicas[2].log_end_offset == 6
+
+
+def test_follower_fetch_beyond_the_leader_leo_is_out_of_range(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    with pytest.raises(OffsetOutOfRange):
+        fetch(partition, 2, 11)
+
+
+def test_follower_fetch_below_the_leader_log_start_is_out_of_range(
+    memory_log: type[MemoryLog],
+) -> None:
+    log = memory_log()
+    log.truncate_fully_and_start_at(100)
+    log.append_as_leader(["a", "b"], 0)
+    partition = new_leader(log)
+    with pytest.raises(OffsetOutOfRange):
+        fetch(partition, 2, 50)
+    fetch(partition, 2, 100)
+    assert partition.remote_replicas[2].log_end_offset == 100
+
+
+# -- the follower's side of out of range and divergence ------------------------------------
+
+
+def test_leader_behind_us_truncates_only_where_unclean_election_allowed_it() -> None:
+    assert on_offset_out_of_range("orders-0", 20, 12, 0, True) == TruncateTo(12)
+    action = on_offset_out_of_range("orders-0", 20, 12, 0, False)
+    assert isinstance(action, StopReplicating)
+    assert "12" in action.reason and "20" in action.reason
+
+
+def test_leader_log_start_beyond_us_starts_over_there() -> None:
+    assert on_offset_out_of_range("orders-0", 20, 500, 300, False) == TruncateFullyAndStartAt(300)
+
+
+def test_offset_in_range_after_all_fetches_again() -> None:
+    assert on_offset_out_of_range("orders-0", 20, 30, 10, False) is None
+
+
+def test_applying_out_of_range_actions_keeps_the_hw_within_the_log(
+    memory_log: type[MemoryLog],
+) -> None:
+    log = log_with(memory_log, *[0] * 20)
+    follower = replica_on(log, broker_id=2, checkpointed_hw=18)
+    apply_out_of_range(follower, log, TruncateTo(12))
+    assert (log.log_end_offset, follower.high_watermark) == (12, 12)
+    apply_out_of_range(follower, log, TruncateFullyAndStartAt(300))
+    assert (log.log_start_offset, log.log_end_offset, follower.high_watermark) == (300, 300, 300)
+    assert log.leader_epoch_cache.epoch_entries == []
+
+
+@pytest.mark.parametrize(
+    ("diverging_epoch", "local_end_offset", "expected"),
+    [
+        pytest.param((NO_EPOCH, 5), 8, 5, id="epoch-undefined-leader-offset-below"),
+        pytest.param((NO_EPOCH, 5), 3, 3, id="epoch-undefined-our-leo-below"),
+        pytest.param((NO_EPOCH, -1), 8, 8, id="nothing-known-no-truncation"),
+    ],
+)
+def test_truncation_when_the_leader_names_no_epoch(
+    memory_log: type[MemoryLog],
+    diverging_epoch: tuple[int, int],
+    local_end_offset: int,
+    expected: int,
+) -> None:
+    log = log_with(memory_log, *[0] * local_end_offset)
+    assert truncation_offset(log.leader_epoch_cache, local_end_offset, diverging_epoch) == expected
+
+
+def test_truncation_when_we_have_no_epoch_up_to_the_leaders(memory_log: type[MemoryLog]) -> None:
+    # Batches from before leader epochs: the cache is empty, the leader's offset decides.
+    log = log_with(memory_log, *[NO_EPOCH] * 8)
+    assert log.leader_epoch_cache.epoch_entries == []
+    assert truncation_offset(log.leader_epoch_cache, 8, (3, 5)) == 5
+    assert truncation_offset(log.leader_epoch_cache, 8, (3, 10)) == 8
+
+
+@pytest.mark.parametrize("leader_end_offset", [12, 5])
+def test_truncation_to_the_end_of_our_largest_epoch_below_the_leaders(
+    memory_log: type[MemoryLog], leader_end_offset: int
+) -> None:
+    # Ours: epoch 0 at 0, 1 at 4, 3 at 7. The leader says its epoch 2 ended at 12 (or 5); we
+    # never had epoch 2, so we cut what epoch 3 wrote, whatever the leader's offset, and the
+    # next fetch asks about epoch 1.
+    log = log_with(memory_log, 0, 0, 0, 0, 1, 1, 1, 3, 3)
+    assert truncation_offset(log.leader_epoch_cache, 9, (2, leader_end_offset)) == 7
+
+
+@pytest.mark.parametrize(
+    ("epochs", "diverging_epoch", "expected"),
+    [
+        pytest.param((0, 0, 0, 1, 1, 1, 1, 1, 1), (1, 6), 6, id="leader-epoch-ends-first"),
+        pytest.param((0, 0, 0, 1, 1, 2, 2, 2, 2), (1, 6), 5, id="our-epoch-ends-first"),
+    ],
+)
+def test_truncation_in_an_epoch_we_share_is_at_the_first_end(
+    memory_log: type[MemoryLog],
+    epochs: tuple[int, ...],
+    diverging_epoch: tuple[int, int],
+    expected: int,
+) -> None:
+    log = log_with(memory_log, *epochs)
+    assert truncation_offset(log.leader_epoch_cache, 9, diverging_epoch) == expected
+
+
+# -- produce ------------------------------------------------------------------------------
+
+
+def test_append_is_refused_by_a_follower(log: MemoryLog) -> None:
+    partition = replica_on(log, broker_id=2)
+    partition.make_follower(leader_and_isr(leader=1))
+    with pytest.raises(NotLeaderOrFollower):
+        partition.check_append(acks=1)
+
+
+def test_acks_all_append_needs_min_insync_replicas(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1,))
+    with pytest.raises(NotEnoughReplicas):
+        partition.check_append(acks=ACKS_ALL)
+    partition.check_append(acks=1)
+    partition.check_append(acks=0)
+
+
+def test_acks_all_completes_once_the_hw_covers_the_batch(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    partition.check_append(acks=ACKS_ALL)
+    append(partition, 1)
+    assert partition.enough_replicas_for(11) is None
+    fetch(partition, 2, 11)
+    assert partition.enough_replicas_for(11) is True
+
+
+def test_acks_all_fails_when_the_isr_shrank_below_min_insync_after_the_append(
+    log: MemoryLog,
+) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    partition.check_append(acks=ACKS_ALL)
+    append(partition, 1)
+    proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert proposal is not None
+    assert commit(partition, proposal, T0 + LAG + 1) is True
+    assert partition.enough_replicas_for(11) is False
+
+
+def test_acks_all_counts_a_member_being_added(log: MemoryLog) -> None:
+    # min.insync.replicas=3. The batch at 10 is accepted with ISR {1,2,3}; 3 falls out before
+    # it has the batch, gets it, and is being added back when the HW reaches 11. Three
+    # replicas hold the batch: it is committed (Kafka checks the maximal ISR here).
+    config = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=3)
+    partition = new_leader(log, config=config)
+    fetch(partition, 2, 10)
+    fetch(partition, 3, 10)
+    fetch(partition, 2, 10, T0 + LAG - 5)
+    partition.check_append(acks=ACKS_ALL)
+    append(partition, 1, T0 + LAG - 5)
+    late = T0 + LAG + 1
+    shrink = partition.maybe_shrink_isr(late)
+    assert shrink is not None and shrink.new_isr == (1, 2)
+    commit(partition, shrink, late)
+    assert partition.enough_replicas_for(11) is None
+    expand = fetch(partition, 3, 11, late).isr_proposal
+    assert expand is not None
+    fetch(partition, 2, 11, late)
+    assert partition.high_watermark == 11
+    assert partition.enough_replicas_for(11) is True

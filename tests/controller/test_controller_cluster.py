@@ -271,3 +271,73 @@ async def test_kill_9_of_the_active_controller_fails_over(cluster: Cluster) -> N
         return (await cluster.partitions("after-failover"))[0]["leader"] not in (victim, -1)
 
     await eventually(moved, SESSION_TIMEOUT_MS / 1000 + 2)
+
+
+async def test_sigterm_moves_leadership_first_and_loses_nothing(cluster: Cluster) -> None:
+    await create_topic(cluster, "orderly", 1, 3, **{"min.insync.replicas": "2"})
+    await eventually(lambda: _produced(cluster, "orderly", 0, b"warm-up"), 20)
+    leader = (await cluster.partitions("orderly"))[0]["leader"]
+    errors: list[int] = []
+    acked: dict[bytes, int] = {}
+    stop = asyncio.Event()
+
+    async def producer() -> None:
+        for i in range(2000):
+            if stop.is_set():
+                return
+            current = (await cluster.partitions("orderly"))[0]["leader"]
+            if current not in cluster.brokers or not cluster.brokers[current].running:
+                await asyncio.sleep(0.02)
+                continue
+            try:
+                response = await cluster.broker_stub(current).Produce(
+                    pb.ProduceRequest(
+                        acks=-1,
+                        timeout_ms=5000,
+                        partitions=[
+                            pb.PartitionProduceData(
+                                topic="orderly",
+                                partition=0,
+                                record_batch=build_batch([Record(value=f"r{i}".encode())]),
+                            )
+                        ],
+                    ),
+                    timeout=8,
+                )
+            except grpc.aio.AioRpcError:
+                continue
+            result = response.partitions[0]
+            if result.error_code == ErrorCode.NONE:
+                acked[f"r{i}".encode()] = result.base_offset
+            else:
+                errors.append(result.error_code)
+
+    task = asyncio.create_task(producer())
+    await eventually(lambda: len(acked) >= 20, 20)
+    assert cluster.brokers[leader].stop() == 0  # SIGTERM: controlled shutdown, then exit
+    await eventually(lambda: len(acked) >= 60, 30)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    assert set(errors) <= {ErrorCode.NOT_LEADER_OR_FOLLOWER}, [ErrorCode.Name(e) for e in errors]
+    assert "leadership moved off this broker" in cluster.brokers[leader].log_tail(200)
+    new_leader = (await cluster.partitions("orderly"))[0]["leader"]
+    assert new_leader not in (leader, -1)
+    response = await cluster.broker_stub(new_leader).Fetch(
+        pb.FetchRequest(
+            replica_id=-1,
+            max_bytes=1 << 22,
+            partitions=[
+                pb.FetchPartition(
+                    topic="orderly",
+                    partition=0,
+                    fetch_offset=0,
+                    current_leader_epoch=-1,
+                    last_fetched_epoch=-1,
+                    log_start_offset=-1,
+                )
+            ],
+        )
+    )
+    seen = {r.value: r.offset for r in decode_batches(response.partitions[0].record_batches)}
+    for value, offset in acked.items():
+        assert seen.get(value) == offset

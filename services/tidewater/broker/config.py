@@ -58,6 +58,7 @@ class BrokerConfig:
     # The controllers' addresses: registration, heartbeats, ISR change proposals.
     controllers: tuple[str, ...] = ()
     broker_heartbeat_interval_ms: int = 500
+    controlled_shutdown_timeout_ms: int = 15000
     rack: str = ""
 
     @property
@@ -121,6 +122,7 @@ class BrokerConfig:
             replica_fetch_response_max_bytes=take_int("replica.fetch.response.max.bytes", 10485760),
             controllers=_addresses(remaining.pop("controllers", ())),
             broker_heartbeat_interval_ms=take_int("broker.heartbeat.interval.ms", 500),
+            controlled_shutdown_timeout_ms=take_int("controlled.shutdown.timeout.ms", 15000),
             rack=str(remaining.pop("broker.rack", "")),
         )
         if remaining:

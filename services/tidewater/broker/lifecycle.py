@@ -20,6 +20,7 @@ from tidewater.v1.errors_pb2 import ErrorCode
 log = logging.getLogger(__name__)
 
 REREGISTER = {ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_NOT_AVAILABLE}
+CONTROLLED_SHUTDOWN_RETRY_S = 0.5
 
 
 class BrokerLifecycle:
@@ -81,3 +82,32 @@ class BrokerLifecycle:
             if self.fenced != response.is_fenced:
                 log.info("broker is %s", "fenced" if response.is_fenced else "unfenced")
             self.fenced = response.is_fenced
+
+    async def controlled_shutdown(self, timeout_s: float) -> bool:
+        """Ask the controller to move leadership off this broker before it stops (Kafka's
+        controlled shutdown); True once it leads nothing. Bounded by timeout_s."""
+        if not self.broker_epoch:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            try:
+                response = await self._controller.call(
+                    "ControlledShutdown",
+                    cpb.ControlledShutdownRequest(
+                        broker_id=self._info.broker_id, broker_epoch=self.broker_epoch
+                    ),
+                )
+            except ControllerUnavailable as e:
+                log.warning("controlled shutdown: %s", e)
+            else:
+                if response.error_code == ErrorCode.NONE and not response.remaining_partitions:
+                    log.info("controlled shutdown: leadership moved off this broker")
+                    return True
+                log.info(
+                    "controlled shutdown: still leading %d partitions",
+                    len(response.remaining_partitions),
+                )
+            await asyncio.sleep(CONTROLLED_SHUTDOWN_RETRY_S)
+        log.warning("controlled shutdown incomplete after %.0f s; stopping anyway", timeout_s)
+        return False

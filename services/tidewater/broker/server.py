@@ -88,6 +88,14 @@ class BrokerServer:
             await asyncio.sleep(interval)
             self.replica_manager.checkpoint_high_watermarks()
 
+    async def controlled_shutdown(self) -> None:
+        """Move leadership elsewhere first, so producers see only retriable
+        NOT_LEADER_OR_FOLLOWER, never a dead leader."""
+        if self.replica_manager.controller.configured:
+            await self.lifecycle.controlled_shutdown(
+                self.config.controlled_shutdown_timeout_ms / 1000
+            )
+
     async def stop(self, grace_s: float = 5.0) -> None:
         """Clean shutdown: stop serving, answer waiting requests, flush and checkpoint."""
         await self.host.stop(grace_s)
@@ -115,4 +123,5 @@ async def run_broker(config: BrokerConfig, ready_file: Path | None = None) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    await server.controlled_shutdown()
     await server.stop()

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidewater.controller.leader_election import offline_partition_leader
+from tidewater.controller.leader_election import (
+    controlled_shutdown_leader,
+    offline_partition_leader,
+    preferred_replica_leader,
+)
 from tidewater.controller.model import NO_LEADER, ClusterModel, PartitionRecord, TopicPartition
 from tidewater.errors import NoReplicaOnline, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -46,6 +50,65 @@ def changes_for_unusable_broker(
             )
             changes.append(PartitionChange(tp, record, after))
     return changes
+
+
+def changes_for_controlled_shutdown(
+    model: ClusterModel, broker_id: int, controller_epoch: int
+) -> list[PartitionChange]:
+    """A broker asked to shut down: hand each partition it leads to another ISR member, and
+    take it out of the ISRs it follows in. Partitions with no other ISR member keep it as
+    leader (they stay available until it stops; the caller reports them as remaining)."""
+    usable = model.usable_brokers() - {broker_id}
+    changes = []
+    for tp, record in sorted(model.partitions.items()):
+        if broker_id not in record.isr:
+            continue
+        if record.leader == broker_id:
+            try:
+                result = controlled_shutdown_leader(model.replicas(tp), record, usable, {broker_id})
+            except TidewaterError:
+                continue
+            after = result.leader_and_isr
+        elif len(record.isr) > 1:
+            after = record.with_(
+                isr=tuple(b for b in record.isr if b != broker_id),
+                leader_epoch=record.leader_epoch + 1,
+            )
+        else:
+            continue
+        changes.append(PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch)))
+    return changes
+
+
+def preferred_leader_change(
+    model: ClusterModel, tp: TopicPartition, controller_epoch: int
+) -> PartitionChange:
+    """ElectLeaders (preferred) and the auto rebalance; ElectionNotNeeded or
+    PreferredLeaderNotAvailable when it cannot or need not happen."""
+    record = model.partitions[tp]
+    result = preferred_replica_leader(model.replicas(tp), record, model.usable_brokers())
+    return PartitionChange(
+        tp, record, result.leader_and_isr.with_(controller_epoch=controller_epoch)
+    )
+
+
+def unclean_leader_change(
+    model: ClusterModel, tp: TopicPartition, controller_epoch: int
+) -> PartitionChange:
+    """ElectLeaders (unclean): an operator accepts data loss to bring a leaderless partition
+    back; ELECTION_NOT_NEEDED while its leader is alive."""
+    record = model.partitions[tp]
+    usable = model.usable_brokers()
+    if record.leader in usable:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]} has a live leader ({record.leader})", ErrorCode.ELECTION_NOT_NEEDED
+        )
+    try:
+        result = offline_partition_leader(model.replicas(tp), record, usable, unclean_allowed=True)
+    except NoReplicaOnline as e:
+        raise TidewaterError(str(e), ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE) from None
+    after = result.leader_and_isr.with_(controller_epoch=controller_epoch)
+    return PartitionChange(tp, record, after, result.unclean)
 
 
 def changes_for_offline_partitions(

@@ -13,11 +13,19 @@ from typing import TypeVar
 import grpc
 
 from tidewater.broker.topic_config import TopicConfig
-from tidewater.controller.assignment import assign_replicas, validate_explicit_assignment
+from tidewater.controller.assignment import (
+    add_partitions,
+    assign_replicas,
+    validate_explicit_assignment,
+    validate_partition_increase,
+)
 from tidewater.controller.controller import Controller
 from tidewater.controller.core import (
     PartitionChange,
+    changes_for_controlled_shutdown,
     initial_partition_records,
+    preferred_leader_change,
+    unclean_leader_change,
     validate_isr_change,
 )
 from tidewater.controller.model import BrokerState, TopicState
@@ -310,6 +318,107 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     if broker.fenced
                     else cpb.BROKER_STATUS_ALIVE
                 )
+
+        return await self._answer(response, event)
+
+    async def CreatePartitions(
+        self, request: cpb.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.CreatePartitionsResponse:
+        response = cpb.CreatePartitionsResponse()
+
+        async def event() -> None:
+            for topic in request.topics:
+                result = response.topics.add(topic=topic.name)
+                try:
+                    await self._create_partitions(topic, request.validate_only)
+                except TidewaterError as e:
+                    result.error_code = e.code
+                    result.error_message = str(e)
+
+        return await self._answer(response, event)
+
+    async def _create_partitions(
+        self, topic: cpb.CreatePartitionsTopic, validate_only: bool
+    ) -> None:
+        model = self._c.model
+        state = model.topics.get(topic.name)
+        if state is None:
+            raise TidewaterError(
+                f"topic {topic.name!r} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            )
+        validate_partition_increase(state.assignment, topic.count)
+        if topic.assignments:
+            added = validate_explicit_assignment(
+                {a.partition: tuple(a.broker_ids) for a in topic.assignments},
+                set(model.brokers),
+                partitions=range(len(state.assignment), topic.count),
+                replication_factor=len(state.assignment[0]),
+            )
+        else:
+            usable = sorted(model.usable_brokers())
+            added = add_partitions(
+                [(b, model.brokers[b].rack or None) for b in usable], state.assignment, topic.count
+            )
+        if validate_only:
+            return
+        updated = TopicState(state.name, state.configs, {**state.assignment, **added})
+        await self._c.store.put_topic(self._c.epoch, state.name, updated.to_json())
+        model.topics[state.name] = updated
+        await self._c.commit_and_send(
+            initial_partition_records(added, state.name, model.usable_brokers(), self._c.epoch)
+        )
+
+    async def ElectLeaders(
+        self, request: cpb.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ElectLeadersResponse:
+        response = cpb.ElectLeadersResponse()
+
+        async def event() -> None:
+            model = self._c.model
+            tps = [(p.topic, p.partition) for p in request.partitions] or sorted(model.partitions)
+            changes = []
+            for tp in tps:
+                result = response.partitions.add(topic=tp[0], partition=tp[1])
+                try:
+                    if tp not in model.partitions:
+                        raise TidewaterError(
+                            f"{tp[0]}-{tp[1]} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        )
+                    if request.election_type == cpb.ELECTION_TYPE_PREFERRED:
+                        changes.append(preferred_leader_change(model, tp, self._c.epoch))
+                    else:
+                        changes.append(unclean_leader_change(model, tp, self._c.epoch))
+                except TidewaterError as e:
+                    result.error_code = e.code
+                    result.error_message = str(e)
+            committed = {c.tp for c in await self._c.commit_and_send(changes)}
+            for result in response.partitions:
+                tp = (result.topic, result.partition)
+                if result.error_code == ErrorCode.NONE and tp not in committed:
+                    result.error_code = ErrorCode.STATE_CHANGE_FAILED
+                    result.error_message = "the partition changed concurrently"
+
+        return await self._answer(response, event)
+
+    async def ControlledShutdown(
+        self, request: cpb.ControlledShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.ControlledShutdownResponse:
+        response = cpb.ControlledShutdownResponse()
+
+        async def event() -> None:
+            broker = self._broker(request.broker_id, request.broker_epoch)
+            broker.shutting_down = True
+            await self._c.commit_and_send(
+                changes_for_controlled_shutdown(self._c.model, broker.broker_id, self._c.epoch)
+            )
+            for (topic, partition), record in sorted(self._c.model.partitions.items()):
+                if record.leader == broker.broker_id:
+                    response.remaining_partitions.add(topic=topic, partition=partition)
+            log.info(
+                "broker %d shutting down; still leads %d partitions",
+                broker.broker_id,
+                len(response.remaining_partitions),
+            )
 
         return await self._answer(response, event)
 

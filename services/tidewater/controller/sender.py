@@ -234,4 +234,10 @@ class BrokerSender:
                     type(request).__name__,
                     response.error_message,
                 )
+            elif isinstance(request, broker_pb2.LeaderAndIsrRequest):
+                log.info(
+                    "LeaderAndIsr for %d partitions accepted by broker %d",
+                    len(request.partition_states),
+                    broker_id,
+                )
             return

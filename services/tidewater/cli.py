@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     controller.add_argument(
         "--broker-session-timeout-ms", type=int, default=6000, help="broker.session.timeout.ms"
     )
+    controller.add_argument(
+        "--leader-imbalance-check-interval-s",
+        type=float,
+        default=300,
+        help="leader.imbalance.check.interval.seconds: the automatic preferred-leader rebalance",
+    )
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
     demo = commands.add_parser(
@@ -82,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.lease_ttl,
                     args.broker_session_timeout_ms,
                     args.ready_file,
+                    args.leader_imbalance_check_interval_s,
                 )
             )
             return 0

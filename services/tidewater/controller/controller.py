@@ -20,7 +20,9 @@ from tidewater.controller.core import (
     PartitionChange,
     changes_for_offline_partitions,
     changes_for_unusable_broker,
+    preferred_leader_change,
 )
+from tidewater.controller.leader_election import imbalanced_brokers
 from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
 from tidewater.controller.sender import BrokerSender
 from tidewater.controller.store import ControllerStore
@@ -39,6 +41,9 @@ class ControllerConfig:
     lease_ttl_s: int = 5
     broker_session_timeout_ms: int = 6000
     session_check_interval_ms: int = 100
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_per_broker_percentage: float = 10
+    leader_imbalance_check_interval_s: float = 300
 
 
 class NotActive(TidewaterError):
@@ -103,6 +108,8 @@ class Controller:
             asyncio.create_task(self._process_events()),
             asyncio.create_task(self._check_sessions()),
         ]
+        if self.config.auto_leader_rebalance_enable:
+            tasks.append(asyncio.create_task(self._rebalance_leaders_periodically()))
         lost = asyncio.create_task(self.store.lost.wait())
         try:
             await asyncio.wait([lost, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -193,6 +200,32 @@ class Controller:
         rest = [tp for tp in self.model.partitions_on(broker.broker_id) if tp not in changed]
         self.sender.leader_and_isr({broker.broker_id}, rest)
         self.sender.update_metadata_full(broker.broker_id)
+
+    # -- preferred leaders ---------------------------------------------------------------------
+
+    async def _rebalance_leaders_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.leader_imbalance_check_interval_s)
+            await self.submit(self.rebalance_leaders)
+
+    async def rebalance_leaders(self) -> None:
+        """auto.leader.rebalance.enable: move leadership back to preferred replicas on brokers
+        whose share of lost preferred leaderships exceeds the imbalance percentage."""
+        model = self.model
+        to_move = imbalanced_brokers(
+            {tp: model.replicas(tp) for tp in model.partitions},
+            model.partitions,
+            model.usable_brokers(),
+            self.config.leader_imbalance_per_broker_percentage,
+        )
+        changes = []
+        for tps in to_move.values():
+            for tp in tps:
+                with contextlib.suppress(TidewaterError):
+                    changes.append(preferred_leader_change(model, tp, self.epoch))
+        if changes:
+            log.info("preferred leader rebalance: moving %d partitions", len(changes))
+            await self.commit_and_send(changes)
 
     # -- commits -------------------------------------------------------------------------------
 

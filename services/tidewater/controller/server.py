@@ -30,6 +30,7 @@ async def run_controller(
     lease_ttl_s: int,
     session_timeout_ms: int,
     ready_file: Path | None = None,
+    leader_imbalance_check_interval_s: float = 300,
 ) -> None:
     """Serve until SIGTERM or SIGINT; campaign in the background all along."""
     host_name, _, port_text = listen.rpartition(":")
@@ -43,6 +44,7 @@ async def run_controller(
             port=port,
             lease_ttl_s=lease_ttl_s,
             broker_session_timeout_ms=session_timeout_ms,
+            leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         ),
         store,
         wall_clock_ms,

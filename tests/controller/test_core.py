@@ -1,0 +1,142 @@
+"""The controller's decisions as pure functions of the cluster model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidewater.controller.core import (
+    changes_for_controlled_shutdown,
+    changes_for_offline_partitions,
+    changes_for_unusable_broker,
+    initial_partition_records,
+    unclean_leader_change,
+    validate_isr_change,
+)
+from tidewater.controller.model import (
+    NO_LEADER,
+    BrokerState,
+    ClusterModel,
+    PartitionRecord,
+    TopicState,
+)
+from tidewater.errors import TidewaterError
+from tidewater.v1.errors_pb2 import ErrorCode
+
+EPOCH = 7
+
+
+def model(*, unclean: bool = False, fenced: tuple[int, ...] = ()) -> ClusterModel:
+    """Topic t: partition 0 on [1, 2, 3] led by 1, partition 1 on [2, 3, 1] led by 2."""
+    m = ClusterModel()
+    for b in (1, 2, 3):
+        m.brokers[b] = BrokerState(b, "127.0.0.1", 9000 + b, "", "x", epoch=b, fenced=b in fenced)
+    configs = {"unclean.leader.election.enable": "true"} if unclean else {}
+    m.topics["t"] = TopicState("t", configs, {0: (1, 2, 3), 1: (2, 3, 1)})
+    m.partitions[("t", 0)] = PartitionRecord(1, 5, (1, 2, 3), 1, partition_epoch=100)
+    m.partitions[("t", 1)] = PartitionRecord(2, 3, (2, 3, 1), 1, partition_epoch=101)
+    return m
+
+
+def test_fenced_leader_moves_to_the_first_live_isr_member_in_ar_order() -> None:
+    m = model(fenced=(1,))
+    changes = {c.tp: c for c in changes_for_unusable_broker(m, 1, EPOCH)}
+    led = changes[("t", 0)].after
+    assert (led.leader, led.leader_epoch, led.isr, led.controller_epoch) == (2, 6, (2, 3), EPOCH)
+    followed = changes[("t", 1)].after
+    assert (followed.leader, followed.leader_epoch, followed.isr) == (2, 4, (2, 3))
+    assert changes[("t", 0)].expected_partition_epoch == 100
+
+
+def test_no_isr_member_alive_leaves_the_partition_offline_without_unclean_election() -> None:
+    m = model(fenced=(2, 3))
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,))
+    m.brokers[1].fenced = True
+    (change,) = [c for c in changes_for_unusable_broker(m, 1, EPOCH) if c.tp == ("t", 0)]
+    assert change.after.leader == NO_LEADER
+    assert change.after.isr == (1,)  # kept, so broker 1 can lead again when it returns
+    assert not change.unclean
+
+
+def test_unclean_election_only_when_the_topic_allows_it() -> None:
+    for unclean in (False, True):
+        m = model(unclean=unclean, fenced=(1, 3))
+        m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,))
+        (change,) = [c for c in changes_for_unusable_broker(m, 1, EPOCH) if c.tp == ("t", 0)]
+        assert change.after.leader == (2 if unclean else NO_LEADER)
+        assert change.unclean is unclean
+
+
+def test_offline_partition_comes_back_when_an_isr_member_returns() -> None:
+    m = model(fenced=(1, 2, 3))
+    m.partitions[("t", 0)] = PartitionRecord(NO_LEADER, 6, (1,), 1, partition_epoch=120)
+
+    def elect() -> dict[tuple[str, int], int]:
+        changes = changes_for_offline_partitions(m, EPOCH)
+        for c in changes:
+            m.partitions[c.tp] = c.after
+        return {c.tp: c.after.leader for c in changes}
+
+    # t-1's leader is fenced too: it goes offline; t-0 already is, so nothing to write.
+    assert elect() == {("t", 1): NO_LEADER}
+    m.brokers[2].fenced = False
+    assert elect() == {("t", 1): 2}
+    m.brokers[1].fenced = False
+    assert elect() == {("t", 0): 1}
+    assert elect() == {}
+
+
+def test_controlled_shutdown_hands_over_leadership_and_leaves_the_isr() -> None:
+    m = model()
+    changes = {c.tp: c.after for c in changes_for_controlled_shutdown(m, 1, EPOCH)}
+    assert (changes[("t", 0)].leader, changes[("t", 0)].isr) == (2, (2, 3))
+    assert (changes[("t", 1)].leader, changes[("t", 1)].isr) == (2, (2, 3))
+
+
+def test_controlled_shutdown_keeps_a_sole_isr_member_leading() -> None:
+    m = model()
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,))
+    assert ("t", 0) not in {c.tp for c in changes_for_controlled_shutdown(m, 1, EPOCH)}
+
+
+@pytest.mark.parametrize(
+    ("leader", "leader_epoch", "partition_epoch", "new_isr", "code"),
+    [
+        (2, 5, 100, (2, 3), ErrorCode.FENCED_LEADER_EPOCH),  # not the leader
+        (1, 4, 100, (1, 2), ErrorCode.FENCED_LEADER_EPOCH),  # stale leader epoch
+        (1, 5, 99, (1, 2), ErrorCode.INVALID_UPDATE_VERSION),  # stale partition epoch
+        (1, 5, 100, (2, 3), ErrorCode.INELIGIBLE_REPLICA),  # leader not in the new ISR
+        (1, 5, 100, (1, 4), ErrorCode.INELIGIBLE_REPLICA),  # not a replica
+    ],
+)
+def test_alter_isr_validation(
+    leader: int, leader_epoch: int, partition_epoch: int, new_isr: tuple[int, ...], code: int
+) -> None:
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(model(), leader, ("t", 0), leader_epoch, partition_epoch, new_isr, 1)
+    assert info.value.code == code
+
+
+def test_alter_isr_refuses_a_fenced_member() -> None:
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(model(fenced=(3,)), 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH)
+    assert info.value.code == ErrorCode.INELIGIBLE_REPLICA
+    change = validate_isr_change(model(), 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert (change.after.isr, change.after.leader_epoch) == ((1, 2), 5)
+
+
+def test_unclean_leader_election_request() -> None:
+    with pytest.raises(TidewaterError) as info:
+        unclean_leader_change(model(), ("t", 0), EPOCH)
+    assert info.value.code == ErrorCode.ELECTION_NOT_NEEDED
+    m = model(fenced=(1,))
+    m.partitions[("t", 0)] = PartitionRecord(NO_LEADER, 6, (1,), 1, partition_epoch=120)
+    change = unclean_leader_change(m, ("t", 0), EPOCH)
+    assert (change.after.leader, change.unclean) == (2, True)
+
+
+def test_new_partitions_start_with_the_first_usable_replica_leading() -> None:
+    changes = initial_partition_records({0: (3, 1, 2), 1: (1, 2, 3)}, "n", {1, 2}, EPOCH)
+    assert [(c.after.leader, c.after.isr, c.before) for c in changes] == [
+        (1, (1, 2), None),
+        (1, (1, 2), None),
+    ]

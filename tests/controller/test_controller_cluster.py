@@ -341,3 +341,82 @@ async def test_sigterm_moves_leadership_first_and_loses_nothing(cluster: Cluster
     seen = {r.value: r.offset for r in decode_batches(response.partitions[0].record_batches)}
     for value, offset in acked.items():
         assert seen.get(value) == offset
+
+
+async def test_reassignment_under_load_moves_every_acknowledged_record(cluster: Cluster) -> None:
+    assert cluster.admin is not None
+    cluster.start_broker(4)
+    await eventually(lambda: _eq(cluster.alive_brokers(), {1, 2, 3, 4}), 20)
+    response = await cluster.admin.call(
+        "CreateTopics",
+        cpb.CreateTopicsRequest(
+            topics=[
+                cpb.CreatableTopic(
+                    name="moving",
+                    configs={"min.insync.replicas": "2"},
+                    assignments=[cpb.CreatableReplicaAssignment(partition=0, broker_ids=[1, 2, 3])],
+                )
+            ]
+        ),
+    )
+    assert response.topics[0].error_code == ErrorCode.NONE, response.topics[0].error_message
+    await eventually(lambda: _produced(cluster, "moving", 0, b"warm-up"), 20)
+    acked: dict[bytes, int] = {}
+    stop = asyncio.Event()
+
+    async def producer() -> None:
+        for i in range(3000):
+            if stop.is_set():
+                return
+            value = f"m{i}".encode()
+            offset = await produce(cluster, "moving", 0, value)
+            if offset is not None:
+                acked[value] = offset
+
+    task = asyncio.create_task(producer())
+    await eventually(lambda: len(acked) >= 20, 20)
+    response = await cluster.admin.call(
+        "AlterPartitionReassignments",
+        cpb.AlterPartitionReassignmentsRequest(
+            partitions=[cpb.ReassignablePartition(topic="moving", partition=0, replicas=[2, 3, 4])]
+        ),
+    )
+    assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
+
+    async def done() -> bool:
+        listed = await cluster.admin.call(  # type: ignore[union-attr]
+            "ListPartitionReassignments", cpb.ListPartitionReassignmentsRequest()
+        )
+        state = (await cluster.partitions("moving"))[0]
+        return not listed.reassignments and sorted(state["isr"]) == [2, 3, 4]
+
+    await eventually(done, 30)
+    count = len(acked)
+    await eventually(lambda: len(acked) >= count + 20, 20)
+    stop.set()
+    await asyncio.wait_for(task, 30)
+    topics = await cluster.store.load_topics()  # type: ignore[union-attr]
+    assert topics["moving"]["assignment"]["0"] == [2, 3, 4]
+    leader = (await cluster.partitions("moving"))[0]["leader"]
+    assert leader in (2, 3, 4)
+    response = await cluster.broker_stub(leader).Fetch(
+        pb.FetchRequest(
+            replica_id=-1,
+            max_bytes=1 << 22,
+            partitions=[
+                pb.FetchPartition(
+                    topic="moving",
+                    partition=0,
+                    fetch_offset=0,
+                    current_leader_epoch=-1,
+                    last_fetched_epoch=-1,
+                    log_start_offset=-1,
+                )
+            ],
+        )
+    )
+    seen = {r.value: r.offset for r in decode_batches(response.partitions[0].record_batches)}
+    for value, offset in acked.items():
+        assert seen.get(value) == offset
+    # Broker 1 no longer holds the partition.
+    await eventually(lambda: not (cluster.root / "broker-1" / "moving-0").exists(), 10)

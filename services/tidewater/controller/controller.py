@@ -20,10 +20,18 @@ from tidewater.controller.core import (
     PartitionChange,
     changes_for_offline_partitions,
     changes_for_unusable_broker,
+    complete_reassignment,
     preferred_leader_change,
+    start_reassignment,
 )
 from tidewater.controller.leader_election import imbalanced_brokers
-from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
+from tidewater.controller.model import (
+    BrokerState,
+    ClusterModel,
+    PartitionRecord,
+    TopicPartition,
+    TopicState,
+)
 from tidewater.controller.sender import BrokerSender
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
@@ -226,6 +234,49 @@ class Controller:
         if changes:
             log.info("preferred leader rebalance: moving %d partitions", len(changes))
             await self.commit_and_send(changes)
+
+    # -- reassignment --------------------------------------------------------------------------
+
+    async def reassign(self, tp: TopicPartition, target: tuple[int, ...] | None) -> None:
+        """Start moving a partition to `target` replicas (None: cancel, back to the original
+        ones). Completes once the targets are in the ISR (maybe_complete_reassignment)."""
+        topic = self.model.topics[tp[0]]
+        if target is None:
+            ongoing = topic.reassignments.get(tp[1])
+            if ongoing is None:
+                raise TidewaterError(
+                    f"{tp[0]}-{tp[1]} has no reassignment in progress",
+                    ErrorCode.NO_REASSIGNMENT_IN_PROGRESS,
+                )
+            target = ongoing.original
+        reassignment, change = start_reassignment(self.model, tp, target, self.epoch)
+        previous = self.model.replicas(tp)
+        topic.reassignments[tp[1]] = reassignment
+        topic.assignment[tp[1]] = reassignment.replicas
+        await self.store.put_topic(self.epoch, topic.name, topic.to_json())
+        await self.commit_and_send([change])
+        dropped = [b for b in previous if b not in reassignment.replicas]  # a cancelled add
+        for broker_id in dropped:
+            self.sender.stop_replica(broker_id, [tp], delete=True)
+        log.info("%s-%d: reassigning %s -> %s", *tp, list(reassignment.original), list(target))
+        await self.maybe_complete_reassignment(tp)
+
+    async def maybe_complete_reassignment(self, tp: TopicPartition) -> None:
+        topic = self.model.topics.get(tp[0])
+        reassignment = topic.reassignments.get(tp[1]) if topic else None
+        if topic is None or reassignment is None:
+            return
+        change = complete_reassignment(self.model, tp, self.epoch)
+        if change is None:
+            return
+        removing = [b for b in topic.assignment[tp[1]] if b not in reassignment.target]
+        topic.assignment[tp[1]] = reassignment.target
+        del topic.reassignments[tp[1]]
+        await self.store.put_topic(self.epoch, topic.name, topic.to_json())
+        await self.commit_and_send([change])
+        for broker_id in removing:
+            self.sender.stop_replica(broker_id, [tp], delete=True)
+        log.info("%s-%d: reassignment to %s complete", *tp, list(reassignment.target))
 
     # -- commits -------------------------------------------------------------------------------
 

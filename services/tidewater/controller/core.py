@@ -12,8 +12,15 @@ from tidewater.controller.leader_election import (
     controlled_shutdown_leader,
     offline_partition_leader,
     preferred_replica_leader,
+    reassigned_partition_leader,
 )
-from tidewater.controller.model import NO_LEADER, ClusterModel, PartitionRecord, TopicPartition
+from tidewater.controller.model import (
+    NO_LEADER,
+    ClusterModel,
+    PartitionRecord,
+    Reassignment,
+    TopicPartition,
+)
 from tidewater.errors import NoReplicaOnline, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -208,3 +215,48 @@ def initial_partition_records(
         )
         changes.append(PartitionChange((topic, partition), None, after))
     return changes
+
+
+# -- reassignment (KIP-455) ------------------------------------------------------------------
+
+
+def start_reassignment(
+    model: ClusterModel, tp: TopicPartition, target: tuple[int, ...], controller_epoch: int
+) -> tuple[Reassignment, PartitionChange]:
+    """Assign the partition to original + target replicas, so the new ones start following;
+    the leader epoch moves so every replica hears of the change."""
+    if not target or len(set(target)) != len(target):
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: target replicas {list(target)} must be distinct and non-empty",
+            ErrorCode.INVALID_REQUEST,
+        )
+    unknown = [b for b in target if b not in model.brokers]
+    if unknown:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: brokers {unknown} are not registered", ErrorCode.BROKER_NOT_AVAILABLE
+        )
+    topic = model.topics[tp[0]]
+    current = topic.reassignments.get(tp[1])
+    original = current.original if current else model.replicas(tp)
+    reassignment = Reassignment(original, target)
+    record = model.partitions[tp]
+    after = record.with_(leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch)
+    return reassignment, PartitionChange(tp, record, after)
+
+
+def complete_reassignment(
+    model: ClusterModel, tp: TopicPartition, controller_epoch: int
+) -> PartitionChange | None:
+    """Once every target replica is in the ISR: the targets alone are the replicas, the ISR
+    keeps only them, and leadership moves to one of them if the leader is being removed.
+    None while the targets are still catching up."""
+    reassignment = model.topics[tp[0]].reassignments[tp[1]]
+    record = model.partitions[tp]
+    if not set(reassignment.target) <= set(record.isr):
+        return None
+    isr = tuple(b for b in record.isr if b in reassignment.target)
+    after = record.with_(isr=isr, leader_epoch=record.leader_epoch + 1)
+    if record.leader not in reassignment.target or record.leader not in model.usable_brokers():
+        result = reassigned_partition_leader(reassignment.target, after, model.usable_brokers())
+        after = result.leader_and_isr.with_(leader_epoch=record.leader_epoch + 1)
+    return PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))

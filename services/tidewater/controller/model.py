@@ -79,17 +79,43 @@ class PartitionRecord:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Reassignment:
+    """A partition moving from `original` to `target` replicas (KIP-455). Until the target
+    replicas are all in the ISR, the partition is assigned to both."""
+
+    original: tuple[int, ...]
+    target: tuple[int, ...]
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys(self.target + self.original))
+
+    @property
+    def adding(self) -> tuple[int, ...]:
+        return tuple(b for b in self.target if b not in self.original)
+
+    @property
+    def removing(self) -> tuple[int, ...]:
+        return tuple(b for b in self.original if b not in self.target)
+
+
 @dataclass
 class TopicState:
     name: str
     configs: dict[str, str]
     # partition → assigned replicas (AR), preferred leader first
     assignment: dict[int, tuple[int, ...]]
+    reassignments: dict[int, Reassignment] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "configs": self.configs,
             "assignment": {str(p): list(r) for p, r in sorted(self.assignment.items())},
+            "reassignments": {
+                str(p): {"original": list(r.original), "target": list(r.target)}
+                for p, r in sorted(self.reassignments.items())
+            },
         }
 
     @classmethod
@@ -98,6 +124,10 @@ class TopicState:
             name=name,
             configs={str(k): str(v) for k, v in value.get("configs", {}).items()},
             assignment={int(p): tuple(int(b) for b in r) for p, r in value["assignment"].items()},
+            reassignments={
+                int(p): Reassignment(tuple(r["original"]), tuple(r["target"]))
+                for p, r in value.get("reassignments", {}).items()
+            },
         )
 
     @property

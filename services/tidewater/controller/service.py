@@ -185,6 +185,8 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     results[c.tp].error_message = "the partition changed concurrently"
             if committed:
                 self._c.sender.update_metadata(sorted(committed))
+            for tp in sorted(committed):
+                await self._c.maybe_complete_reassignment(tp)
             for tp, result in results.items():
                 record = self._c.model.partitions.get(tp)
                 if record is not None:
@@ -397,6 +399,52 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 if result.error_code == ErrorCode.NONE and tp not in committed:
                     result.error_code = ErrorCode.STATE_CHANGE_FAILED
                     result.error_message = "the partition changed concurrently"
+
+        return await self._answer(response, event)
+
+    async def AlterPartitionReassignments(
+        self,
+        request: cpb.AlterPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> cpb.AlterPartitionReassignmentsResponse:
+        response = cpb.AlterPartitionReassignmentsResponse()
+
+        async def event() -> None:
+            for p in request.partitions:
+                tp = (p.topic, p.partition)
+                result = response.partitions.add(topic=p.topic, partition=p.partition)
+                try:
+                    if tp not in self._c.model.partitions:
+                        raise TidewaterError(
+                            f"{tp[0]}-{tp[1]} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                        )
+                    await self._c.reassign(tp, None if p.cancel else tuple(p.replicas))
+                except TidewaterError as e:
+                    result.error_code = e.code
+                    result.error_message = str(e)
+
+        return await self._answer(response, event)
+
+    async def ListPartitionReassignments(
+        self,
+        request: cpb.ListPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> cpb.ListPartitionReassignmentsResponse:
+        response = cpb.ListPartitionReassignmentsResponse()
+
+        async def event() -> None:
+            wanted = {(p.topic, p.partition) for p in request.partitions}
+            for topic in sorted(self._c.model.topics.values(), key=lambda t: t.name):
+                for partition, r in sorted(topic.reassignments.items()):
+                    if wanted and (topic.name, partition) not in wanted:
+                        continue
+                    response.reassignments.add(
+                        topic=topic.name,
+                        partition=partition,
+                        replicas=list(r.replicas),
+                        adding_replicas=list(r.adding),
+                        removing_replicas=list(r.removing),
+                    )
 
         return await self._answer(response, event)
 

@@ -59,6 +59,7 @@ class BrokerConfig:
     controllers: tuple[str, ...] = ()
     broker_heartbeat_interval_ms: int = 500
     controlled_shutdown_timeout_ms: int = 15000
+    isr_change_propagation_window_ms: int = 50
     rack: str = ""
 
     @property
@@ -123,6 +124,7 @@ class BrokerConfig:
             controllers=_addresses(remaining.pop("controllers", ())),
             broker_heartbeat_interval_ms=take_int("broker.heartbeat.interval.ms", 500),
             controlled_shutdown_timeout_ms=take_int("controlled.shutdown.timeout.ms", 15000),
+            isr_change_propagation_window_ms=take_int("isr.change.propagation.window.ms", 50),
             rack=str(remaining.pop("broker.rack", "")),
         )
         if remaining:

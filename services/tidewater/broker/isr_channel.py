@@ -1,5 +1,11 @@
-"""ISR change proposals from this broker's leaders to the controller, batched: every proposal
-made while an AlterIsr is in flight goes out together in the next one (one RPC per batch)."""
+"""ISR change proposals from this broker's leaders to the controller, batched (Kafka's
+isr-change-propagation): proposals made within one propagation window, or while an AlterIsr is
+in flight, go out together in the next one — one RPC per batch.
+
+The window (isr.change.propagation.window.ms, default 50 ms) is short because an acks=all write
+may be waiting on the shrink that drops a dead follower; lag detection already takes
+replica.lag.time.max.ms, so 50 ms adds little, while the proposals of hundreds of partitions
+whose follower died together still travel in one RPC."""
 
 from __future__ import annotations
 
@@ -27,13 +33,16 @@ class AlterIsrChannel:
         controller: ControllerClient,
         on_result: AlterIsrResultHandler,
         broker_epoch: Callable[[], int],
+        window_ms: int,
     ) -> None:
+        self._window_s = window_ms / 1000
         self._broker_id = broker_id
         self._controller = controller
         self._on_result = on_result
         self._broker_epoch = broker_epoch
         self._pending: dict[tuple[str, int], AlterIsrProposal] = {}
         self._wake = asyncio.Event()
+        self.rpcs_sent = 0
 
     def propose(self, proposal: AlterIsrProposal) -> None:
         self._pending[(proposal.topic, proposal.partition)] = proposal
@@ -42,6 +51,7 @@ class AlterIsrChannel:
     async def run(self) -> None:
         while True:
             await self._wake.wait()
+            await asyncio.sleep(self._window_s)
             self._wake.clear()
             batch, self._pending = list(self._pending.values()), {}
             if batch:
@@ -67,6 +77,7 @@ class AlterIsrChannel:
         except ControllerUnavailable as e:
             self._fail(batch, str(e))
             return
+        self.rpcs_sent += 1
         if response.error_code != ErrorCode.NONE:
             self._fail(batch, response.error_message, response.error_code)
             return

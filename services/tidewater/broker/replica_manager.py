@@ -73,6 +73,7 @@ class ReplicaManager:
             self.controller,
             self._on_alter_isr_result,
             lambda: self.broker_epoch(),
+            config.isr_change_propagation_window_ms,
         )
         # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata; None
         # until the first one. Only these may join an ISR.

@@ -151,6 +151,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         response = cpb.AlterIsrResponse()
 
         async def event() -> None:
+            log.info(
+                "AlterIsr from broker %d: %d partitions", request.broker_id, len(request.partitions)
+            )
             broker = self._broker(request.broker_id, request.broker_epoch)
             if broker.fenced:
                 raise TidewaterError(

@@ -160,6 +160,12 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     ) -> controller_pb2.BrokerHeartbeatResponse:
         return controller_pb2.BrokerHeartbeatResponse()
 
+    async def ControlledShutdown(
+        self, request: controller_pb2.ControlledShutdownRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ControlledShutdownResponse:
+        """The stand-in moves no leadership: the test decides who leads."""
+        return controller_pb2.ControlledShutdownResponse()
+
     async def AlterIsr(
         self, request: controller_pb2.AlterIsrRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.AlterIsrResponse:

@@ -1,0 +1,155 @@
+"""A TCP proxy for fault-injection tests: one listener on 127.0.0.1 forwarding to one target,
+whose link can be cut at run time.
+
+Modes:
+- PASS: forward bytes both ways.
+- DROP: close every connection, and each new one as soon as it is accepted (a crashed peer or
+  a reset link: the client notices at once).
+- BLACKHOLE: accept, read and discard, answer nothing (a partitioned network: the client
+  notices only through its own timeouts).
+
+Switching to BLACKHOLE silences open connections too; switching back to PASS closes those, since
+bytes were lost in them, and the client reconnects. Bounded: at most `max_connections` at a
+time (more are closed on accept), reads of at most `chunk_bytes`, writes wait for the receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from dataclasses import dataclass, field
+from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+LISTEN_HOST = "127.0.0.1"
+DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_CHUNK_BYTES = 64 * 1024
+
+
+class LinkMode(enum.Enum):
+    PASS = "pass"
+    DROP = "drop"
+    BLACKHOLE = "blackhole"
+
+
+@dataclass(eq=False)
+class _Connection:
+    handler: asyncio.Task[None]
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
+    # Set once blackholed: from then on nothing more is forwarded either way.
+    silenced: bool = False
+
+
+class TcpProxy:
+    """Use as `async with TcpProxy("127.0.0.1:9093") as proxy:`; `proxy.address` is where
+    clients connect instead of the target."""
+
+    def __init__(
+        self,
+        target: str,
+        mode: LinkMode = LinkMode.PASS,
+        *,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        host, sep, port = target.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"target must be host:port, got {target!r}")
+        self.target = target
+        self._target_host, self._target_port = host, int(port)
+        self._mode = mode
+        self._max_connections = max_connections
+        self._chunk_bytes = chunk_bytes
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+        self.address = ""
+        self.accepted = 0
+
+    @property
+    def mode(self) -> LinkMode:
+        return self._mode
+
+    async def start(self) -> str:
+        """Listen on a free port of 127.0.0.1; returns the address to connect to."""
+        self._server = await asyncio.start_server(self._accept, LISTEN_HOST, 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.address = f"{LISTEN_HOST}:{port}"
+        return self.address
+
+    def set_mode(self, mode: LinkMode) -> None:
+        self._mode = mode
+        for connection in list(self._connections):
+            if mode is LinkMode.DROP or (mode is LinkMode.PASS and connection.silenced):
+                connection.handler.cancel()
+            elif mode is LinkMode.BLACKHOLE:
+                connection.silenced = True
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection."""
+        if self._server is not None:
+            self._server.close()
+        handlers = [c.handler for c in self._connections]
+        for handler in handlers:
+            handler.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def __aenter__(self) -> TcpProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        if self._mode is LinkMode.DROP or len(self._connections) >= self._max_connections:
+            writer.close()
+            return
+        handler = asyncio.current_task()
+        assert handler is not None
+        connection = _Connection(handler, [writer], silenced=self._mode is LinkMode.BLACKHOLE)
+        self._connections.add(connection)
+        try:
+            if connection.silenced:
+                await self._pump(reader, None, connection)
+                return
+            up_reader, up_writer = await asyncio.open_connection(
+                self._target_host, self._target_port
+            )
+            connection.writers.append(up_writer)
+            await asyncio.gather(
+                self._pump(reader, up_writer, connection),
+                self._pump(up_reader, writer, connection),
+            )
+        except OSError as e:
+            # The target is down or one side reset: close both sides.
+            log.debug("proxy %s -> %s: %r", self.address, self.target, e)
+        finally:
+            self._connections.discard(connection)
+            for w in connection.writers:
+                w.transport.abort()
+
+    async def _pump(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter | None,
+        connection: _Connection,
+    ) -> None:
+        while data := await source.read(self._chunk_bytes):
+            if connection.silenced or sink is None:
+                continue
+            sink.write(data)
+            await sink.drain()
+        if sink is not None and not connection.silenced and sink.can_write_eof():
+            sink.write_eof()

@@ -75,6 +75,7 @@ class ReplicaManager:
             lambda: self.broker_epoch(),
             config.isr_change_propagation_window_ms,
         )
+        self._control_lock = asyncio.Lock()
         # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata; None
         # until the first one. Only these may join an ISR.
         self.usable_brokers: set[int] | None = None
@@ -84,8 +85,20 @@ class ReplicaManager:
 
     # -- control plane -------------------------------------------------------------------
 
-    def become_leader_or_follower(self, request: pb.LeaderAndIsrRequest) -> pb.LeaderAndIsrResponse:
-        """Kafka's becomeLeaderOrFollower: epoch checks, then makeLeader / makeFollower."""
+    async def become_leader_or_follower(
+        self, request: pb.LeaderAndIsrRequest
+    ) -> pb.LeaderAndIsrResponse:
+        """Kafka's becomeLeaderOrFollower: epoch checks, then makeLeader / makeFollower.
+
+        One request at a time, in arrival order; between partitions it yields to the event
+        loop, so a request for thousands of partitions (each with a checkpoint fsync) does not
+        stall heartbeats and fetches long enough to get this broker fenced."""
+        async with self._control_lock:
+            return await self._become_leader_or_follower(request)
+
+    async def _become_leader_or_follower(
+        self, request: pb.LeaderAndIsrRequest
+    ) -> pb.LeaderAndIsrResponse:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
@@ -98,6 +111,7 @@ class ReplicaManager:
         }
         response = pb.LeaderAndIsrResponse()
         for ps in request.partition_states:
+            await asyncio.sleep(0)
             error = self._apply_partition_state(ps, configs.get(ps.topic, {}), leaders)
             response.partition_errors.append(
                 common_pb2.PartitionError(
@@ -187,7 +201,11 @@ class ReplicaManager:
         self.partitions[tp] = hosted
         return hosted
 
-    def stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
+    async def stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
+        async with self._control_lock:
+            return self._stop_replica(request)
+
+    def _stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:

@@ -56,7 +56,7 @@ class BrokerControl(broker_pb2_grpc.BrokerControlServicer):
     async def LeaderAndIsr(
         self, request: pb.LeaderAndIsrRequest, context: grpc.aio.ServicerContext
     ) -> pb.LeaderAndIsrResponse:
-        return self._rm.become_leader_or_follower(request)
+        return await self._rm.become_leader_or_follower(request)
 
     async def UpdateMetadata(
         self, request: cluster_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
@@ -66,4 +66,4 @@ class BrokerControl(broker_pb2_grpc.BrokerControlServicer):
     async def StopReplica(
         self, request: pb.StopReplicaRequest, context: grpc.aio.ServicerContext
     ) -> pb.StopReplicaResponse:
-        return self._rm.stop_replica(request)
+        return await self._rm.stop_replica(request)

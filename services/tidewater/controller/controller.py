@@ -182,6 +182,13 @@ class Controller:
             return
         if self._grace_until_ms:
             self._grace_until_ms = 0
+            # Brokers that never heartbeated to us are gone: take them out of the ISRs (and
+            # leaderships) they still hold, as if we had seen their sessions expire.
+            for broker in list(self.model.brokers.values()):
+                if broker.fenced:
+                    await self.commit_and_send(
+                        changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
+                    )
             await self.commit_and_send(changes_for_offline_partitions(self.model, self.epoch))
         timeout = self.config.broker_session_timeout_ms
         for broker in list(self.model.brokers.values()):

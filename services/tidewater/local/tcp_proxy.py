@@ -16,7 +16,6 @@ time (more are closed on accept), reads of at most `chunk_bytes`, writes wait fo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ log = logging.getLogger(__name__)
 LISTEN_HOST = "127.0.0.1"
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_CHUNK_BYTES = 64 * 1024
+STOP_TIMEOUT_S = 5.0
 
 
 class LinkMode(enum.Enum):
@@ -41,6 +41,14 @@ class _Connection:
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
     # Set once blackholed: from then on nothing more is forwarded either way.
     silenced: bool = False
+    closed: bool = False
+
+    def close(self) -> None:
+        """Close both sides now; the handler then sees EOF or a reset and returns. (Cancelling
+        a stream server's handler task would make asyncio log it as an error.)"""
+        self.closed = True
+        for writer in self.writers:
+            writer.transport.abort()
 
 
 class TcpProxy:
@@ -66,7 +74,8 @@ class TcpProxy:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self.address = ""
-        self.accepted = 0
+        # Bytes swallowed so far (blackholed), for tests to wait on.
+        self.discarded = 0
 
     @property
     def mode(self) -> LinkMode:
@@ -83,7 +92,7 @@ class TcpProxy:
         self._mode = mode
         for connection in list(self._connections):
             if mode is LinkMode.DROP or (mode is LinkMode.PASS and connection.silenced):
-                connection.handler.cancel()
+                connection.close()
             elif mode is LinkMode.BLACKHOLE:
                 connection.silenced = True
 
@@ -91,10 +100,12 @@ class TcpProxy:
         """Stop listening and close every connection."""
         if self._server is not None:
             self._server.close()
+        for connection in self._connections:
+            connection.close()
+        # Closed transports end their handlers at once (EOF or a reset); the bound is a guard.
         handlers = [c.handler for c in self._connections]
-        for handler in handlers:
-            handler.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
+        if handlers:
+            await asyncio.wait(handlers, timeout=STOP_TIMEOUT_S)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
@@ -112,7 +123,6 @@ class TcpProxy:
         await self.stop()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
         if self._mode is LinkMode.DROP or len(self._connections) >= self._max_connections:
             writer.close()
             return
@@ -128,6 +138,8 @@ class TcpProxy:
                 self._target_host, self._target_port
             )
             connection.writers.append(up_writer)
+            if connection.closed:  # dropped while connecting
+                return
             await asyncio.gather(
                 self._pump(reader, up_writer, connection),
                 self._pump(up_reader, writer, connection),
@@ -137,8 +149,7 @@ class TcpProxy:
             log.debug("proxy %s -> %s: %r", self.address, self.target, e)
         finally:
             self._connections.discard(connection)
-            for w in connection.writers:
-                w.transport.abort()
+            connection.close()
 
     async def _pump(
         self,
@@ -148,6 +159,7 @@ class TcpProxy:
     ) -> None:
         while data := await source.read(self._chunk_bytes):
             if connection.silenced or sink is None:
+                self.discarded += len(data)
                 continue
             sink.write(data)
             await sink.drain()

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
         default=300,
         help="leader.imbalance.check.interval.seconds: the automatic preferred-leader rebalance",
     )
+    controller.add_argument(
+        "--metadata", default="", help="metadata services to keep up to date, host:port,..."
+    )
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
     demo = commands.add_parser(
@@ -89,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.broker_session_timeout_ms,
                     args.ready_file,
                     args.leader_imbalance_check_interval_s,
+                    tuple(a.strip() for a in args.metadata.split(",") if a.strip()),
                 )
             )
             return 0

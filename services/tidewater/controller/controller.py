@@ -52,6 +52,9 @@ class ControllerConfig:
     auto_leader_rebalance_enable: bool = True
     leader_imbalance_per_broker_percentage: float = 10
     leader_imbalance_check_interval_s: float = 300
+    # Metadata services to keep up to date (MetadataControl), host:port each.
+    metadata_addresses: tuple[str, ...] = ()
+    metadata_refresh_interval_ms: int = 1000
 
 
 class NotActive(TidewaterError):
@@ -116,6 +119,8 @@ class Controller:
             asyncio.create_task(self._process_events()),
             asyncio.create_task(self._check_sessions()),
         ]
+        if self.config.metadata_addresses:
+            tasks.append(asyncio.create_task(self._refresh_metadata_services()))
         if self.config.auto_leader_rebalance_enable:
             tasks.append(asyncio.create_task(self._rebalance_leaders_periodically()))
         lost = asyncio.create_task(self.store.lost.wait())
@@ -215,6 +220,16 @@ class Controller:
         rest = [tp for tp in self.model.partitions_on(broker.broker_id) if tp not in changed]
         self.sender.leader_and_isr({broker.broker_id}, rest)
         self.sender.update_metadata_full(broker.broker_id)
+
+    async def _refresh_metadata_services(self) -> None:
+        """A FULL view at once, then a probe every interval so a restarted metadata service
+        gets its view without waiting for the next change."""
+        while True:
+            await self.submit(self._refresh_metadata_now)
+            await asyncio.sleep(self.config.metadata_refresh_interval_ms / 1000)
+
+    async def _refresh_metadata_now(self) -> None:
+        self.sender.refresh_metadata_services()
 
     # -- preferred leaders ---------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
-"""Requests from the controller to brokers: LeaderAndIsr, UpdateMetadata, StopReplica.
+"""Requests from the controller to brokers (LeaderAndIsr, UpdateMetadata, StopReplica) and to
+metadata services (UpdateMetadata).
 
-One queue and one worker per broker keep each broker's requests in the order the controller
-decided them; a failed send is retried a few times, and a broker that comes back after being
-unreachable gets its full state on its first heartbeat anyway.
+One queue and one worker per recipient keep its requests in the order the controller decided
+them; a failed send is retried a few times. A broker that comes back after being unreachable
+gets its full state on its first heartbeat; a metadata service gets a FULL view first and
+whenever it missed or refused a delta, deltas after.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from google.protobuf.message import Message
 
 from tidewater.controller.model import TopicPartition
 from tidewater.rpc.server import CHANNEL_OPTIONS
-from tidewater.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, common_pb2
+from tidewater.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, common_pb2, metadata_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
@@ -33,8 +35,10 @@ RPC_TIMEOUT_S = 10.0
 class BrokerSender:
     def __init__(self, controller: Controller) -> None:
         self._controller = controller
-        self._queues: dict[int, asyncio.Queue[Message]] = {}
-        self._workers: dict[int, asyncio.Task[None]] = {}
+        self._queues: dict[int | str, asyncio.Queue[Message]] = {}
+        self._workers: dict[int | str, asyncio.Task[None]] = {}
+        # Metadata services holding a view current as of the last delta we sent them.
+        self._metadata_current: set[str] = set()
         self.requests_sent = 0
 
     def reset(self) -> None:
@@ -42,6 +46,7 @@ class BrokerSender:
             task.cancel()
         self._workers.clear()
         self._queues.clear()
+        self._metadata_current.clear()
 
     # -- what to send --------------------------------------------------------------------------
 
@@ -95,11 +100,17 @@ class BrokerSender:
             self._enqueue(broker_id, request)
 
     def update_metadata(self, tps: Iterable[TopicPartition], deleted: Iterable[str] = ()) -> None:
-        """A delta to every usable broker."""
+        """A delta to every usable broker and every metadata service (a FULL view to a
+        metadata service that has none)."""
         request = self._update_metadata_request(list(tps), cluster_pb2.UPDATE_METADATA_TYPE_DELTA)
         request.deleted_topics.extend(deleted)
         for broker_id in self._controller.model.usable_brokers():
             self._enqueue(broker_id, self._for_broker(request, broker_id))
+        for address in self._controller.config.metadata_addresses:
+            if address in self._metadata_current:
+                self._enqueue_metadata(address, request)
+            else:
+                self._send_full_view(address)
 
     def update_metadata_full(self, broker_id: int) -> None:
         model = self._controller.model
@@ -175,69 +186,108 @@ class BrokerSender:
                 )
         return infos
 
+    # -- metadata services ---------------------------------------------------------------------
+
+    def refresh_metadata_services(self) -> None:
+        """Bring every metadata service up to date: a FULL view to those that need one (never
+        sent, refused a delta, or unreachable last time), an empty DELTA to the others, which
+        a restarted instance refuses (it has no view) and so gets marked for a FULL."""
+        for address in self._controller.config.metadata_addresses:
+            if address in self._metadata_current:
+                self._enqueue_metadata(
+                    address,
+                    self._update_metadata_request([], cluster_pb2.UPDATE_METADATA_TYPE_DELTA),
+                )
+            else:
+                self._send_full_view(address)
+
+    def _send_full_view(self, address: str) -> None:
+        model = self._controller.model
+        request = self._update_metadata_request(
+            list(model.partitions), cluster_pb2.UPDATE_METADATA_TYPE_FULL
+        )
+        request.topic_configs.extend(
+            common_pb2.TopicConfig(topic=t.name, configs=t.configs) for t in model.topics.values()
+        )
+        self._enqueue_metadata(address, request)
+
+    def _enqueue_metadata(self, address: str, request: cluster_pb2.UpdateMetadataRequest) -> None:
+        self._enqueue(f"metadata {address}", request)
+
     # -- how it is sent ------------------------------------------------------------------------
 
-    def _enqueue(self, broker_id: int, request: Message) -> None:
-        queue = self._queues.get(broker_id)
+    def _enqueue(self, target: int | str, request: Message) -> None:
+        """Queue for a broker (by id) or a metadata service ("metadata host:port")."""
+        queue = self._queues.get(target)
         if queue is None:
-            queue = self._queues[broker_id] = asyncio.Queue()
-            self._workers[broker_id] = asyncio.create_task(self._work(broker_id, queue))
+            queue = self._queues[target] = asyncio.Queue()
+            self._workers[target] = asyncio.create_task(self._work(target, queue))
         queue.put_nowait(request)
 
-    async def _work(self, broker_id: int, queue: asyncio.Queue[Message]) -> None:
+    def _address(self, target: int | str) -> str | None:
+        if isinstance(target, str):
+            return target.removeprefix("metadata ")
+        broker = self._controller.model.brokers.get(target)
+        return broker.address if broker else None
+
+    async def _work(self, target: int | str, queue: asyncio.Queue[Message]) -> None:
         channel: grpc.aio.Channel | None = None
         address = ""
         try:
             while True:
                 request = await queue.get()
-                broker = self._controller.model.brokers.get(broker_id)
-                if broker is None:
+                current = self._address(target)
+                if current is None:
                     continue
-                if broker.address != address:
+                if current != address:
                     if channel is not None:
                         await channel.close()
-                    address = broker.address
+                    address = current
                     channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
                 assert channel is not None
-                await self._send(broker_id, broker_pb2_grpc.BrokerControlStub(channel), request)
+                ok = await self._send(target, channel, request)
+                if isinstance(target, str):
+                    self._track_metadata_service(address, request, ok)
         finally:
             if channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.close()
 
-    async def _send(
-        self, broker_id: int, stub: broker_pb2_grpc.BrokerControlStub, request: Message
-    ) -> None:
-        method = {
-            broker_pb2.LeaderAndIsrRequest: stub.LeaderAndIsr,
-            broker_pb2.StopReplicaRequest: stub.StopReplica,
-            cluster_pb2.UpdateMetadataRequest: stub.UpdateMetadata,
-        }[type(request)]
+    def _track_metadata_service(self, address: str, request: Message, ok: bool) -> None:
+        if not ok:
+            self._metadata_current.discard(address)
+        elif request.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL:  # type: ignore[attr-defined]
+            self._metadata_current.add(address)
+
+    async def _send(self, target: int | str, channel: grpc.aio.Channel, request: Message) -> bool:
+        """Send with retries; True when the recipient accepted it."""
+        if isinstance(target, str):
+            method = metadata_pb2_grpc.MetadataControlStub(channel).UpdateMetadata
+        else:
+            stub = broker_pb2_grpc.BrokerControlStub(channel)
+            method = {
+                broker_pb2.LeaderAndIsrRequest: stub.LeaderAndIsr,
+                broker_pb2.StopReplicaRequest: stub.StopReplica,
+                cluster_pb2.UpdateMetadataRequest: stub.UpdateMetadata,
+            }[type(request)]
+        name = type(request).__name__
+        who = target if isinstance(target, str) else f"broker {target}"
         for attempt in range(ATTEMPTS):
             try:
                 self.requests_sent += 1
                 response = await method(request, timeout=RPC_TIMEOUT_S)
             except grpc.aio.AioRpcError as e:
-                log.info(
-                    "%s to broker %d failed (%s), attempt %d",
-                    type(request).__name__,
-                    broker_id,
-                    e.code().name,
-                    attempt + 1,
-                )
+                log.info("%s to %s failed (%s), attempt %d", name, who, e.code().name, attempt + 1)
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
                 continue
             if response.error_code != ErrorCode.NONE:
-                log.warning(
-                    "broker %d refused %s: %s",
-                    broker_id,
-                    type(request).__name__,
-                    response.error_message,
-                )
-            elif isinstance(request, broker_pb2.LeaderAndIsrRequest):
+                log.info("%s refused %s: %s", who, name, response.error_message)
+                return False
+            if isinstance(request, broker_pb2.LeaderAndIsrRequest):
                 log.info(
-                    "LeaderAndIsr for %d partitions accepted by broker %d",
+                    "LeaderAndIsr for %d partitions accepted by %s",
                     len(request.partition_states),
-                    broker_id,
+                    who,
                 )
-            return
+            return True
+        return False

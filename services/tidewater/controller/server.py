@@ -31,6 +31,7 @@ async def run_controller(
     session_timeout_ms: int,
     ready_file: Path | None = None,
     leader_imbalance_check_interval_s: float = 300,
+    metadata_addresses: tuple[str, ...] = (),
 ) -> None:
     """Serve until SIGTERM or SIGINT; campaign in the background all along."""
     host_name, _, port_text = listen.rpartition(":")
@@ -45,6 +46,7 @@ async def run_controller(
             lease_ttl_s=lease_ttl_s,
             broker_session_timeout_ms=session_timeout_ms,
             leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
+            metadata_addresses=metadata_addresses,
         ),
         store,
         wall_clock_ms,

@@ -114,6 +114,7 @@ def controller_args(
     listen: str,
     lease_ttl_s: int = 5,
     broker_session_timeout_ms: int = 6000,
+    metadata_addresses: tuple[str, ...] = (),
 ) -> list[str]:
     return [
         "controller",
@@ -129,4 +130,6 @@ def controller_args(
         str(lease_ttl_s),
         "--broker-session-timeout-ms",
         str(broker_session_timeout_ms),
+        "--metadata",
+        ",".join(metadata_addresses),
     ]

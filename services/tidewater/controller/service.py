@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -31,43 +31,55 @@ from tidewater.controller.core import (
 from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import TidewaterError
 from tidewater.topic_names import validate_topic_name
+from tidewater.v1 import common_pb2, controller_pb2_grpc
 from tidewater.v1 import controller_pb2 as cpb
-from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
-Response = TypeVar("Response")
+
+
+class ControllerResponse(Protocol):
+    """Every ControllerService response: an error and the active controller."""
+
+    error_code: int
+    error_message: str
+
+    @property
+    def controller(self) -> common_pb2.ControllerInfo: ...
+
+
+R = TypeVar("R", bound=ControllerResponse)
 
 
 class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     def __init__(self, controller: Controller) -> None:
         self._c = controller
 
-    async def _answer(self, response: Response, event: Callable[[], Awaitable[None]]) -> Response:
+    async def _answer(self, response: R, event: Callable[[], Awaitable[None]]) -> R:
         """Run the event on the queue; errors become the response's error code, and the
         response always names the active controller."""
         try:
             await self._c.submit(event)
         except TidewaterError as e:
-            response.error_code = e.code  # type: ignore[attr-defined]
-            response.error_message = str(e)  # type: ignore[attr-defined]
-        await self._fill_controller(response.controller)  # type: ignore[attr-defined]
+            response.error_code = e.code
+            response.error_message = str(e)
+        await self._fill_controller(response.controller)
         return response
 
-    async def _fill_controller(self, info: object) -> None:
+    async def _fill_controller(self, info: common_pb2.ControllerInfo) -> None:
         if self._c.active:
-            info.controller_id = self._c.config.controller_id  # type: ignore[attr-defined]
-            info.controller_epoch = self._c.epoch  # type: ignore[attr-defined]
-            info.endpoint.host = self._c.config.host  # type: ignore[attr-defined]
-            info.endpoint.port = self._c.config.port  # type: ignore[attr-defined]
+            info.controller_id = self._c.config.controller_id
+            info.controller_epoch = self._c.epoch
+            info.endpoint.host = self._c.config.host
+            info.endpoint.port = self._c.config.port
             return
         active = await self._c.store.active_controller()
-        info.controller_id = active[0] if active else -1  # type: ignore[attr-defined]
+        info.controller_id = active[0] if active else -1
         if active:
             host, _, port = active[1].rpartition(":")
-            info.endpoint.host = host  # type: ignore[attr-defined]
-            info.endpoint.port = int(port)  # type: ignore[attr-defined]
-            info.controller_epoch = active[2]  # type: ignore[attr-defined]
+            info.endpoint.host = host
+            info.endpoint.port = int(port)
+            info.controller_epoch = active[2]
 
     def _broker(self, broker_id: int, broker_epoch: int) -> BrokerState:
         broker = self._c.model.brokers.get(broker_id)

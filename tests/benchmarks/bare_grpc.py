@@ -34,6 +34,7 @@ SERVICE = "bench.Reference"
 ECHO_STREAM = f"/{SERVICE}/EchoStream"
 ECHO_UNARY = f"/{SERVICE}/Echo"
 RELAY = f"/{SERVICE}/Relay"
+RELAY_STREAM = f"/{SERVICE}/RelayStream"
 REPLICATE = f"/{SERVICE}/Replicate"
 ACK = b"ok"
 WARMUP = 20
@@ -114,16 +115,47 @@ class FollowerStream:
 
 
 async def relay_leader(followers: list[str], ready_file: Path) -> None:
-    """Answers a Relay call once every follower acked the same bytes."""
+    """Answers each message (unary Relay, or in order on a RelayStream) once every follower
+    acked the same bytes."""
     channels = [grpc.aio.insecure_channel(a, options=CHANNEL_OPTIONS) for a in followers]
     streams = [FollowerStream(channel) for channel in channels]
 
-    async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def forward(request: bytes) -> asyncio.Future[list[None]]:
         acks = await asyncio.gather(*(stream.send(request) for stream in streams))
-        await asyncio.gather(*acks)
+        return asyncio.gather(*acks)
+
+    async def relay(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await (await forward(request))
         return ACK
 
-    await serve({"Relay": grpc.unary_unary_rpc_method_handler(relay)}, ready_file)
+    async def relay_stream(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        # Forward each message as it arrives, without waiting for earlier acks.
+        forwarded: asyncio.Queue[asyncio.Future[list[None]] | None] = asyncio.Queue()
+
+        async def forward_all() -> None:
+            try:
+                async for request in requests:
+                    forwarded.put_nowait(await forward(request))
+            finally:
+                forwarded.put_nowait(None)
+
+        forwarding = asyncio.create_task(forward_all())
+        try:
+            while (acked := await forwarded.get()) is not None:
+                await acked
+                yield ACK
+        finally:
+            forwarding.cancel()
+
+    await serve(
+        {
+            "Relay": grpc.unary_unary_rpc_method_handler(relay),
+            "RelayStream": grpc.stream_stream_rpc_method_handler(relay_stream),
+        },
+        ready_file,
+    )
 
 
 # -- client ------------------------------------------------------------------------------

@@ -47,10 +47,19 @@ async def echo_server(ready_file: Path) -> None:
     await server.wait_for_termination()
 
 
+def check_produced(response: bytes) -> bytes:
+    """Count only real appends: a rejected batch must not pass for throughput."""
+    result = pb.ProduceResponse.FromString(response).partitions[0]
+    if result.error_code:
+        raise RuntimeError(f"produce failed: {result.error_message}")
+    return response
+
+
 async def drive(address: str, method: str, payload: bytes, seconds: float, in_flight: int) -> float:
     """Send payload back to back with `in_flight` concurrent calls; return MB/s."""
     async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
-        call = channel.unary_unary(method)
+        check = check_produced if method == PRODUCE else None
+        call = channel.unary_unary(method, response_deserializer=check)
         for _ in range(3):
             await call(payload)  # warm up
         sent = 0
@@ -68,7 +77,8 @@ async def drive(address: str, method: str, payload: bytes, seconds: float, in_fl
 
 
 async def main(seconds: float, in_flight: int) -> None:
-    batch = build_batch([Record(value=os.urandom(1024)) for _ in range(1023)])
+    # 1000 records of 1 KiB: just under the default max.message.bytes (1048588).
+    batch = build_batch([Record(value=os.urandom(1024)) for _ in range(1000)])
     payload = pb.ProduceRequest(
         acks=1, partitions=[pb.PartitionProduceData(topic="bench", partition=0, record_batch=batch)]
     ).SerializeToString()

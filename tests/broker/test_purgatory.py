@@ -105,3 +105,13 @@ def test_cancel_all_completes_everything_once() -> None:
     purgatory.cancel_all()
     assert [op.completions for op in ops] == [1, 1, 1]
     assert purgatory.watched == 0
+
+
+def test_watch_waits_for_a_change_without_trying_first() -> None:
+    timers = FakeTimers()
+    purgatory = Purgatory("test", timers.schedule)
+    op = WaitFor(lambda: True)
+    purgatory.watch(op, ["a"])
+    assert op.result is None and purgatory.watched == 1
+    assert purgatory.check_and_complete("a") == 1
+    assert op.result == "done"

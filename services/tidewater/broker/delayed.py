@@ -80,25 +80,30 @@ class DelayedFetch(DelayedOperation, Generic[R]):
 
     `read` performs the fetch's reads and returns (result, bytes read, whether any partition
     failed); the read that satisfies the condition is the one answered, so no second read.
+    Reads happen only when a watched partition changed; a poll that expires with no change
+    answers with `unchanged`, the result of the read that made it wait.
     """
 
     def __init__(
-        self, timeout_ms: int, min_bytes: int, read: Callable[[], tuple[R, int, bool]]
+        self,
+        timeout_ms: int,
+        min_bytes: int,
+        read: Callable[[], tuple[R, int, bool]],
+        unchanged: R,
     ) -> None:
         super().__init__(timeout_ms)
         self._min_bytes = min_bytes
         self._read = read
-        self._result: R | None = None
+        self._result: R = unchanged
         self.done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
 
     def try_complete(self) -> bool:
         result, size, failed = self._read()
+        self._result = result
         if size >= self._min_bytes or failed:
-            self._result = result
             return self.force_complete()
         return False
 
     def on_complete(self) -> None:
-        result = self._result if self._result is not None else self._read()[0]
         if not self.done.done():
-            self.done.set_result(result)
+            self.done.set_result(self._result)

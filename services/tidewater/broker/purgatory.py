@@ -69,11 +69,16 @@ class Purgatory:
         """
         if op.try_complete():
             return True
+        self.watch(op, keys)
+        return False
+
+    def watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> None:
+        """Watch `op` without trying it first: for a caller that has just found it cannot
+        complete (nothing can change in between on a single event loop)."""
         op._keys = list(keys)
         for key in op._keys:
             self._watchers.setdefault(key, []).append(op)
         op._timer = self._schedule(op.timeout_ms / 1000.0, lambda: self._expire(op))
-        return False
 
     def _expire(self, op: DelayedOperation) -> None:
         op._timer = None

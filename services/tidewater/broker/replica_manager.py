@@ -293,7 +293,9 @@ class ReplicaManager:
         return response
 
     def _batch_of(self, data: pb.PartitionProduceData, max_message_bytes: int) -> bytearray:
-        if data.record_batch and data.records:
+        # Each read of a bytes field copies it: read the batch once.
+        raw = data.record_batch
+        if raw and data.records:
             raise InvalidRequest("set either record_batch or records, not both")
         if data.records:
             raw = build_batch(
@@ -310,9 +312,7 @@ class ReplicaManager:
                 ],
                 now_ms=self.time_ms(),
             )
-        elif data.record_batch:
-            raw = data.record_batch
-        else:
+        elif not raw:
             raise InvalidRequest("no records: set record_batch or records")
         validate_batch(raw, max_message_bytes)
         return bytearray(raw)
@@ -362,10 +362,9 @@ class ReplicaManager:
         if request.max_wait_ms <= 0 or size >= max(request.min_bytes, 1) or failed:
             return self._fetch_response(request, results)
         op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
-            request.max_wait_ms, request.min_bytes, read
+            request.max_wait_ms, request.min_bytes, read, results
         )
-        keys = [(fp.topic, fp.partition) for fp in request.partitions]
-        self.fetch_purgatory.try_complete_else_watch(op, keys)
+        self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in request.partitions])
         return self._fetch_response(request, await op.done)
 
     def _fetch_response(

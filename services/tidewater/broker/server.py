@@ -15,6 +15,7 @@ from tidewater.broker.log.manager import LogManager
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.broker.service import BrokerControl, BrokerService
 from tidewater.broker.topic_config import TopicConfig
+from tidewater.rpc.allocator import tune_for_large_messages
 from tidewater.rpc.server import ServiceHost
 from tidewater.v1 import broker_pb2, broker_pb2_grpc
 
@@ -111,6 +112,7 @@ class BrokerServer:
 
 async def run_broker(config: BrokerConfig, ready_file: Path | None = None) -> None:
     """Run until SIGTERM or SIGINT, then shut down cleanly."""
+    tune_for_large_messages()
     server = BrokerServer(config)
     await server.start()
     if ready_file is not None:

@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
+    metadata = commands.add_parser("metadata", help="run a metadata service")
+    metadata.add_argument("--listen", default="127.0.0.1:9094", help="HOST:PORT (0: any port)")
+    metadata.add_argument("--ready-file", type=Path, help="write the bound address here")
+
     demo = commands.add_parser(
         "demo", help="start a broker, make it leader of a partition, produce and consume"
     )
@@ -95,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tuple(a.strip() for a in args.metadata.split(",") if a.strip()),
                 )
             )
+            return 0
+        if args.command == "metadata":
+            from tidewater.metadata.server import run_metadata
+
+            asyncio.run(run_metadata(args.listen, args.ready_file))
             return 0
         if args.command == "demo":
             from tidewater.local.demo import run_demo

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.broker.service import BrokerControl, BrokerService
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.rpc.allocator import tune_for_large_messages
-from tidewater.rpc.server import ServiceHost
+from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import broker_pb2, broker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -115,15 +114,7 @@ async def run_broker(config: BrokerConfig, ready_file: Path | None = None) -> No
     tune_for_large_messages()
     server = BrokerServer(config)
     await server.start()
-    if ready_file is not None:
-        tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(server.address)
-        tmp.rename(ready_file)
-    print(f"tidewater broker {config.broker_id} listening on {server.address}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    announce(f"broker {config.broker_id}", server.address, ready_file)
+    await wait_for_stop_signal()
     await server.controlled_shutdown()
     await server.stop()

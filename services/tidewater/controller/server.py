@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from pathlib import Path
 
 from tidewater.controller.controller import Controller, ControllerConfig
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
-from tidewater.rpc.server import ServiceHost
+from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -56,18 +55,9 @@ async def run_controller(
     )
     await host.start()
     await host.set_serving()
-    address = f"{host_name}:{port}"
-    if ready_file is not None:
-        tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(address)
-        tmp.rename(ready_file)
-    print(f"tidewater controller {controller_id} listening on {address}", flush=True)
+    announce(f"controller {controller_id}", f"{host_name}:{port}", ready_file)
     campaign = asyncio.create_task(controller.run())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    stopped = asyncio.create_task(stop.wait())
+    stopped = asyncio.create_task(wait_for_stop_signal())
     await asyncio.wait([campaign, stopped], return_when=asyncio.FIRST_COMPLETED)
     campaign.cancel()
     with contextlib.suppress(asyncio.CancelledError):

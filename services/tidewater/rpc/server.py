@@ -3,7 +3,10 @@ grpc.health.v1 (NOT_SERVING until the service says it is ready) and server refle
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from collections.abc import Iterable
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -56,3 +59,22 @@ class ServiceHost:
     async def _set_all(self, status: int) -> None:
         for name in ["", *self.service_names]:
             await self.health.set(name, status)
+
+
+def announce(what: str, address: str, ready_file: Path | None) -> None:
+    """Tell whoever started this process that it listens: the address in the ready file
+    (written atomically, so a reader never sees half of it) and a line on stdout."""
+    if ready_file is not None:
+        tmp = ready_file.with_suffix(".tmp")
+        tmp.write_text(address)
+        tmp.rename(ready_file)
+    print(f"tidewater {what} listening on {address}", flush=True)
+
+
+async def wait_for_stop_signal() -> None:
+    """Return on SIGTERM or SIGINT (Ctrl-C)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

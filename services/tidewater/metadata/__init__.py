@@ -1,0 +1,1 @@
+"""The metadata service: the cluster view the active controller pushes, served to clients."""

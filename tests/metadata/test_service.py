@@ -1,0 +1,147 @@
+"""The metadata service over real gRPC: health and UNAVAILABLE until the controller's first
+FULL view, epoch fencing of UpdateMetadata, reflection, and the `tidewater metadata` process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tidewater.errors import InvalidConfig
+from tidewater.local.process import ManagedProcess
+from tidewater.metadata.server import MetadataServer
+from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.v1 import cluster_pb2, common_pb2, metadata_pb2, metadata_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+SERVICES = ("tidewater.v1.MetadataService", "tidewater.v1.MetadataControl")
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def update(
+    kind: int, epoch: int, leader: int = 1, controller_id: int = 1
+) -> cluster_pb2.UpdateMetadataRequest:
+    """One topic, "orders", with one partition led by `leader` on brokers 1 and 2."""
+    return cluster_pb2.UpdateMetadataRequest(
+        controller_id=controller_id,
+        controller_epoch=epoch,
+        type=kind,
+        live_brokers=[
+            common_pb2.BrokerInfo(
+                broker_id=b, endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9000 + b)
+            )
+            for b in (1, 2)
+        ],
+        partition_states=[
+            cluster_pb2.UpdateMetadataPartitionState(
+                topic="orders", partition=0, leader=leader, leader_epoch=epoch, replicas=[1, 2]
+            )
+        ],
+        controller_endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9093),
+    )
+
+
+FULL = cluster_pb2.UPDATE_METADATA_TYPE_FULL
+DELTA = cluster_pb2.UPDATE_METADATA_TYPE_DELTA
+
+
+class Client:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.metadata = metadata_pb2_grpc.MetadataServiceStub(channel)
+        self.control = metadata_pb2_grpc.MetadataControlStub(channel)
+        self.health = health_pb2_grpc.HealthStub(channel)
+        self.reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+    async def health_statuses(self) -> set[int]:
+        return {
+            (await self.health.Check(health_pb2.HealthCheckRequest(service=name))).status
+            for name in ("", *SERVICES)
+        }
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[Client]:
+    server = MetadataServer("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(server.address, options=CHANNEL_OPTIONS)
+    yield Client(channel)
+    await channel.close()
+    await server.stop(grace_s=0)
+
+
+async def test_unavailable_until_the_first_full_view(client: Client) -> None:
+    assert await client.health_statuses() == {NOT_SERVING}
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest())
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    # A DELTA has no view to amend: refused, and still not serving.
+    response = await client.control.UpdateMetadata(update(DELTA, 1))
+    assert response.error_code == ErrorCode.INVALID_UPDATE_VERSION
+    assert await client.health_statuses() == {NOT_SERVING}
+
+    response = await client.control.UpdateMetadata(update(FULL, 1))
+    assert response.error_code == ErrorCode.NONE
+    assert await client.health_statuses() == {SERVING}
+    view = await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest())
+    assert view.controller.controller_id == 1
+    assert view.controller.endpoint.port == 9093
+    assert [b.broker_id for b in view.brokers] == [1, 2]
+    [orders] = view.topics
+    assert orders.topic == "orders"
+    assert [(p.partition, p.leader, list(p.replicas)) for p in orders.partitions] == [
+        (0, 1, [1, 2])
+    ]
+
+
+async def test_deposed_controller_is_fenced(client: Client) -> None:
+    assert (await client.control.UpdateMetadata(update(FULL, 5, leader=2))).error_code == 0
+    for kind in (FULL, DELTA):
+        response = await client.control.UpdateMetadata(update(kind, 4, leader=1, controller_id=9))
+        assert response.error_code == ErrorCode.STALE_CONTROLLER_EPOCH
+        assert response.error_message
+    view = await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest(topics=["orders"]))
+    assert view.controller.controller_epoch == 5
+    assert view.controller.controller_id == 1
+    assert view.topics[0].partitions[0].leader == 2
+    # The current controller still amends its view.
+    assert (await client.control.UpdateMetadata(update(DELTA, 5, leader=1))).error_code == 0
+    view = await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest(topics=["orders"]))
+    assert view.topics[0].partitions[0].leader == 1
+
+
+async def test_reflection_lists_both_services(client: Client) -> None:
+    responses = client.reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+    )
+    names = {s.name async for r in responses for s in r.list_services_response.service}
+    assert set(SERVICES) <= names
+    assert "grpc.health.v1.Health" in names
+
+
+def test_metadata_process_serves_once_fed_and_stops_on_sigterm(tmp_path: Path) -> None:
+    proc = ManagedProcess("metadata", ["metadata", "--listen", "127.0.0.1:0"], tmp_path)
+    try:
+        address = proc.start()
+        with grpc.insecure_channel(address) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            check = health_pb2.HealthCheckRequest(service="")
+            assert health.Check(check, timeout=10).status == NOT_SERVING
+            control = metadata_pb2_grpc.MetadataControlStub(channel)
+            assert control.UpdateMetadata(update(FULL, 1), timeout=10).error_code == 0
+            assert health.Check(check, timeout=10).status == SERVING
+        assert proc.stop() == 0  # SIGTERM, and a clean exit
+        assert f"tidewater metadata listening on {address}" in proc.log_tail()
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("listen", ["9094", "127.0.0.1:", ":9094", "127.0.0.1:port"])
+def test_listen_address_must_be_host_and_port(listen: str) -> None:
+    with pytest.raises(InvalidConfig):
+        MetadataServer(listen)

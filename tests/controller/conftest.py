@@ -1,15 +1,32 @@
 """A real etcd for the controller tests: one server per test module; each test keeps to its own
-cluster name, so tests sharing the server never see each other's keys."""
+cluster name, so tests sharing the server never see each other's keys.
+
+`cluster` (and `make_cluster`, for other settings) runs a real cluster on loopback: two
+controller processes and three broker processes on that etcd, all killed at teardown."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from tidewater.controller.store import ControllerStore
+from tidewater.errors import TidewaterError
 from tidewater.local.etcd import EtcdProcess
+from tidewater.local.process import ManagedProcess, broker_args, controller_args
+from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc, controller_pb2_grpc
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +56,341 @@ async def connect_store(
     yield connect
     for store in stores:
         await store.close()
+
+
+# -- a real cluster ------------------------------------------------------------------------------
+
+LEASE_TTL_S = 2
+SESSION_TIMEOUT_MS = 1500
+BROKER_SETTINGS = {
+    "broker.heartbeat.interval.ms": "200",
+    "replica.lag.time.max.ms": "1500",
+    "replica.fetch.backoff.ms": "100",
+    "replica.fetch.wait.max.ms": "200",
+}
+RPC_TIMEOUT_S = 5.0
+# What a condition may raise while the cluster is still settling (a controller moving, a broker
+# restarting): "not yet", not a failure.
+SETTLING = (grpc.aio.AioRpcError, TidewaterError)
+
+
+async def eventually(condition: Callable[[], Any], timeout_s: float) -> None:
+    """Wait until `condition()` (maybe async) is truthy; AssertionError after timeout_s. Tests
+    get it as the `eventually` fixture."""
+    last_error: BaseException | None = None
+
+    async def poll() -> None:
+        nonlocal last_error
+        while True:
+            try:
+                result = condition()
+                if await result if inspect.isawaitable(result) else result:
+                    return
+            except SETTLING as e:
+                last_error = e
+            await asyncio.sleep(0.05)
+
+    try:
+        await asyncio.wait_for(poll(), timeout_s)
+    except TimeoutError:
+        raise AssertionError(
+            f"not true within {timeout_s} s: {getattr(condition, '__name__', condition)}"
+            + (f" (last error: {last_error})" if last_error else "")
+        ) from None
+
+
+@pytest.fixture
+async def make_cluster(
+    etcd: EtcdProcess, tmp_path: Path
+) -> AsyncIterator[Callable[..., Awaitable[Cluster]]]:
+    """Start clusters (options of `Cluster.start`, and a broker session timeout); every
+    process and proxy is stopped at teardown, even when the test or the start fails."""
+    clusters: list[Cluster] = []
+
+    async def make(session_timeout_ms: int = SESSION_TIMEOUT_MS, **options: Any) -> Cluster:
+        cluster = Cluster(tmp_path, etcd, session_timeout_ms)
+        clusters.append(cluster)
+        await cluster.start(**options)
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        await cluster.close()
+
+
+@pytest.fixture
+async def cluster(make_cluster: Callable[..., Awaitable[Cluster]]) -> Cluster:
+    """Two controllers and three brokers (ids 1, 2, 3), all alive."""
+    return await make_cluster()
+
+
+Eventually = Callable[[Callable[[], Any], float], Awaitable[None]]
+
+
+@pytest.fixture(name="eventually")
+def eventually_fixture() -> Eventually:
+    return eventually
+
+
+class Cluster:
+    """Processes, and clients that talk to them as a user would."""
+
+    lease_ttl_s = LEASE_TTL_S
+
+    def __init__(
+        self, root: Path, etcd: EtcdProcess, session_timeout_ms: int = SESSION_TIMEOUT_MS
+    ) -> None:
+        self.root = root
+        self.etcd = etcd
+        self.session_timeout_ms = session_timeout_ms
+        self.name = f"test-{uuid.uuid4().hex[:8]}"
+        self.controllers: dict[int, ManagedProcess] = {}
+        self.brokers: dict[int, ManagedProcess] = {}
+        # Per broker started with `controller_proxies`: one proxy per controller address.
+        self.controller_links: dict[int, list[TcpProxy]] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._store: ControllerStore | None = None
+
+    @property
+    def store(self) -> ControllerStore:
+        assert self._store is not None, "cluster not started"
+        return self._store
+
+    async def start(
+        self,
+        controller_ids: Sequence[int] = (1, 2),
+        broker_ids: Sequence[int] = (1, 2, 3),
+        controller_proxies: Sequence[int] = (),
+    ) -> None:
+        """Controllers, then brokers; returns once every broker is alive (unfenced). Brokers in
+        `controller_proxies` reach the controllers only through proxies (`cut_off`)."""
+        for controller_id in controller_ids:
+            await self.start_controller(controller_id)
+        self._store = await ControllerStore.connect([self.etcd.endpoint], self.name)
+        await eventually(self.store.active_controller, 10)
+        for broker_id in broker_ids:
+            await self.start_broker(broker_id, controller_proxies=broker_id in controller_proxies)
+        await eventually(lambda: self.has_alive_brokers(set(broker_ids)), 30)
+
+    async def start_controller(self, controller_id: int) -> str:
+        proc = ManagedProcess(
+            f"controller-{controller_id}",
+            controller_args(
+                controller_id,
+                self.etcd.endpoint,
+                self.name,
+                "127.0.0.1:0",
+                LEASE_TTL_S,
+                self.session_timeout_ms,
+            ),
+            self.root,
+        )
+        self.controllers[controller_id] = proc
+        return await asyncio.to_thread(proc.start)
+
+    async def start_broker(
+        self, broker_id: int, controller_proxies: bool = False, **settings: str
+    ) -> str:
+        """Start (or restart, on the same log dir) a broker process."""
+        addresses = [p.address for p in self.controllers.values()]
+        if controller_proxies:
+            # The active controller first: the broker's first call must not be answered
+            # NOT_CONTROLLER, which would hand it the active controller's own address.
+            active = await self.store.active_controller()
+            addresses.sort(key=lambda a: active is None or a != active[1])
+            proxies = [TcpProxy(address) for address in addresses]
+            self.controller_links[broker_id] = proxies
+            addresses = [await proxy.start() for proxy in proxies]
+        proc = ManagedProcess(
+            f"broker-{broker_id}",
+            broker_args(
+                broker_id,
+                self.root / f"broker-{broker_id}",
+                "127.0.0.1:0",
+                {"controllers": ",".join(addresses), **BROKER_SETTINGS, **settings},
+            ),
+            self.root,
+        )
+        self.brokers[broker_id] = proc
+        return await asyncio.to_thread(proc.start)
+
+    def cut_off(self, broker_id: int, mode: LinkMode) -> None:
+        """Set the link between a broker started with controller proxies and the controllers."""
+        for proxy in self.controller_links[broker_id]:
+            proxy.set_mode(mode)
+
+    async def close(self) -> None:
+        for proc in [*self.brokers.values(), *self.controllers.values()]:
+            proc.kill()
+        for proxies in self.controller_links.values():
+            for proxy in proxies:
+                await proxy.stop()
+        for channel in self._channels.values():
+            await channel.close()
+        if self._store is not None:
+            await self._store.close()
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return self._channels[address]
+
+    def broker_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerServiceStub:
+        return broker_pb2_grpc.BrokerServiceStub(self._channel(self.brokers[broker_id].address))
+
+    def control_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerControlStub:
+        """BrokerControl of a broker, as a controller would call it."""
+        return broker_pb2_grpc.BrokerControlStub(self._channel(self.brokers[broker_id].address))
+
+    def controller_stub(self, controller_id: int) -> controller_pb2_grpc.ControllerServiceStub:
+        address = self.controllers[controller_id].address
+        return controller_pb2_grpc.ControllerServiceStub(self._channel(address))
+
+    async def call_controller(self, method: str, request: Any) -> Any:
+        """Call the controller that etcd names active (a paused one would just hang)."""
+        active = await self.store.active_controller()
+        if active is None:
+            raise TidewaterError("no active controller", ErrorCode.NOT_CONTROLLER)
+        stub = controller_pb2_grpc.ControllerServiceStub(self._channel(active[1]))
+        response = await getattr(stub, method)(request, timeout=RPC_TIMEOUT_S)
+        if response.error_code == ErrorCode.NOT_CONTROLLER:
+            raise TidewaterError(response.error_message, ErrorCode.NOT_CONTROLLER)
+        return response
+
+    async def active_controller_log(self) -> str:
+        """Everything the active controller has logged so far."""
+        active = await self.store.active_controller()
+        assert active is not None, "no active controller"
+        return self.controllers[active[0]].log_file.read_text(errors="replace")
+
+    async def partitions(self, topic: str) -> dict[int, dict[str, Any]]:
+        """Each partition's LeaderAndIsr in etcd."""
+        found = await self.store.load_partitions()
+        return {p: value for (t, p), (value, _) in found.items() if t == topic}
+
+    async def broker_statuses(self) -> dict[int, int]:
+        """Broker id → BrokerStatus, per the active controller."""
+        response = await self.call_controller("DescribeCluster", cpb.DescribeClusterRequest())
+        return {b.broker.broker_id: b.status for b in response.brokers}
+
+    async def alive_brokers(self) -> set[int]:
+        statuses = await self.broker_statuses()
+        return {b for b, status in statuses.items() if status == cpb.BROKER_STATUS_ALIVE}
+
+    async def has_alive_brokers(self, expected: set[int]) -> bool:
+        return expected <= await self.alive_brokers()
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 0,
+        rf: int = 0,
+        assignments: Sequence[Sequence[int]] = (),
+        **configs: str,
+    ) -> None:
+        """Create a topic: `partitions` of `rf` replicas placed by the controller, or explicit
+        `assignments` (replicas of partition 0, 1, ...; preferred leader first)."""
+        topic = cpb.CreatableTopic(
+            name=name, num_partitions=partitions, replication_factor=rf, configs=configs
+        )
+        for partition, replicas in enumerate(assignments):
+            topic.assignments.add(partition=partition, broker_ids=list(replicas))
+        response = await self.call_controller(
+            "CreateTopics", cpb.CreateTopicsRequest(topics=[topic])
+        )
+        result = response.topics[0]
+        assert result.error_code == ErrorCode.NONE, result.error_message
+
+    async def send(
+        self, broker_id: int, topic: str, partition: int, value: bytes, timeout_ms: int = 5000
+    ) -> pb.PartitionProduceResponse | None:
+        """acks=all to one broker; its answer, or None if the call itself failed."""
+        try:
+            response = await self.broker_stub(broker_id).Produce(
+                pb.ProduceRequest(
+                    acks=-1,
+                    timeout_ms=timeout_ms,
+                    partitions=[
+                        pb.PartitionProduceData(
+                            topic=topic,
+                            partition=partition,
+                            record_batch=build_batch([Record(value=value)]),
+                        )
+                    ],
+                ),
+                timeout=timeout_ms / 1000 + 3,
+            )
+        except grpc.aio.AioRpcError:
+            return None
+        return response.partitions[0]
+
+    async def produce(self, topic: str, partition: int, value: bytes) -> int | None:
+        """acks=all to the partition's leader per etcd; the offset, or None if not
+        acknowledged."""
+        leader = (await self.partitions(topic))[partition]["leader"]
+        if leader not in self.brokers or not self.brokers[leader].running:
+            return None
+        result = await self.send(leader, topic, partition, value)
+        if result is None or result.error_code != ErrorCode.NONE:
+            return None
+        return result.base_offset
+
+    async def produced(self, topic: str, partition: int, value: bytes) -> bool:
+        return await self.produce(topic, partition, value) is not None
+
+    async def read(self, broker_id: int, topic: str, partition: int) -> dict[bytes, int]:
+        """Every committed record a consumer can read from that broker: value → offset."""
+        response = await self.broker_stub(broker_id).Fetch(
+            pb.FetchRequest(
+                replica_id=-1,
+                max_bytes=1 << 22,
+                partitions=[
+                    pb.FetchPartition(
+                        topic=topic,
+                        partition=partition,
+                        fetch_offset=0,
+                        current_leader_epoch=-1,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                    )
+                ],
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+        result = response.partitions[0]
+        assert result.error_code == ErrorCode.NONE, result.error_message
+        return {r.value: r.offset for r in decode_batches(result.record_batches)}
+
+    async def replica_sees(
+        self, broker_id: int, topic: str, partition: int, leader: int, leader_epoch: int
+    ) -> bool:
+        """Whether a replica has applied this leader and leader epoch: the leader answers a
+        consumer fetch naming its epoch (an older or newer one is refused), a follower refuses
+        it and names the leader and epoch it follows."""
+        response = await self.broker_stub(broker_id).Fetch(
+            pb.FetchRequest(
+                replica_id=-1,
+                max_bytes=1,
+                partitions=[
+                    pb.FetchPartition(
+                        topic=topic,
+                        partition=partition,
+                        fetch_offset=0,
+                        current_leader_epoch=leader_epoch,
+                        last_fetched_epoch=-1,
+                        log_start_offset=-1,
+                    )
+                ],
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+        result = response.partitions[0]
+        if result.error_code == ErrorCode.NONE:
+            return broker_id == leader
+        seen = (result.current_leader.leader_id, result.current_leader.leader_epoch)
+        return result.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and seen == (
+            leader,
+            leader_epoch,
+        )

@@ -1,0 +1,423 @@
+"""Faults against a real cluster (etcd, two controller processes, three broker processes):
+a paused controller, partitioned replicas, a broker cut off from the controllers, unclean
+election, and AlterIsr batching when a follower stops."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tidewater.local.tcp_proxy import LinkMode
+from tidewater.records.batch import Record, build_batch
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import common_pb2
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+if TYPE_CHECKING:
+    from conftest import Cluster, Eventually
+
+
+async def etcd_state(cluster: Cluster) -> dict[str, Any]:
+    """Everything a controller writes: the controller key and epoch, brokers, topics and every
+    partition's LeaderAndIsr with its partition epoch."""
+    store = cluster.store
+    return {
+        "controller": await store.active_controller(),
+        "brokers": await store.load_brokers(),
+        "topics": await store.load_topics(),
+        "partitions": await store.load_partitions(),
+    }
+
+
+async def applied(cluster: Cluster, topics: list[str]) -> bool:
+    """Every partition has a leader, and every replica applied that leader and leader epoch."""
+    for topic in topics:
+        assignment = (await cluster.store.load_topics())[topic]["assignment"]
+        for p, state in (await cluster.partitions(topic)).items():
+            if state["leader"] == -1:
+                return False
+            for b in assignment[str(p)]:
+                if not await cluster.replica_sees(
+                    b, topic, p, state["leader"], state["leader_epoch"]
+                ):
+                    return False
+    return True
+
+
+async def settled(cluster: Cluster, topics: list[str]) -> bool:
+    """Applied everywhere, and every ISR is full."""
+    assignment = {t: (await cluster.store.load_topics())[t]["assignment"] for t in topics}
+    for topic in topics:
+        for p, state in (await cluster.partitions(topic)).items():
+            if sorted(state["isr"]) != sorted(assignment[topic][str(p)]):
+                return False
+    return await applied(cluster, topics)
+
+
+async def assert_written_only_by(
+    cluster: Cluster, before: dict[str, Any], controller: tuple[int, str, int]
+) -> None:
+    """Since `before`, etcd changed only by `controller`'s hand: the controller key and epoch
+    are its own, brokers and topics untouched, and every partition rewritten since carries its
+    controller epoch (the active one may still commit ISR changes meanwhile)."""
+    now = await etcd_state(cluster)
+    assert now["controller"] == before["controller"] == controller
+    assert (now["brokers"], now["topics"]) == (before["brokers"], before["topics"])
+    rewritten = {
+        tp: value
+        for tp, (value, revision) in now["partitions"].items()
+        if before["partitions"].get(tp, (None, None))[1] != revision
+    }
+    assert all(v["controller_epoch"] == controller[2] for v in rewritten.values()), rewritten
+
+
+async def test_a_paused_controller_is_deposed_and_can_neither_write_nor_command(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    await cluster.create_topic("fenced", 3, 3)
+    await eventually(lambda: cluster.produced("fenced", 0, b"warm-up"), 20)
+    active = await cluster.store.active_controller()
+    assert active is not None
+    old_id, _, old_epoch = active
+    old = cluster.controllers[old_id]
+
+    old.signal(signal.SIGSTOP)
+
+    async def deposed() -> bool:
+        now = await cluster.store.active_controller()
+        return now is not None and now[0] != old_id
+
+    await eventually(deposed, cluster.lease_ttl_s + 3)
+    active = await cluster.store.active_controller()
+    assert active is not None
+    new_id, _, new_epoch = active
+    assert new_epoch == old_epoch + 1
+    new = (new_id, cluster.controllers[new_id].address, new_epoch)
+    # The brokers move to the new controller (after their calls to the paused one time out),
+    # and a topic created now reaches them all: each has seen the new controller epoch.
+    await eventually(lambda: cluster.has_alive_brokers({1, 2, 3}), 20)
+    await cluster.create_topic("after", 1, 3)
+    await eventually(lambda: applied(cluster, ["fenced", "after"]), 20)
+    before = await etcd_state(cluster)
+
+    old.signal(signal.SIGCONT)
+
+    await eventually(lambda: "lost its lease" in old.log_file.read_text(), 10)
+    await assert_written_only_by(cluster, before, new)
+    # It stays up as a standby and sends callers to the new controller.
+    answer = await cluster.controller_stub(old_id).DescribeCluster(
+        cpb.DescribeClusterRequest(), timeout=5
+    )
+    assert answer.error_code == ErrorCode.NOT_CONTROLLER
+    assert (answer.controller.controller_id, answer.controller.controller_epoch) == (
+        new_id,
+        new_epoch,
+    )
+    # A LeaderAndIsr in the old controller's name, as it could still have had queued: it
+    # would make broker 1 leader of every partition of "fenced" in a newer leader epoch.
+    brokers = await cluster.store.load_brokers()
+    states = await cluster.partitions("fenced")
+    for broker_id in (1, 2, 3):
+        response = await cluster.control_stub(broker_id).LeaderAndIsr(
+            pb.LeaderAndIsrRequest(
+                controller_id=old_id,
+                controller_epoch=old_epoch,
+                broker_epoch=brokers[broker_id]["epoch"],
+                partition_states=[
+                    pb.LeaderAndIsrPartitionState(
+                        topic="fenced",
+                        partition=p,
+                        controller_epoch=old_epoch,
+                        leader=1,
+                        leader_epoch=state["leader_epoch"] + 1,
+                        isr=[1, 2, 3],
+                        partition_epoch=0,
+                        replicas=[1, 2, 3],
+                    )
+                    for p, state in states.items()
+                ],
+                live_leaders=[
+                    common_pb2.BrokerInfo(
+                        broker_id=1,
+                        endpoint=common_pb2.Endpoint(
+                            host=brokers[1]["host"], port=int(brokers[1]["port"])
+                        ),
+                    )
+                ],
+            )
+        )
+        assert response.error_code == ErrorCode.STALE_CONTROLLER_EPOCH, response
+    assert await applied(cluster, ["fenced", "after"])
+    await assert_written_only_by(cluster, before, new)
+
+
+async def test_jepsen_2013_an_isolated_leader_acknowledges_nothing_and_no_lagging_replica_leads(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    """Jepsen's 2013 Kafka scenario: the followers are cut off from the leader, the ISR shrinks
+    to the leader alone, then the leader dies. Kafka acknowledged acks=all writes with that
+    ISR of one, and elected a follower that did not have them. Here min.insync.replicas=2
+    refuses those writes, and the followers, alive again but outside the ISR, may not lead.
+
+    Nothing routes only the followers' fetches through a proxy (their leader's address is its
+    registered listener; there is no advertised listener to point elsewhere), so the followers
+    are paused instead; they are resumed, alive and unfenced, before the election that matters.
+    """
+    leader, followers = 1, (2, 3)
+    await cluster.create_topic("jepsen", assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
+    await eventually(lambda: cluster.produced("jepsen", 0, b"warm-up"), 20)
+    acked: dict[bytes, int] = {}
+    for i in range(20):
+        value = f"acked-{i}".encode()
+        offset = await cluster.produce("jepsen", 0, value)
+        assert offset is not None
+        acked[value] = offset
+
+    for follower in followers:
+        cluster.brokers[follower].signal(signal.SIGSTOP)
+
+    async def isr_is_the_leader_alone() -> bool:
+        return (await cluster.partitions("jepsen"))[0]["isr"] == [leader]
+
+    await eventually(isr_is_the_leader_alone, 10)
+    refusals: list[int] = []
+
+    async def refuses_acks_all() -> bool:
+        value = f"refused-{len(refusals)}".encode()
+        result = await cluster.send(leader, "jepsen", 0, value, timeout_ms=2000)
+        assert result is not None
+        assert result.error_code != ErrorCode.NONE, f"{value!r} acknowledged by an ISR of one"
+        refusals.append(result.error_code)
+        return result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+
+    await eventually(refuses_acks_all, 15)
+    # Sent before the leader applied the shrink, a write waits for the followers, then fails.
+    assert set(refusals) <= {
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.REQUEST_TIMED_OUT,
+    }, [ErrorCode.Name(code) for code in refusals]
+
+    cluster.brokers[leader].kill()
+
+    async def offline() -> bool:
+        return (await cluster.partitions("jepsen"))[0]["leader"] == -1
+
+    await eventually(offline, 10)
+    for follower in followers:
+        cluster.brokers[follower].signal(signal.SIGCONT)
+    # Their heartbeats unfence them, and each unfencing re-runs the election of leaderless
+    # partitions: once both are alive, that election has been refused twice.
+    await eventually(lambda: cluster.has_alive_brokers(set(followers)), 10)
+    state = (await cluster.partitions("jepsen"))[0]
+    assert (state["leader"], state["isr"]) == (-1, [leader])
+
+    await cluster.start_broker(leader)
+
+    async def leads_again() -> bool:
+        state = (await cluster.partitions("jepsen"))[0]
+        return state["leader"] == leader and await cluster.replica_sees(
+            leader, "jepsen", 0, leader, state["leader_epoch"]
+        )
+
+    await eventually(leads_again, 15)
+    seen = await cluster.read(leader, "jepsen", 0)
+    assert {value: seen.get(value) for value in acked} == acked
+
+
+async def test_a_broker_cut_off_from_the_controllers_is_fenced_and_cannot_change_isrs(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    cluster = await make_cluster(controller_proxies=[3])
+    # Broker 3 leads partition 0 and follows partition 1.
+    await cluster.create_topic("cut", assignments=[(3, 1, 2), (1, 2, 3)])
+    for partition in (0, 1):
+        await eventually(lambda p=partition: cluster.produced("cut", p, b"warm-up"), 20)
+    before = await cluster.store.load_partitions()
+    led_before, _ = before["cut", 0]
+    broker_epoch = (await cluster.store.load_brokers())[3]["epoch"]
+
+    cluster.cut_off(3, LinkMode.DROP)
+
+    async def fenced_and_replaced() -> bool:
+        states = await cluster.partitions("cut")
+        return (
+            (await cluster.broker_statuses())[3] == cpb.BROKER_STATUS_FENCED
+            and states[0]["leader"] not in (3, -1)
+            and all(3 not in state["isr"] for state in states.values())
+        )
+
+    await eventually(fenced_and_replaced, 10)
+    # Nothing tells broker 3 (a fenced broker gets no LeaderAndIsr), so it still leads
+    # partition 0 in its old epoch. It takes a write, which its followers, gone to the new
+    # leader, never fetch: not acknowledged.
+    zombie = await cluster.send(3, "cut", 0, b"zombie", timeout_ms=1000)
+    assert zombie is not None
+    assert zombie.error_code == ErrorCode.REQUEST_TIMED_OUT, ErrorCode.Name(zombie.error_code)
+    # With its followers lagging, it proposes an ISR of itself alone: the proposal cannot
+    # reach the controller.
+    broker_log = cluster.brokers[3]
+
+    def proposed_and_failed() -> bool:
+        tail = broker_log.log_tail(200)
+        return "cut-0: proposing ISR shrink [1, 2, 3] -> [3]" in tail and "not committed" in tail
+
+    await eventually(proposed_and_failed, 10)
+    # Were the proposal to get through, as broker 3 would send it: refused as a whole.
+    response = await cluster.call_controller(
+        "AlterIsr",
+        cpb.AlterIsrRequest(
+            broker_id=3,
+            broker_epoch=broker_epoch,
+            partitions=[
+                cpb.AlterIsrPartition(
+                    topic="cut",
+                    partition=0,
+                    leader_epoch=led_before["leader_epoch"],
+                    new_isr=[3],
+                    partition_epoch=before["cut", 0][1],
+                )
+            ],
+        ),
+    )
+    assert response.error_code == ErrorCode.STALE_BROKER_EPOCH, response.error_message
+    states = await cluster.partitions("cut")
+    assert states[0]["leader"] not in (3, -1)
+    assert states[0]["leader_epoch"] > led_before["leader_epoch"]
+    assert all(3 not in state["isr"] for state in states.values())
+
+    cluster.cut_off(3, LinkMode.PASS)
+
+    # Healed, it is unfenced and follows the new leader in the new epoch (dropping the write
+    # it took as a zombie).
+    async def following() -> bool:
+        state = (await cluster.partitions("cut"))[0]
+        return 3 in await cluster.alive_brokers() and await cluster.replica_sees(
+            3, "cut", 0, state["leader"], state["leader_epoch"]
+        )
+
+    await eventually(following, 20)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Controller.unfence() sends UpdateMetadata to the unfenced broker only: the other "
+    "brokers keep it out of their usable set (ReplicaManager._isr_eligible), so no leader "
+    "lets it back into an ISR until some unrelated partition change broadcasts metadata",
+)
+async def test_a_broker_back_from_a_missed_session_rejoins_the_isrs(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    await cluster.create_topic("rejoin", assignments=[(1, 2, 3)])
+    await eventually(lambda: cluster.produced("rejoin", 0, b"warm-up"), 20)
+
+    cluster.brokers[3].signal(signal.SIGSTOP)
+
+    async def isr(expected: list[int]) -> bool:
+        return sorted((await cluster.partitions("rejoin"))[0]["isr"]) == expected
+
+    await eventually(lambda: isr([1, 2]), 10)
+    cluster.brokers[3].signal(signal.SIGCONT)
+    await eventually(lambda: cluster.has_alive_brokers({3}), 10)
+    assert await cluster.produced("rejoin", 0, b"while it catches up")
+    # Caught up within a few fetches (100 ms backoff, 200 ms long polls).
+    await eventually(lambda: isr([1, 2, 3]), 5)
+
+
+async def test_unclean_leader_election_only_where_the_topic_enables_it(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    await cluster.create_topic("clean", assignments=[(1, 2)])
+    await cluster.create_topic(
+        "unclean", assignments=[(1, 2)], **{"unclean.leader.election.enable": "true"}
+    )
+    topics = ("clean", "unclean")
+    for topic in topics:
+        await eventually(lambda t=topic: cluster.produced(t, 0, b"warm-up"), 20)
+
+    cluster.brokers[2].signal(signal.SIGSTOP)
+
+    async def all_states(condition: Callable[[dict[str, Any]], bool]) -> bool:
+        return all([condition((await cluster.partitions(t))[0]) for t in topics])
+
+    await eventually(lambda: all_states(lambda s: s["isr"] == [1]), 10)
+    cluster.brokers[1].kill()
+    await eventually(lambda: all_states(lambda s: s["leader"] == -1), 10)
+    cluster.brokers[2].signal(signal.SIGCONT)
+    # Once broker 2 is alive again, the election of both partitions has run: 2 is their only
+    # live replica, and it is outside their ISR.
+    await eventually(lambda: cluster.has_alive_brokers({2}), 10)
+
+    clean, unclean = [(await cluster.partitions(t))[0] for t in topics]
+    assert (clean["leader"], clean["isr"]) == (-1, [1])
+    assert (unclean["leader"], unclean["isr"]) == (2, [2])
+    warnings = [
+        line
+        for line in (await cluster.active_controller_log()).splitlines()
+        if "UNCLEAN leader election" in line
+    ]
+    assert len(warnings) == 1, warnings
+    assert " WARNING " in warnings[0]
+    assert "unclean-0: UNCLEAN leader election of broker 2" in warnings[0]
+    await eventually(lambda: cluster.produced("unclean", 0, b"after"), 10)
+
+
+async def append_to_each(cluster: Cluster, leader: int, topic: str, partitions: list[int]) -> None:
+    """One record to each partition, acks=1, in one request to their leader."""
+    response = await cluster.broker_stub(leader).Produce(
+        pb.ProduceRequest(
+            acks=1,
+            timeout_ms=5000,
+            partitions=[
+                pb.PartitionProduceData(
+                    topic=topic, partition=p, record_batch=build_batch([Record(value=b"x")])
+                )
+                for p in partitions
+            ],
+        ),
+        timeout=10,
+    )
+    assert [r.error_code for r in response.partitions] == [ErrorCode.NONE] * len(partitions)
+
+
+ALTER_ISR_LINE = re.compile(r"AlterIsr from broker (\d+): (\d+) partitions")
+
+
+async def test_isr_shrinks_of_200_partitions_travel_in_a_handful_of_alter_isr_rpcs(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    # A session timeout far beyond the test keeps the paused follower unfenced: the ISRs can
+    # then shrink only through the leaders' AlterIsr, not by the controller fencing it.
+    cluster = await make_cluster(session_timeout_ms=60_000)
+    follower = 3
+    await cluster.create_topic("many", assignments=[(1 + p % 2, follower) for p in range(200)])
+    await eventually(lambda: settled(cluster, ["many"]), 30)
+    before = await cluster.partitions("many")
+    log_offset = len(await cluster.active_controller_log())
+
+    cluster.brokers[follower].signal(signal.SIGSTOP)
+    # A follower at the leader's LEO counts as caught up however long it is silent (Kafka's
+    # rule), so the leaders' logs must move on for it to fall behind.
+    for leader in (1, 2):
+        await append_to_each(cluster, leader, "many", [p for p in before if p % 2 == leader - 1])
+
+    async def shrunk() -> bool:
+        states = await cluster.partitions("many")
+        return all(state["isr"] == [state["leader"]] for state in states.values())
+
+    await eventually(shrunk, 15)
+    after = await cluster.partitions("many")
+    assert {p: (s["leader"], s["leader_epoch"]) for p, s in after.items()} == {
+        p: (s["leader"], s["leader_epoch"]) for p, s in before.items()
+    }
+    rpcs: dict[int, list[int]] = {1: [], 2: []}
+    for match in ALTER_ISR_LINE.finditer((await cluster.active_controller_log())[log_offset:]):
+        rpcs[int(match[1])].append(int(match[2]))
+    for leader, sizes in rpcs.items():
+        assert 1 <= len(sizes) <= 5, (leader, sizes)
+        assert sum(sizes) >= 100, (leader, sizes)

@@ -9,8 +9,6 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
@@ -304,12 +302,6 @@ async def test_a_broker_cut_off_from_the_controllers_is_fenced_and_cannot_change
     await eventually(following, 20)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Controller.unfence() sends UpdateMetadata to the unfenced broker only: the other "
-    "brokers keep it out of their usable set (ReplicaManager._isr_eligible), so no leader "
-    "lets it back into an ISR until some unrelated partition change broadcasts metadata",
-)
 async def test_a_broker_back_from_a_missed_session_rejoins_the_isrs(
     cluster: Cluster, eventually: Eventually
 ) -> None:

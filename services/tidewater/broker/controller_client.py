@@ -31,7 +31,7 @@ class ControllerClient:
     def configured(self) -> bool:
         return bool(self.addresses)
 
-    async def call(self, method: str, request: Any) -> Any:
+    async def call(self, method: str, request: Any, timeout_s: float = RPC_TIMEOUT_S) -> Any:
         """Send to the active controller; ControllerUnavailable when no controller answers
         as active after trying each known one."""
         if not self.addresses:
@@ -40,9 +40,7 @@ class ControllerClient:
         for _ in range(len(self.addresses) + 2):
             address = self.addresses[self._active]
             try:
-                response = await getattr(self._stub(address), method)(
-                    request, timeout=RPC_TIMEOUT_S
-                )
+                response = await getattr(self._stub(address), method)(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as e:
                 last_error = f"{address}: {e.code().name} {e.details()}"
                 self._active = (self._active + 1) % len(self.addresses)

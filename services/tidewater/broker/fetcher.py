@@ -118,7 +118,7 @@ class ReplicaFetcher:
                     stream = None
                     self._delay(list(self.partitions), backoff_s)
                     continue
-                await self._process(stub, response)
+                await self._process(stub, request, response)
 
     async def _wait_for_work(self) -> None:
         self.changed.clear()
@@ -153,15 +153,24 @@ class ReplicaFetcher:
         return request if request.partitions else None
 
     async def _process(
-        self, stub: broker_pb2_grpc.BrokerServiceStub, response: pb.FetchResponse
+        self,
+        stub: broker_pb2_grpc.BrokerServiceStub,
+        request: pb.FetchRequest,
+        response: pb.FetchResponse,
     ) -> None:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
+        sent_epochs = {(p.topic, p.partition): p.current_leader_epoch for p in request.partitions}
         for result in response.partitions:
             tp = (result.topic, result.partition)
             state = self.partitions.get(tp)
             hosted = self.lookup(tp)
-            if state is None or hosted is None or hosted.state.leader_epoch != state.leader_epoch:
-                continue  # removed or moved on while the fetch was in flight
+            if (
+                state is None
+                or hosted is None
+                or hosted.state.leader_epoch != state.leader_epoch
+                or sent_epochs.get(tp) != state.leader_epoch
+            ):
+                continue  # removed, or a newer epoch arrived while the fetch was in flight
             code = result.error_code
             try:
                 if code == ErrorCode.NONE:

@@ -73,6 +73,9 @@ class BrokerLifecycle:
             cpb.BrokerHeartbeatRequest(
                 broker_id=self._info.broker_id, broker_epoch=self.broker_epoch
             ),
+            # A heartbeat stuck on a paused controller must not outlast the session: give up
+            # soon and try the next controller.
+            timeout_s=max(4 * self._interval_s, 1.0),
         )
         if response.error_code in REREGISTER:
             log.warning("controller does not know this broker's epoch; registering again")

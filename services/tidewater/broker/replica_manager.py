@@ -31,6 +31,7 @@ from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.validate import validate_batch
 from tidewater.replication.partition import (
     ACKS_ALL,
+    NO_LEADER,
     AlterIsrProposal,
     FollowerFetch,
     LeaderAndIsr,
@@ -145,7 +146,7 @@ class ReplicaManager:
                     ErrorCode.FENCED_LEADER_EPOCH,
                 )
             config = TopicConfig.from_properties({**self.config.topic_defaults, **topic_props})
-            if ps.leader != self.broker_id and ps.leader not in leaders:
+            if ps.leader not in (self.broker_id, NO_LEADER) and ps.leader not in leaders:
                 raise InvalidRequest(
                     f"{ps.topic}-{ps.partition}: live_leaders has no endpoint for leader "
                     f"{ps.leader}"
@@ -173,7 +174,11 @@ class ReplicaManager:
                     hosted.state.high_watermark,
                 )
             else:
-                if hosted.state.make_follower(state):
+                if ps.leader == NO_LEADER:
+                    # Offline: nothing to follow until the controller elects a leader.
+                    self.fetcher_manager.remove_partitions([tp])
+                    hosted.state.make_follower(state)
+                elif hosted.state.make_follower(state):
                     self.fetcher_manager.add_partition(tp, leaders[ps.leader], ps.leader_epoch)
                 log.info(
                     "became follower of %s-%d at epoch %d (leader %d)",

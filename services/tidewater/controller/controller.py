@@ -220,6 +220,8 @@ class Controller:
         rest = [tp for tp in self.model.partitions_on(broker.broker_id) if tp not in changed]
         self.sender.leader_and_isr({broker.broker_id}, rest)
         self.sender.update_metadata_full(broker.broker_id)
+        # Every other broker learns it is usable again, so leaders let it back into ISRs.
+        self.sender.update_metadata([])
 
     async def _refresh_metadata_services(self) -> None:
         """A FULL view at once, then a probe every interval so a restarted metadata service

@@ -284,10 +284,13 @@ class BrokerSender:
                 log.info("%s refused %s: %s", who, name, response.error_message)
                 return False
             if isinstance(request, broker_pb2.LeaderAndIsrRequest):
+                refused = [p for p in response.partition_errors if p.error_code != ErrorCode.NONE]
+                note = f" ({len(refused)} refused: {refused[0].error_message})" if refused else ""
                 log.info(
-                    "LeaderAndIsr for %d partitions accepted by %s",
+                    "LeaderAndIsr for %d partitions accepted by %s%s",
                     len(request.partition_states),
                     who,
+                    note,
                 )
             return True
         return False

@@ -1,0 +1,156 @@
+"""The producer's record accumulator: a queue of batches per partition, filled by send() and
+drained by the sender. Appending is the hot path: it only collects records and futures; the
+batch bytes are built once, when the batch is first sent."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from itertools import count
+
+from tidewater.records.batch import Record, build_batch
+from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, Compression
+
+TopicPartition = tuple[str, int]
+# Per-record bytes beyond key and value in the batch format (lengths, deltas, attributes).
+RECORD_OVERHEAD = 21
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where an acknowledged record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+def estimate_size(key: bytes | None, value: bytes | None, headers: tuple) -> int:
+    size = RECORD_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+    for name, header_value in headers:
+        size += len(name) + (len(header_value) if header_value else 0) + 2
+    return size
+
+
+class ProducerBatch:
+    """Records for one partition, sent as one record batch; retried with the same bytes."""
+
+    __slots__ = (
+        "attempts",
+        "base_sequence",
+        "closed",
+        "created",
+        "data",
+        "done",
+        "futures",
+        "now_ms",
+        "order",
+        "records",
+        "size",
+        "tp",
+    )
+
+    def __init__(
+        self, tp: TopicPartition, order: int, created: float, done: asyncio.Future[None]
+    ) -> None:
+        self.tp = tp
+        self.order = order
+        self.created = created
+        self.done: asyncio.Future[None] = done
+        self.records: list[Record] = []
+        self.futures: list[asyncio.Future[RecordMetadata]] = []
+        self.size = 0
+        self.closed = False
+        self.attempts = 0
+        self.base_sequence = NO_SEQUENCE
+        self.data: bytes | None = None
+        self.now_ms = 0
+
+    def build(
+        self,
+        compression: Compression,
+        now_ms: int,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+    ) -> bytes:
+        self.closed = True
+        self.now_ms = now_ms
+        self.base_sequence = base_sequence
+        self.data = build_batch(
+            self.records,
+            compression=compression,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            now_ms=now_ms,
+        )
+        return self.data
+
+    def complete(self, base_offset: int, log_append_time_ms: int) -> None:
+        topic, partition = self.tp
+        for i, (record, future) in enumerate(zip(self.records, self.futures, strict=True)):
+            if future.done():
+                continue
+            if log_append_time_ms >= 0:
+                timestamp = log_append_time_ms
+            elif record.timestamp_ms is None:
+                timestamp = self.now_ms
+            else:
+                timestamp = record.timestamp_ms
+            future.set_result(RecordMetadata(topic, partition, base_offset + i, timestamp))
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def fail(self, error: BaseException) -> None:
+        for future in self.futures:
+            if not future.done():
+                future.set_exception(error)
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class RecordAccumulator:
+    """Open and closed batches per partition, oldest first."""
+
+    def __init__(self, batch_size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.batch_size = batch_size
+        self.queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self.incomplete: set[ProducerBatch] = set()
+        self._loop = loop
+        self._order = count()
+
+    def append(
+        self, tp: TopicPartition, record: Record, size: int, now: float
+    ) -> tuple[asyncio.Future[RecordMetadata], ProducerBatch]:
+        """Add a record to the partition's open batch (closed once full); returns the
+        record's future and its batch."""
+        queue = self.queues.get(tp)
+        if queue is None:
+            queue = self.queues[tp] = deque()
+        batch = queue[-1] if queue else None
+        if batch is None or batch.closed or (batch.size + size > self.batch_size and batch.size):
+            if batch is not None:
+                batch.closed = True
+            batch = ProducerBatch(tp, next(self._order), now, self._loop.create_future())
+            queue.append(batch)
+            self.incomplete.add(batch)
+        future = self._loop.create_future()
+        batch.records.append(record)
+        batch.futures.append(future)
+        batch.size += size
+        if batch.size >= self.batch_size:
+            batch.closed = True
+        return future, batch
+
+    def queue_length(self, tp: TopicPartition) -> int:
+        queue = self.queues.get(tp)
+        return len(queue) if queue else 0
+
+    def requeue(self, batch: ProducerBatch) -> None:
+        """Put a batch to retry back in creation order, ahead of newer batches."""
+        queue = self.queues.setdefault(batch.tp, deque())
+        index = next((i for i, q in enumerate(queue) if q.order > batch.order), len(queue))
+        queue.insert(index, batch)

@@ -1,0 +1,235 @@
+"""The asyncio consumer of assigned partitions: positions kept client-side, long-poll fetches
+from each leader, committed records only (the broker stops at the high watermark)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Sequence
+
+import grpc
+
+from tidewater.client.errors import REFRESH_METADATA, error_for
+from tidewater.client.metadata import ClusterMetadata, TopicPartition
+from tidewater.errors import InvalidConfig
+from tidewater.records.batch import ConsumerRecord, decode_batches
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+__all__ = ["Consumer", "ConsumerRecord"]
+
+
+class Consumer:
+    """`assign()` partitions, optionally `seek*()`, then `poll()` or `async for`."""
+
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        *,
+        auto_offset_reset: str = "latest",
+        fetch_min_bytes: int = 1,
+        fetch_max_wait_ms: int = 500,
+        fetch_max_bytes: int = 50 * 1024 * 1024,
+        request_timeout_ms: int = 30000,
+        retry_backoff_ms: int = 100,
+    ) -> None:
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise InvalidConfig(
+                f"auto_offset_reset must be 'earliest' or 'latest', got {auto_offset_reset!r}"
+            )
+        if fetch_min_bytes < 0 or fetch_max_wait_ms < 0 or fetch_max_bytes < 1:
+            raise InvalidConfig("fetch sizes and waits must not be negative")
+        self.auto_offset_reset = auto_offset_reset
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_max_bytes = fetch_max_bytes
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.metadata = ClusterMetadata(
+            bootstrap,
+            request_timeout_s=min(self.request_timeout_s, 10.0),
+            retry_backoff_s=self.retry_backoff_s,
+        )
+        self._positions: dict[TopicPartition, int | None] = {}
+        self._high_watermarks: dict[TopicPartition, int] = {}
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read exactly these partitions (replacing any earlier assignment)."""
+        wanted = [(topic, int(p)) for topic, p in partitions]
+        self._positions = {tp: self._positions.get(tp) for tp in wanted}
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._positions)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._check_assigned(tp)
+        self._positions[tp] = offset
+
+    def position(self, tp: TopicPartition) -> int | None:
+        self._check_assigned(tp)
+        return self._positions[tp]
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        await self._seek_by_spec(partitions, pb.OFFSET_SPEC_EARLIEST)
+
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        await self._seek_by_spec(partitions, pb.OFFSET_SPEC_LATEST)
+
+    async def seek_to_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> None:
+        """The first record at or after timestamp_ms; the end of the log when none is."""
+        offset = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
+        if offset < 0:
+            offset = await self._list_offset(tp, pb.OFFSET_SPEC_LATEST)
+        self._positions[tp] = offset
+
+    def lag(self, tp: TopicPartition) -> int | None:
+        """HW - position, as of the last fetch (None before one)."""
+        position = self.position(tp)
+        high_watermark = self._high_watermarks.get(tp)
+        if position is None or high_watermark is None:
+            return None
+        return max(high_watermark - position, 0)
+
+    async def poll(self, timeout_ms: int = 1000) -> list[ConsumerRecord]:
+        """Records fetched from every assigned partition, waiting up to timeout_ms (long
+        poll) for at least fetch_min_bytes."""
+        await self._reset_missing_positions()
+        by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
+        for tp, position in self._positions.items():
+            leader = self.metadata.leader(tp)
+            if leader is None or position is None:
+                self.metadata.request_refresh()
+                continue
+            by_leader.setdefault(leader[1], []).append((tp, leader[2]))
+        if not by_leader:
+            await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
+            return []
+        wait_ms = min(timeout_ms, self.fetch_max_wait_ms)
+        results = await asyncio.gather(
+            *(self._fetch(address, tps, wait_ms) for address, tps in by_leader.items())
+        )
+        return [record for records in results for record in records]
+
+    async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        while True:
+            for record in await self.poll(self.fetch_max_wait_ms):
+                yield record
+
+    async def close(self) -> None:
+        await self.metadata.close()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _check_assigned(self, tp: TopicPartition) -> None:
+        if tp not in self._positions:
+            raise InvalidConfig(f"{tp[0]}-{tp[1]} is not assigned to this consumer")
+
+    async def _reset_missing_positions(self) -> None:
+        missing = [tp for tp, position in self._positions.items() if position is None]
+        if missing:
+            spec = (
+                pb.OFFSET_SPEC_EARLIEST
+                if self.auto_offset_reset == "earliest"
+                else pb.OFFSET_SPEC_LATEST
+            )
+            await self._seek_by_spec(missing, spec)
+
+    async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
+        for tp in partitions or list(self._positions):
+            self._check_assigned(tp)
+            self._positions[tp] = await self._list_offset(tp, spec)
+
+    async def _leader(self, tp: TopicPartition) -> tuple[int, str, int]:
+        leader = self.metadata.leader(tp)
+        if leader is None:
+            await self.metadata.refresh([tp[0]])
+            leader = self.metadata.leader(tp)
+        if leader is None:
+            topic = self.metadata.topics.get(tp[0])
+            code = (
+                topic.error_code if topic and topic.error_code else ErrorCode.LEADER_NOT_AVAILABLE
+            )
+            raise error_for(code, f"{tp[0]}-{tp[1]}: no leader known")
+        return leader
+
+    async def _list_offset(self, tp: TopicPartition, spec: int, timestamp_ms: int = -1) -> int:
+        _, address, epoch = await self._leader(tp)
+        stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
+        response = await stub.ListOffsets(
+            pb.ListOffsetsRequest(
+                replica_id=-1,
+                partitions=[
+                    pb.ListOffsetsPartition(
+                        topic=tp[0],
+                        partition=tp[1],
+                        current_leader_epoch=epoch,
+                        spec=spec,  # type: ignore[arg-type]
+                        timestamp_ms=timestamp_ms,
+                    )
+                ],
+            ),
+            timeout=self.request_timeout_s,
+        )
+        result = response.partitions[0]
+        if result.error_code != ErrorCode.NONE:
+            if result.error_code in REFRESH_METADATA:
+                self.metadata.request_refresh()
+            raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
+        return result.offset
+
+    async def _fetch(
+        self, address: str, partitions: list[tuple[TopicPartition, int]], wait_ms: int
+    ) -> list[ConsumerRecord]:
+        stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
+        request = pb.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=wait_ms,
+            min_bytes=self.fetch_min_bytes,
+            max_bytes=self.fetch_max_bytes,
+            partitions=[
+                pb.FetchPartition(
+                    topic=tp[0],
+                    partition=tp[1],
+                    fetch_offset=self._positions[tp] or 0,
+                    current_leader_epoch=epoch,
+                    last_fetched_epoch=-1,
+                    log_start_offset=-1,
+                )
+                for tp, epoch in partitions
+            ],
+        )
+        try:
+            response = await stub.Fetch(request, timeout=self.request_timeout_s + wait_ms / 1000)
+        except grpc.aio.AioRpcError:
+            # The leader may be gone: look it up again and let the next poll retry.
+            self.metadata.request_refresh()
+            return []
+        records: list[ConsumerRecord] = []
+        for result in response.partitions:
+            tp = (result.topic, result.partition)
+            if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                self._positions[tp] = None
+                continue
+            if result.error_code != ErrorCode.NONE:
+                if result.error_code not in REFRESH_METADATA:
+                    raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
+                if result.HasField("current_leader"):
+                    leader = result.current_leader
+                    self.metadata.update_leader(tp, leader.leader_id, leader.leader_epoch)
+                self.metadata.request_refresh()
+                continue
+            self._high_watermarks[tp] = result.high_watermark
+            position = self._positions[tp] or 0
+            for record in decode_batches(result.record_batches):
+                # A batch may start before the position asked for.
+                if record.offset >= position:
+                    records.append(record)
+                    position = record.offset + 1
+            self._positions[tp] = position
+        return records

@@ -1,0 +1,72 @@
+"""Errors the client raises on its own, beside the protocol's TidewaterError subclasses."""
+
+from __future__ import annotations
+
+from tidewater.errors import TidewaterError
+from tidewater.v1.errors_pb2 import ErrorCode
+
+
+class ClientError(Exception):
+    """A failure on the client side that no broker answered with."""
+
+
+class MetadataUnavailable(ClientError):
+    """No metadata address answered within its deadline."""
+
+
+class BufferExhausted(ClientError):
+    """buffer_memory stayed used up for max_block_ms: the producer outpaces the cluster."""
+
+
+class ProducerClosed(ClientError):
+    """send() after close()."""
+
+
+class DeliveryTimeout(TidewaterError):
+    """A record was not acknowledged within delivery_timeout_ms (retries included)."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+# Per the protocol guide: the same request may succeed when sent again, maybe elsewhere.
+RETRIABLE = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.STORAGE_ERROR,
+        ErrorCode.PRODUCER_ID_ALLOCATION_FAILED,
+    }
+)
+# Errors that mean the client's view of the leaders is stale.
+REFRESH_METADATA = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.STORAGE_ERROR,
+    }
+)
+
+
+def error_for(code: int, message: str) -> TidewaterError:
+    """The TidewaterError subclass whose code is `code` (the base class when none is)."""
+    for cls in _subclasses(TidewaterError):
+        if cls.code == code and cls is not DeliveryTimeout:
+            return cls(message)
+    return TidewaterError(message, code)
+
+
+def _subclasses(cls: type[TidewaterError]) -> list[type[TidewaterError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_subclasses(sub))
+    return found

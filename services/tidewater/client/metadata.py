@@ -1,0 +1,160 @@
+"""The client's cache of the cluster view: live brokers and each partition's leader, from
+any live metadata service, refreshed on demand with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from tidewater.client.errors import MetadataUnavailable
+from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.v1 import metadata_pb2, metadata_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    error_code: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    error_code: int
+    error_message: str
+    num_partitions: int
+
+
+class ClusterMetadata:
+    """GetMetadata over a list of metadata addresses: the last one that answered is asked
+    first, the others in turn when it does not; every call has a deadline."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        request_timeout_s: float = 10.0,
+        retry_backoff_s: float = 0.1,
+    ) -> None:
+        if not addresses:
+            raise ValueError("at least one metadata address is needed")
+        self.addresses = list(addresses)
+        self.request_timeout_s = request_timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self.brokers: dict[int, str] = {}
+        self.partitions: dict[TopicPartition, PartitionInfo] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self._wanted: set[str] = set()
+        self._current = 0
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+        self._last_refresh = 0.0
+
+    async def refresh(self, topics: Iterable[str] = ()) -> None:
+        """Fetch the view of `topics` (plus every topic asked for before) now; concurrent
+        callers share one request. MetadataUnavailable when no address answers."""
+        self._wanted.update(topics)
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._fetch(sorted(self._wanted)))
+        await asyncio.shield(self._refreshing)
+
+    def request_refresh(self) -> None:
+        """A response said the view is stale: refresh in the background, at most once per
+        retry backoff."""
+        if self._refreshing is not None and not self._refreshing.done():
+            return
+        delay = max(0.0, self._last_refresh + self.retry_backoff_s - time.monotonic())
+        self._refreshing = asyncio.ensure_future(self._delayed_fetch(delay))
+
+    async def _delayed_fetch(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        # On failure the next stale answer asks again.
+        with contextlib.suppress(MetadataUnavailable):
+            await self._fetch(sorted(self._wanted))
+
+    async def _fetch(self, topics: list[str]) -> None:
+        errors = []
+        for _ in range(len(self.addresses)):
+            address = self.addresses[self._current]
+            stub = metadata_pb2_grpc.MetadataServiceStub(self._channel(address))
+            try:
+                response = await stub.GetMetadata(
+                    metadata_pb2.GetMetadataRequest(topics=topics),
+                    timeout=self.request_timeout_s,
+                )
+            except grpc.aio.AioRpcError as e:
+                errors.append(f"{address}: {e.code().name}")
+                self._current = (self._current + 1) % len(self.addresses)
+                continue
+            self._last_refresh = time.monotonic()
+            self._apply(response)
+            return
+        self._last_refresh = time.monotonic()
+        raise MetadataUnavailable(
+            f"no metadata service answered within {self.request_timeout_s:g}s: " + ", ".join(errors)
+        )
+
+    def _apply(self, response: metadata_pb2.GetMetadataResponse) -> None:
+        self.brokers = {
+            b.broker_id: f"{b.endpoint.host}:{b.endpoint.port}" for b in response.brokers
+        }
+        for topic in response.topics:
+            self.topics[topic.topic] = TopicInfo(
+                topic.error_code, topic.error_message, len(topic.partitions)
+            )
+            for p in topic.partitions:
+                tp = (topic.topic, p.partition)
+                known = self.partitions.get(tp)
+                # A lagging metadata service may still serve an older leader.
+                if known is not None and p.leader_epoch < known.leader_epoch:
+                    continue
+                self.partitions[tp] = PartitionInfo(
+                    p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr), p.error_code
+                )
+
+    def update_leader(self, tp: TopicPartition, leader: int, leader_epoch: int) -> None:
+        """A broker named a newer leader (current_leader in its answer): use it at once."""
+        known = self.partitions.get(tp)
+        if known is not None and leader >= 0 and leader_epoch > known.leader_epoch:
+            self.partitions[tp] = PartitionInfo(
+                leader, leader_epoch, known.replicas, known.isr, ErrorCode.NONE
+            )
+
+    def leader(self, tp: TopicPartition) -> tuple[int, str, int] | None:
+        """(broker id, address, leader epoch) of the partition's leader, None when unknown."""
+        info = self.partitions.get(tp)
+        if info is None or info.leader < 0:
+            return None
+        address = self.brokers.get(info.leader)
+        if address is None:
+            return None
+        return info.leader, address, info.leader_epoch
+
+    def channel_for(self, address: str) -> grpc.aio.Channel:
+        """One channel per broker address, shared by the producer or consumer using it."""
+        return self._channel(address)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=CHANNEL_OPTIONS
+            )
+        return channel
+
+    async def close(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()

@@ -1,0 +1,511 @@
+"""The asyncio producer: send() partitions and accumulates records; one sender task drains
+ready batches to each partition's leader over a ProduceStream per broker, retrying retriable
+errors until delivery_timeout_ms with per-partition order kept."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from tidewater.client.accumulator import (
+    ProducerBatch,
+    RecordAccumulator,
+    RecordMetadata,
+    TopicPartition,
+    estimate_size,
+)
+from tidewater.client.errors import (
+    REFRESH_METADATA,
+    RETRIABLE,
+    BufferExhausted,
+    DeliveryTimeout,
+    ProducerClosed,
+    error_for,
+)
+from tidewater.client.metadata import ClusterMetadata
+from tidewater.client.partitioner import StickyPartitioner, partition_for_key
+from tidewater.errors import InvalidConfig, MessageTooLarge, UnknownTopicOrPartition
+from tidewater.records.batch import Headers, Record
+from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Compression
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
+
+__all__ = ["Producer", "RecordMetadata"]
+
+COMPRESSIONS = {
+    None: Compression.NONE,
+    "none": Compression.NONE,
+    "gzip": Compression.GZIP,
+    "lz4": Compression.LZ4,
+    "zstd": Compression.ZSTD,
+}
+MAX_SEQUENCE = 2**31
+DEFAULTS: dict[str, Any] = {
+    "acks": -1,
+    "batch_size": 16384,
+    "linger_ms": 5,
+    "buffer_memory": 32 * 1024 * 1024,
+    "max_block_ms": 60000,
+    "max_request_size": 1048576,
+    "compression": None,
+    "retries": 2**31 - 1,
+    "retry_backoff_ms": 100,
+    "delivery_timeout_ms": 120000,
+    "request_timeout_ms": 30000,
+    "max_in_flight_requests_per_connection": 5,
+    "enable_idempotence": True,
+}
+
+
+class ProducerConfig:
+    """The producer's settings under Kafka's names, validated up front."""
+
+    def __init__(self, **config: Any) -> None:
+        unknown = set(config) - set(DEFAULTS)
+        if unknown:
+            raise InvalidConfig(f"unknown producer setting(s): {', '.join(sorted(unknown))}")
+        values = {**DEFAULTS, **config}
+        self.acks: int = values["acks"]
+        if self.acks not in (-1, 0, 1):
+            raise InvalidConfig(f"acks must be -1 (all), 0 or 1, got {self.acks!r}")
+        if values["compression"] not in COMPRESSIONS:
+            raise InvalidConfig(
+                f"compression must be None, 'gzip', 'lz4' or 'zstd', got {values['compression']!r}"
+            )
+        self.compression = COMPRESSIONS[values["compression"]]
+        for name in ("batch_size", "buffer_memory", "max_request_size", "request_timeout_ms"):
+            _check_int(name, values[name], minimum=1)
+        for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms"):
+            _check_int(name, values[name], minimum=0)
+        _check_int(
+            "max_in_flight_requests_per_connection",
+            values["max_in_flight_requests_per_connection"],
+            minimum=1,
+        )
+        self.batch_size: int = values["batch_size"]
+        self.buffer_memory: int = values["buffer_memory"]
+        self.max_request_size: int = values["max_request_size"]
+        self.linger_s: float = values["linger_ms"] / 1000
+        self.max_block_s: float = values["max_block_ms"] / 1000
+        self.retries: int = values["retries"]
+        self.retry_backoff_s: float = values["retry_backoff_ms"] / 1000
+        self.request_timeout_s: float = values["request_timeout_ms"] / 1000
+        self.delivery_timeout_s: float = values["delivery_timeout_ms"] / 1000
+        self.max_in_flight: int = values["max_in_flight_requests_per_connection"]
+        self.idempotent: bool = bool(values["enable_idempotence"])
+        if self.delivery_timeout_s < self.linger_s + self.request_timeout_s:
+            raise InvalidConfig(
+                "delivery_timeout_ms must be at least linger_ms + request_timeout_ms"
+            )
+        if self.idempotent:
+            if self.acks != -1:
+                raise InvalidConfig("enable_idempotence requires acks=-1")
+            if self.max_in_flight > 5:
+                raise InvalidConfig(
+                    "enable_idempotence allows at most 5 max_in_flight_requests_per_connection"
+                )
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidConfig(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+class Producer:
+    """`await producer.send(...)` queues a record and returns a future of its RecordMetadata.
+
+    Use as `async with Producer([...]) as producer:` or call close()."""
+
+    def __init__(self, bootstrap: Sequence[str], **config: Any) -> None:
+        self.config = ProducerConfig(**config)
+        self.metadata = ClusterMetadata(
+            bootstrap,
+            request_timeout_s=min(self.config.request_timeout_s, 10.0),
+            retry_backoff_s=self.config.retry_backoff_s,
+        )
+        self._accumulator: RecordAccumulator | None = None
+        self._partitioner: StickyPartitioner | None = None
+        self._used_memory = 0
+        self._memory_freed = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._links: dict[str, _BrokerLink] = {}
+        self._in_flight: dict[TopicPartition, int] = {}
+        self._muted_until: dict[TopicPartition, float] = {}
+        self._next_sequence: dict[TopicPartition, int] = {}
+        self._producer_id = NO_PRODUCER_ID
+        self._producer_epoch = NO_PRODUCER_EPOCH
+        self._flushing = 0
+        self._closed = False
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Reach the cluster (and get a producer id when idempotent); send() does it too."""
+        if self._accumulator is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._accumulator = RecordAccumulator(self.config.batch_size, loop)
+        self._partitioner = StickyPartitioner(
+            lambda topic, p: self._accumulator.queue_length((topic, p)),  # type: ignore[union-attr]
+            lambda topic, p: self.metadata.leader((topic, p)) is not None,
+        )
+        if self.config.idempotent:
+            await self._init_producer_id()
+        self._sender = loop.create_task(self._run())
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers = (),
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        """Queue a record; waits up to max_block_ms for the topic's metadata and for buffer
+        memory. The returned future resolves once the record is acknowledged."""
+        if self._closed:
+            raise ProducerClosed("send() on a closed producer")
+        if self._accumulator is None:
+            await self.start()
+        accumulator = self._accumulator
+        assert accumulator is not None and self._partitioner is not None
+        deadline = time.monotonic() + self.config.max_block_s
+        num_partitions = await self._partition_count(topic, deadline)
+        if partition is None:
+            if key is None:
+                partition = self._partitioner.partition(topic, num_partitions)
+            else:
+                partition = partition_for_key(key, num_partitions)
+        elif not 0 <= partition < num_partitions:
+            raise UnknownTopicOrPartition(
+                f"topic {topic!r} has {num_partitions} partitions, not partition {partition}"
+            )
+        size = estimate_size(key, value, headers)
+        if size > self.config.max_request_size or size > self.config.buffer_memory:
+            raise MessageTooLarge(
+                f"record of about {size} bytes exceeds max_request_size "
+                f"({self.config.max_request_size}) or buffer_memory ({self.config.buffer_memory})"
+            )
+        if self._used_memory + size > self.config.buffer_memory:
+            await self._wait_for_memory(size, deadline)
+        self._used_memory += size
+        future, batch = accumulator.append(
+            (topic, partition), Record(key, value, headers, timestamp_ms), size, time.monotonic()
+        )
+        if batch.closed:
+            self._partitioner.batch_closed(topic, partition)
+            self._wake.set()
+        elif len(batch.records) == 1:
+            # A new batch: the sender must learn when its linger ends.
+            self._wake.set()
+        return future
+
+    async def send_and_wait(self, topic: str, value: bytes | None, **kwargs: Any) -> RecordMetadata:
+        return await (await self.send(topic, value, **kwargs))
+
+    async def flush(self) -> None:
+        """Send every queued record now and wait until each is acknowledged or failed."""
+        if self._accumulator is None or not self._accumulator.incomplete:
+            return
+        waiting = [batch.done for batch in self._accumulator.incomplete]
+        self._flushing += 1
+        self._wake.set()
+        try:
+            await asyncio.gather(*waiting)
+        finally:
+            self._flushing -= 1
+
+    async def close(self) -> None:
+        """Deliver what is queued (up to delivery_timeout_ms), then release connections."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.flush()
+        finally:
+            if self._sender is not None:
+                self._sender.cancel()
+                await asyncio.gather(self._sender, return_exceptions=True)
+            for link in self._links.values():
+                await link.close()
+            await self.metadata.close()
+
+    # -- metadata and memory ----------------------------------------------------------
+
+    async def _partition_count(self, topic: str, deadline: float) -> int:
+        info = self.metadata.topics.get(topic)
+        while info is None or info.error_code != ErrorCode.NONE or not info.num_partitions:
+            await self.metadata.refresh([topic])
+            info = self.metadata.topics.get(topic)
+            if info is not None and info.error_code == ErrorCode.NONE and info.num_partitions:
+                break
+            if time.monotonic() + self.config.retry_backoff_s > deadline:
+                reason = info.error_message if info is not None else "not in metadata"
+                code = info.error_code if info is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                raise error_for(
+                    code,
+                    f"topic {topic!r} not available after {self.config.max_block_s:g}s: {reason}",
+                )
+            await asyncio.sleep(self.config.retry_backoff_s)
+        return info.num_partitions
+
+    async def _wait_for_memory(self, size: int, deadline: float) -> None:
+        while self._used_memory + size > self.config.buffer_memory:
+            self._memory_freed.clear()
+            remaining = deadline - time.monotonic()
+            try:
+                await asyncio.wait_for(self._memory_freed.wait(), max(remaining, 0))
+            except TimeoutError:
+                raise BufferExhausted(
+                    f"buffer_memory ({self.config.buffer_memory} bytes) stayed full for "
+                    f"max_block_ms ({self.config.max_block_s * 1000:g} ms)"
+                ) from None
+
+    def _release(self, batch: ProducerBatch) -> None:
+        assert self._accumulator is not None
+        self._accumulator.incomplete.discard(batch)
+        self._used_memory -= batch.size
+        self._memory_freed.set()
+
+    async def _init_producer_id(self) -> None:
+        await self.metadata.refresh()
+        errors = []
+        for address in list(self.metadata.brokers.values()):
+            stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
+            try:
+                response = await stub.InitProducerId(
+                    pb.InitProducerIdRequest(
+                        producer_id=self._producer_id, producer_epoch=self._producer_epoch
+                    ),
+                    timeout=self.config.request_timeout_s,
+                )
+            except grpc.aio.AioRpcError as e:
+                errors.append(f"{address}: {e.code().name}")
+                continue
+            if response.error_code != ErrorCode.NONE:
+                raise error_for(response.error_code, f"InitProducerId: {response.error_message}")
+            self._producer_id = response.producer_id
+            self._producer_epoch = response.producer_epoch
+            return
+        raise error_for(
+            ErrorCode.PRODUCER_ID_ALLOCATION_FAILED,
+            "no broker gave a producer id (set enable_idempotence=False for brokers "
+            f"without InitProducerId): {', '.join(errors) or 'no live broker'}",
+        )
+
+    # -- the sender -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            wait_s = self._drain(time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait_s)
+
+    def _drain(self, now: float) -> float:
+        """Send every ready batch (one per partition per request); returns how long to
+        sleep before something may become ready."""
+        assert self._accumulator is not None
+        config = self.config
+        flushing = self._flushing > 0 or self._closed
+        wait_s = config.request_timeout_s
+        by_leader: dict[str, list[ProducerBatch]] = {}
+        for tp, queue in self._accumulator.queues.items():
+            while queue and now - queue[0].created > config.delivery_timeout_s:
+                self._fail(queue.popleft(), DeliveryTimeout(_expired(config, tp)))
+            if not queue:
+                continue
+            head = queue[0]
+            if head.attempts:
+                ready_at = self._muted_until.get(tp, 0.0)
+            elif head.closed or flushing:
+                ready_at = now
+            else:
+                ready_at = head.created + config.linger_s
+            if ready_at > now:
+                wait_s = min(wait_s, ready_at - now)
+                continue
+            in_flight = self._in_flight.get(tp, 0)
+            # A retry goes alone so the batches behind it cannot overtake it.
+            if in_flight >= config.max_in_flight or (head.attempts and in_flight):
+                continue
+            leader = self.metadata.leader(tp)
+            if leader is None:
+                self.metadata.request_refresh()
+                wait_s = min(wait_s, config.retry_backoff_s)
+                continue
+            batch = queue.popleft()
+            if batch.data is None:
+                self._partitioner.batch_closed(*tp)  # type: ignore[union-attr]
+                self._build(batch)
+            batch.attempts += 1
+            self._in_flight[tp] = in_flight + 1
+            by_leader.setdefault(leader[1], []).append(batch)
+        for address, batches in by_leader.items():
+            link = self._links.get(address)
+            if link is None:
+                link = self._links[address] = _BrokerLink(self, address)
+            link.send(batches)
+        return wait_s
+
+    def _build(self, batch: ProducerBatch) -> None:
+        if self.config.idempotent:
+            sequence = self._next_sequence.get(batch.tp, 0)
+            self._next_sequence[batch.tp] = (sequence + len(batch.records)) % MAX_SEQUENCE
+            batch.build(
+                self.config.compression,
+                time.time_ns() // 1_000_000,
+                self._producer_id,
+                self._producer_epoch,
+                sequence,
+            )
+        else:
+            batch.build(self.config.compression, time.time_ns() // 1_000_000)
+
+    def _completed(self, batch: ProducerBatch, result: pb.PartitionProduceResponse) -> None:
+        """Handle a partition's answer for one in-flight batch."""
+        tp = batch.tp
+        self._in_flight[tp] -= 1
+        code = result.error_code
+        if code == ErrorCode.NONE:
+            batch.complete(result.base_offset, result.log_append_time_ms)
+            self._release(batch)
+        else:
+            if code in REFRESH_METADATA:
+                if result.HasField("current_leader"):
+                    leader = result.current_leader
+                    self.metadata.update_leader(tp, leader.leader_id, leader.leader_epoch)
+                self.metadata.request_refresh()
+            self._retry_or_fail(batch, code, result.error_message)
+        self._wake.set()
+
+    def _transport_failed(self, batches: list[ProducerBatch], reason: str) -> None:
+        """The request's outcome is unknown: retry (idempotence keeps it exactly-once)."""
+        self.metadata.request_refresh()
+        for batch in batches:
+            self._in_flight[batch.tp] -= 1
+            self._retry_or_fail(batch, ErrorCode.REQUEST_TIMED_OUT, reason)
+        self._wake.set()
+
+    def _retry_or_fail(self, batch: ProducerBatch, code: int, message: str) -> None:
+        config = self.config
+        now = time.monotonic()
+        # With batches in flight behind a failed one, the broker refuses the later
+        # sequences until the earlier batch lands: retriable here.
+        retriable = code in RETRIABLE or (
+            code == ErrorCode.OUT_OF_ORDER_SEQUENCE and self._has_earlier(batch)
+        )
+        if not retriable or batch.attempts > config.retries:
+            self._fail(batch, error_for(code, f"{batch.tp[0]}-{batch.tp[1]}: {message}"))
+        elif now - batch.created + config.retry_backoff_s > config.delivery_timeout_s:
+            self._fail(
+                batch,
+                DeliveryTimeout(f"{_expired(config, batch.tp)}; last error {message}"),
+            )
+        else:
+            self._muted_until[batch.tp] = now + config.retry_backoff_s
+            self._accumulator.requeue(batch)  # type: ignore[union-attr]
+
+    def _has_earlier(self, batch: ProducerBatch) -> bool:
+        queue = self._accumulator.queues.get(batch.tp)  # type: ignore[union-attr]
+        return bool(queue) and any(b.attempts and b.order < batch.order for b in queue)
+
+    def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        batch.fail(error)
+        self._release(batch)
+
+
+def _expired(config: ProducerConfig, tp: TopicPartition) -> str:
+    return (
+        f"{tp[0]}-{tp[1]}: not acknowledged within delivery_timeout_ms "
+        f"({config.delivery_timeout_s * 1000:g} ms)"
+    )
+
+
+class _BrokerLink:
+    """One ProduceStream to one broker: requests go in send order; responses are matched by
+    correlation id. A broken or silent stream fails its in-flight requests as retriable."""
+
+    def __init__(self, producer: Producer, address: str) -> None:
+        self.producer = producer
+        self.address = address
+        self._stub = broker_pb2_grpc.BrokerServiceStub(producer.metadata.channel_for(address))
+        self._correlation = itertools.count(1)
+        self._in_flight: dict[int, tuple[list[ProducerBatch], float]] = {}
+        self._outbox: asyncio.Queue[pb.ProduceRequest] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def send(self, batches: list[ProducerBatch]) -> None:
+        config = self.producer.config
+        correlation_id = next(self._correlation)
+        request = pb.ProduceRequest(
+            acks=config.acks,
+            timeout_ms=int(config.request_timeout_s * 1000),
+            correlation_id=correlation_id,
+            partitions=[
+                pb.PartitionProduceData(topic=b.tp[0], partition=b.tp[1], record_batch=b.data)
+                for b in batches
+            ],
+        )
+        self._in_flight[correlation_id] = (batches, time.monotonic())
+        if self._task is None or self._task.done():
+            self._outbox = asyncio.Queue()
+            self._task = asyncio.get_running_loop().create_task(self._stream(self._outbox))
+        assert self._outbox is not None
+        self._outbox.put_nowait(request)
+
+    async def _stream(self, outbox: asyncio.Queue[pb.ProduceRequest]) -> None:
+        async def requests() -> AsyncIterator[pb.ProduceRequest]:
+            while True:
+                yield await outbox.get()
+
+        call = self._stub.ProduceStream(requests())
+        # A deadline per request: the stream is abandoned when the oldest one is overdue.
+        timeout_s = self.producer.config.request_timeout_s + 5.0
+        reason = "stream closed"
+        try:
+            while True:
+                waiting = [started for _, started in self._in_flight.values()]
+                budget = min(waiting) + timeout_s - time.monotonic() if waiting else timeout_s
+                try:
+                    response = await asyncio.wait_for(call.read(), max(budget, 0.001))
+                except TimeoutError:
+                    if self._in_flight:
+                        reason = f"no answer from {self.address} within {timeout_s:g}s"
+                        break
+                    continue
+                if response is grpc.aio.EOF:
+                    break
+                entry = self._in_flight.pop(response.correlation_id, None)
+                if entry is None:
+                    continue
+                results = {(p.topic, p.partition): p for p in response.partitions}
+                for batch in entry[0]:
+                    self.producer._completed(batch, results[batch.tp])
+        except grpc.aio.AioRpcError as e:
+            reason = f"{self.address}: {e.code().name} {e.details()}"
+        finally:
+            call.cancel()
+            failed = [b for batches, _ in self._in_flight.values() for b in batches]
+            self._in_flight.clear()
+            if failed:
+                self.producer._transport_failed(failed, reason)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

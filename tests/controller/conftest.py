@@ -107,8 +107,12 @@ async def make_cluster(
     process and proxy is stopped at teardown, even when the test or the start fails."""
     clusters: list[Cluster] = []
 
-    async def make(session_timeout_ms: int = SESSION_TIMEOUT_MS, **options: Any) -> Cluster:
-        cluster = Cluster(tmp_path, etcd, session_timeout_ms)
+    async def make(
+        session_timeout_ms: int = SESSION_TIMEOUT_MS,
+        leader_imbalance_check_interval_s: float = 300,
+        **options: Any,
+    ) -> Cluster:
+        cluster = Cluster(tmp_path, etcd, session_timeout_ms, leader_imbalance_check_interval_s)
         clusters.append(cluster)
         await cluster.start(**options)
         return cluster
@@ -138,11 +142,16 @@ class Cluster:
     lease_ttl_s = LEASE_TTL_S
 
     def __init__(
-        self, root: Path, etcd: EtcdProcess, session_timeout_ms: int = SESSION_TIMEOUT_MS
+        self,
+        root: Path,
+        etcd: EtcdProcess,
+        session_timeout_ms: int = SESSION_TIMEOUT_MS,
+        leader_imbalance_check_interval_s: float = 300,
     ) -> None:
         self.root = root
         self.etcd = etcd
         self.session_timeout_ms = session_timeout_ms
+        self.leader_imbalance_check_interval_s = leader_imbalance_check_interval_s
         self.name = f"test-{uuid.uuid4().hex[:8]}"
         self.controllers: dict[int, ManagedProcess] = {}
         self.brokers: dict[int, ManagedProcess] = {}
@@ -182,6 +191,7 @@ class Cluster:
                 "127.0.0.1:0",
                 LEASE_TTL_S,
                 self.session_timeout_ms,
+                leader_imbalance_check_interval_s=self.leader_imbalance_check_interval_s,
             ),
             self.root,
         )

@@ -4,6 +4,7 @@ what each operation does to etcd and the brokers."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from tidewater.v1 import common_pb2
@@ -184,3 +185,20 @@ async def _leader_is_not(cluster: Cluster, topic: str, broker_id: int) -> bool:
 
 async def _in_isr(cluster: Cluster, topic: str, broker_id: int) -> bool:
     return broker_id in (await cluster.partitions(topic))[0]["isr"]
+
+
+async def test_preferred_leaders_come_back_by_themselves(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    cluster = await make_cluster(leader_imbalance_check_interval_s=0.5)
+    await cluster.create_topic("home", assignments=[[1, 2, 3]])
+    await asyncio.to_thread(cluster.brokers[1].stop)  # controlled shutdown: 2 leads
+    await eventually(lambda: _leader_is_not(cluster, "home", 1), 20)
+    await cluster.start_broker(1)
+    await eventually(lambda: _in_isr(cluster, "home", 1), 20)
+    await eventually(lambda: _leader_is(cluster, "home", 1), 20)
+    assert "preferred leader rebalance" in await cluster.active_controller_log()
+
+
+async def _leader_is(cluster: Cluster, topic: str, broker_id: int) -> bool:
+    return (await cluster.partitions(topic))[0]["leader"] == broker_id

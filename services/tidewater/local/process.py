@@ -115,6 +115,7 @@ def controller_args(
     lease_ttl_s: int = 5,
     broker_session_timeout_ms: int = 6000,
     metadata_addresses: tuple[str, ...] = (),
+    leader_imbalance_check_interval_s: float = 300,
 ) -> list[str]:
     return [
         "controller",
@@ -132,4 +133,6 @@ def controller_args(
         str(broker_session_timeout_ms),
         "--metadata",
         ",".join(metadata_addresses),
+        "--leader-imbalance-check-interval-s",
+        str(leader_imbalance_check_interval_s),
     ]

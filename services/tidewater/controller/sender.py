@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
@@ -81,14 +81,7 @@ class BrokerSender:
             for tp in mine:
                 record = model.partitions[tp]
                 request.partition_states.add(
-                    topic=tp[0],
-                    partition=tp[1],
-                    controller_epoch=record.controller_epoch,
-                    leader=record.leader,
-                    leader_epoch=record.leader_epoch,
-                    isr=list(record.isr),
-                    partition_epoch=record.partition_epoch,
-                    replicas=list(model.replicas(tp)),
+                    **self._partition_state(tp),
                     is_new=bool(new and tp in new),
                 )
                 leaders.add(record.leader)
@@ -148,20 +141,26 @@ class BrokerSender:
         request.controller_endpoint.port = self._controller.config.port
         request.live_brokers.extend(self._broker_infos(usable))
         for tp in tps:
-            record = model.partitions[tp]
-            replicas = model.replicas(tp)
             request.partition_states.add(
-                topic=tp[0],
-                partition=tp[1],
-                controller_epoch=record.controller_epoch,
-                leader=record.leader,
-                leader_epoch=record.leader_epoch,
-                isr=list(record.isr),
-                partition_epoch=record.partition_epoch,
-                replicas=list(replicas),
-                offline_replicas=[b for b in replicas if b not in usable],
+                **self._partition_state(tp),
+                offline_replicas=[b for b in model.replicas(tp) if b not in usable],
             )
         return request
+
+    def _partition_state(self, tp: TopicPartition) -> dict[str, Any]:
+        """The fields LeaderAndIsr and UpdateMetadata share for one partition."""
+        model = self._controller.model
+        record = model.partitions[tp]
+        return {
+            "topic": tp[0],
+            "partition": tp[1],
+            "controller_epoch": record.controller_epoch,
+            "leader": record.leader,
+            "leader_epoch": record.leader_epoch,
+            "isr": list(record.isr),
+            "partition_epoch": record.partition_epoch,
+            "replicas": list(model.replicas(tp)),
+        }
 
     def _for_broker(
         self, request: cluster_pb2.UpdateMetadataRequest, broker_id: int

@@ -268,7 +268,8 @@ class Producer:
             self._memory_freed.clear()
             remaining = deadline - time.monotonic()
             try:
-                await asyncio.wait_for(self._memory_freed.wait(), max(remaining, 0))
+                async with asyncio.timeout(max(remaining, 0)):
+                    await self._memory_freed.wait()
             except TimeoutError:
                 raise BufferExhausted(
                     f"buffer_memory ({self.config.buffer_memory} bytes) stayed full for "
@@ -313,8 +314,11 @@ class Producer:
         while True:
             self._wake.clear()
             wait_s = self._drain(time.monotonic())
+            # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
+            # races the wake-up, and close() would wait on the sender forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait_s)
+                async with asyncio.timeout(wait_s):
+                    await self._wake.wait()
 
     def _drain(self, now: float) -> float:
         """Send every ready batch (one per partition per request); returns how long to
@@ -482,7 +486,8 @@ class _BrokerLink:
                 waiting = [started for _, started in self._in_flight.values()]
                 budget = min(waiting) + timeout_s - time.monotonic() if waiting else timeout_s
                 try:
-                    response = await asyncio.wait_for(call.read(), max(budget, 0.001))
+                    async with asyncio.timeout(max(budget, 0.001)):
+                        response = await call.read()
                 except TimeoutError:
                     if self._in_flight:
                         reason = f"no answer from {self.address} within {timeout_s:g}s"

@@ -1,0 +1,92 @@
+"""A real in-process cluster for client tests: three brokers, the stand-in controller, and a
+metadata service fed the controller's view (the test plays the controller's UpdateMetadata)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from tidewater.broker.server import BrokerServer
+from tidewater.local.standin_controller import StandinController
+from tidewater.metadata.server import MetadataServer
+from tidewater.v1 import cluster_pb2, common_pb2, metadata_pb2_grpc
+
+
+class Cluster:
+    def __init__(
+        self, controller: StandinController, brokers: dict[int, BrokerServer], meta: MetadataServer
+    ) -> None:
+        self.controller = controller
+        self.brokers = brokers
+        self.metadata = meta
+
+    @property
+    def bootstrap(self) -> list[str]:
+        return [self.metadata.address]
+
+    async def create_topic(self, topic: str, partitions: int = 1) -> None:
+        for p in range(partitions):
+            await self.controller.elect(topic, p, leader=1 + p % 3, replicas=[1, 2, 3])
+        await self.publish()
+
+    async def move_leader(self, topic: str, partition: int, leader: int) -> None:
+        await self.controller.elect(topic, partition, leader=leader)
+        await self.publish()
+
+    async def publish(self) -> None:
+        """Push the controller's full view to the metadata service."""
+        request = cluster_pb2.UpdateMetadataRequest(
+            controller_id=0,
+            controller_epoch=1,
+            type=cluster_pb2.UPDATE_METADATA_TYPE_FULL,
+            live_brokers=[
+                common_pb2.BrokerInfo(
+                    broker_id=broker_id,
+                    endpoint=common_pb2.Endpoint(
+                        host=address.rpartition(":")[0], port=int(address.rpartition(":")[2])
+                    ),
+                )
+                for broker_id, address in self.controller.brokers.items()
+            ],
+            partition_states=[
+                cluster_pb2.UpdateMetadataPartitionState(
+                    topic=topic,
+                    partition=partition,
+                    controller_epoch=1,
+                    leader=state.leader,
+                    leader_epoch=state.leader_epoch,
+                    isr=state.isr,
+                    partition_epoch=state.partition_epoch,
+                    replicas=state.replicas,
+                )
+                for (topic, partition), state in self.controller.states.items()
+            ],
+        )
+        async with grpc.aio.insecure_channel(self.metadata.address) as channel:
+            response = await metadata_pb2_grpc.MetadataControlStub(channel).UpdateMetadata(request)
+        assert response.error_code == 0, response.error_message
+
+
+@pytest.fixture
+async def cluster(start_broker: Callable[..., Awaitable[Any]]) -> AsyncIterator[Cluster]:
+    controller = StandinController(brokers={})
+    address = await controller.start()
+    brokers: dict[int, BrokerServer] = {}
+    for broker_id in (1, 2, 3):
+        server, _ = await start_broker(
+            broker_id,
+            controllers=address,
+            **{"replica.lag.time.max.ms": 1000, "replica.fetch.backoff.ms": 50},
+        )
+        brokers[broker_id] = server
+        controller.brokers[broker_id] = server.address
+    meta = MetadataServer("127.0.0.1:0")
+    await meta.start()
+    cluster = Cluster(controller, brokers, meta)
+    await cluster.publish()
+    yield cluster
+    await meta.stop(0)
+    await controller.stop()

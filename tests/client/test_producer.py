@@ -1,0 +1,108 @@
+"""Producer and consumer against real in-process brokers and a real metadata service."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+
+from tidewater.client.consumer import Consumer
+from tidewater.client.errors import BufferExhausted, MetadataUnavailable
+from tidewater.client.producer import Producer
+from tidewater.errors import InvalidConfig, MessageTooLarge, UnknownTopicOrPartition
+
+NO_IDEMPOTENCE = {"enable_idempotence": False}
+
+
+async def consume_all(cluster: Any, tps: list[tuple[str, int]], count: int) -> list:
+    records: list = []
+    async with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign(tps)
+        for _ in range(100):
+            records += await consumer.poll(200)
+            if len(records) >= count:
+                break
+        assert all(consumer.lag(tp) == 0 for tp in tps)
+    return records
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "lz4", "zstd"])
+async def test_round_trip(cluster: Any, compression: str | None) -> None:
+    await cluster.create_topic("rt", partitions=3)
+    async with Producer(cluster.bootstrap, compression=compression, **NO_IDEMPOTENCE) as producer:
+        futures = [
+            await producer.send("rt", f"v{i}".encode(), key=f"k{i % 5}".encode())
+            for i in range(300)
+        ]
+        await producer.flush()
+    sent = [f.result() for f in futures]
+    records = await consume_all(cluster, [("rt", p) for p in range(3)], 300)
+    assert sorted(r.value for r in records) == sorted(f"v{i}".encode() for i in range(300))
+    # Per partition, offsets count up in send order.
+    for p in range(3):
+        offsets = [m.offset for m in sent if m.partition == p]
+        assert offsets == list(range(len(offsets)))
+
+
+async def test_order_kept_across_leader_moves(cluster: Any) -> None:
+    await cluster.create_topic("moving")
+    async with Producer(
+        cluster.bootstrap, linger_ms=1, retry_backoff_ms=20, **NO_IDEMPOTENCE
+    ) as producer:
+        futures = []
+        for i in range(600):
+            futures.append(await producer.send("moving", str(i).encode(), partition=0))
+            if i in (200, 400):
+                await cluster.move_leader("moving", 0, leader=2 if i == 200 else 3)
+        await producer.flush()
+    assert all(f.exception() is None for f in futures)
+    records = await consume_all(cluster, [("moving", 0)], 600)
+    assert [int(r.value) for r in records] == list(range(600))
+
+
+async def test_unknown_topic_is_a_clear_error(cluster: Any) -> None:
+    async with Producer(cluster.bootstrap, max_block_ms=300, **NO_IDEMPOTENCE) as producer:
+        with pytest.raises(UnknownTopicOrPartition, match="nope"):
+            await producer.send("nope", b"x")
+
+
+async def test_oversized_record_is_refused(cluster: Any) -> None:
+    await cluster.create_topic("big")
+    async with Producer(cluster.bootstrap, max_request_size=1000, **NO_IDEMPOTENCE) as producer:
+        with pytest.raises(MessageTooLarge):
+            await producer.send("big", bytes(2000))
+
+
+async def test_buffer_exhausted_after_max_block(cluster: Any) -> None:
+    await cluster.create_topic("full")
+    # A leader that never answers in time: broker 1 is stopped after the metadata says it leads.
+    producer = Producer(
+        cluster.bootstrap, buffer_memory=2000, max_block_ms=200, linger_ms=1000, **NO_IDEMPOTENCE
+    )
+    await producer.send("full", bytes(900), partition=0)
+    await producer.send("full", bytes(900), partition=0)
+    with pytest.raises(BufferExhausted, match="buffer_memory"):
+        await producer.send("full", bytes(900), partition=0)
+    await producer.close()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"acks": 2}, {"compression": "snappy"}, {"batch_size": 0}, {"linger.ms": 5}, {"acks": 1}],
+)
+def test_invalid_config_values(config: dict) -> None:
+    with pytest.raises(InvalidConfig):
+        Producer(["127.0.0.1:1"], **config)
+
+
+async def test_silent_metadata_address_fails_fast() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{sock.getsockname()[1]}"
+        producer = Producer(
+            [address], request_timeout_ms=500, delivery_timeout_ms=1000, **NO_IDEMPOTENCE
+        )
+        with pytest.raises(MetadataUnavailable, match=address):
+            await producer.send("t", b"x")
+        await producer.close()

@@ -137,3 +137,26 @@ class StoreUnavailable(TidewaterError):
     """The controller's call to etcd did not complete (unreachable, or timed out); retriable."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class OutOfOrderSequence(TidewaterError):
+    """An idempotent batch does not continue its producer's sequence (a gap, or a retry of a
+    batch older than the last five the partition remembers)."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class UnknownProducerId(TidewaterError):
+    """A batch with a sequence other than 0 from a producer the partition has no state for."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class InvalidProducerEpoch(TidewaterError):
+    """A batch from an older epoch of a producer id: a newer incarnation fenced it."""
+
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class ProducerIdAllocationFailed(TidewaterError):
+    code = ErrorCode.PRODUCER_ID_ALLOCATION_FAILED

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -248,12 +247,14 @@ async def test_health_and_reflection(leader: Any) -> None:
     assert {"tidewater.v1.BrokerService", "tidewater.v1.BrokerControl"} <= names
 
 
-async def test_rpcs_of_later_issues_answer_unimplemented(leader: Any) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await leader.service.InitProducerId(
-            pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
-        )
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+async def test_init_producer_id_without_a_controller_fails_with_a_named_error(
+    leader: Any,
+) -> None:
+    response = await leader.service.InitProducerId(
+        pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+    )
+    assert response.error_code == ErrorCode.PRODUCER_ID_ALLOCATION_FAILED
+    assert response.producer_id == -1
 
 
 # -- bad input: a named error, and nothing acknowledged lost ---------------------------------

@@ -182,7 +182,7 @@ class ReplicaFetcher:
                         )
                     apply_fetch_response(
                         hosted.state,
-                        hosted.log,
+                        hosted,
                         FetchedPartition(result.high_watermark, diverging, result.record_batches),
                     )
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -234,7 +234,7 @@ class ReplicaFetcher:
             state.failed = True
         elif action is not None:
             log.warning("%s: fetch offset out of range; %s", hosted.state.name, action)
-            apply_out_of_range(hosted.state, hosted.log, action)
+            apply_out_of_range(hosted.state, hosted, action)
 
     def _delay(self, tps: list[TopicPartition], seconds: float) -> None:
         until = time.monotonic() + seconds

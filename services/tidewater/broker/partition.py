@@ -1,12 +1,21 @@
-"""A partition hosted on this broker: the pure replication state bound to its log on disk."""
+"""A partition hosted on this broker: the pure replication state bound to its log on disk and
+to its idempotent producers' state, which every append and truncation keeps in step with the
+log (the fetcher appends and truncates through this class for that reason)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import AppendInfo, Log
+from tidewater.broker.producer_state import ProducerStateManager, batch_headers
 from tidewater.broker.topic_config import TopicConfig
+from tidewater.records.header import BatchHeader, read_header
 from tidewater.replication.partition import Partition, ReplicationConfig
+
+# How much log one read brings in while replaying batch headers into the producer state.
+_REPLAY_READ_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -30,20 +39,93 @@ class HostedPartition:
         self.state = state
         self.log = log
         self.config = config
+        self.producer_state = ProducerStateManager(log.dir)
+        self._rebuild_producer_state()
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.state.topic, self.state.partition)
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.log.log_end_offset
+
+    @property
+    def leader_epoch_cache(self) -> LeaderEpochCache:
+        return self.log.leader_epoch_cache
 
     def reconfigure(self, config: TopicConfig, replica_lag_time_max_ms: int) -> None:
         self.config = config
         self.state.config = replication_config(config, replica_lag_time_max_ms)
 
     def append_as_leader(self, batch: bytearray, acks: int, now_ms: int) -> tuple[AppendInfo, bool]:
-        """Append a validated batch as leader; returns the append and whether the HW moved."""
+        """Append a validated batch as leader; returns the append and whether the HW moved.
+        A retry of an idempotent batch already in the log is not appended again: the answer
+        carries the original offsets (Kafka's, with no timestamp)."""
         self.state.check_append(acks)
+        header = read_header(batch)
+        if header.producer_id >= 0:
+            duplicate = self.producer_state.check(header)
+            if duplicate is not None:
+                return AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0), False
+        active_segment = self._active_segment_base()
         info = self.log.append_as_leader(batch, self.state.leader_epoch)
+        if header.producer_id >= 0:
+            self.producer_state.update(header, info.first_offset)
+        self._snapshot_if_rolled(active_segment)
         return info, self.state.after_leader_append(now_ms)
+
+    def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append what the leader sent and replay it into the producer state, so this replica
+        deduplicates retries if it becomes leader."""
+        active_segment = self._active_segment_base()
+        info = self.log.append_as_follower(batches)
+        self.producer_state.load_from_log(batch_headers(batches))
+        self._snapshot_if_rolled(active_segment)
+        return info
+
+    def truncate_to(self, offset: int) -> None:
+        self.log.truncate_to(offset)
+        self.producer_state.truncate_to(self.log.log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        self.log.truncate_fully_and_start_at(offset)
+        self.producer_state.clear()
+
+    def take_producer_snapshot(self) -> None:
+        """Snapshot the producer state at the LEO (clean shutdown)."""
+        self.producer_state.take_snapshot(self.log.log_end_offset)
+
+    def _active_segment_base(self) -> int:
+        return self.log.segments[-1].base_offset
+
+    def _snapshot_if_rolled(self, active_segment_before: int) -> None:
+        # Kafka snapshots on segment roll, so a restart replays about one segment at most.
+        if self._active_segment_base() != active_segment_before:
+            self.take_producer_snapshot()
+
+    def _rebuild_producer_state(self) -> None:
+        """Load the latest snapshot and replay the log after it (or the whole log)."""
+        covered = self.producer_state.load_snapshot(self.log.log_end_offset)
+        self.producer_state.load_from_log(
+            self._headers_from(max(covered or 0, self.log.log_start_offset))
+        )
+
+    def _headers_from(self, start: int) -> Iterator[BatchHeader]:
+        """Headers of the batches holding the offsets from `start` to the LEO."""
+        offset = start
+        while offset < self.log.log_end_offset:
+            data = self.log.read(offset, _REPLAY_READ_BYTES)
+            if not data:
+                return
+            for header in batch_headers(data):
+                if header.last_offset >= start:
+                    yield header
+                offset = header.next_offset
 
     def read(
         self, fetch_offset: int, max_bytes: int, *, for_follower: bool, min_one_batch: bool

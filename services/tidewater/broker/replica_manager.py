@@ -18,6 +18,7 @@ from tidewater.broker.isr_channel import AlterIsrChannel
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
+from tidewater.broker.producer_ids import ProducerIdManager
 from tidewater.broker.purgatory import Purgatory, Scheduler
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
@@ -75,6 +76,9 @@ class ReplicaManager:
             self._on_alter_isr_result,
             lambda: self.broker_epoch(),
             config.isr_change_propagation_window_ms,
+        )
+        self.producer_ids = ProducerIdManager(
+            self.controller, config.broker_id, lambda: self.broker_epoch()
         )
         self._control_lock = asyncio.Lock()
         # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata; None
@@ -632,6 +636,8 @@ class ReplicaManager:
         self.produce_purgatory.cancel_all()
         self.fetch_purgatory.cancel_all()
         self.checkpoint_high_watermarks()
+        for partition in self.partitions.values():
+            partition.take_producer_snapshot()
 
 
 def _to_proto_records(data: bytes, fetch_offset: int) -> list[common_pb2.Record]:

@@ -48,6 +48,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     ) -> pb.OffsetForLeaderEpochResponse:
         return self._rm.offset_for_leader_epoch(request)
 
+    async def InitProducerId(
+        self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> pb.InitProducerIdResponse:
+        return await self._rm.producer_ids.init_producer_id(request)
+
 
 class BrokerControl(broker_pb2_grpc.BrokerControlServicer):
     def __init__(self, replica_manager: ReplicaManager) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from tidewater.controller.service import PRODUCER_ID_BLOCK
 from tidewater.rpc.server import CHANNEL_OPTIONS, ServiceHost
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -95,6 +96,7 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     # Every committed ISR change, in order: (topic, partition, new ISR).
     isr_changes: list[tuple[str, int, list[int]]] = field(default_factory=list)
     host: ServiceHost | None = None
+    next_producer_id: int = 0
 
     async def start(self) -> str:
         """Serve ControllerService (AlterIsr) on 127.0.0.1; returns the address."""
@@ -165,6 +167,18 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     ) -> controller_pb2.ControlledShutdownResponse:
         """The stand-in moves no leadership: the test decides who leads."""
         return controller_pb2.ControlledShutdownResponse()
+
+    async def AllocateProducerIds(
+        self,
+        request: controller_pb2.AllocateProducerIdsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.AllocateProducerIdsResponse:
+        """Blocks from a counter: unique within this stand-in's life, as the tests need."""
+        first = self.next_producer_id
+        self.next_producer_id += PRODUCER_ID_BLOCK
+        return controller_pb2.AllocateProducerIdsResponse(
+            first_producer_id=first, producer_id_count=PRODUCER_ID_BLOCK
+        )
 
     async def AlterIsr(
         self, request: controller_pb2.AlterIsrRequest, context: grpc.aio.ServicerContext

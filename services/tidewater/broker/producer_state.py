@@ -1,0 +1,259 @@
+"""Idempotent producers' state in one partition (Kafka's ProducerStateManager).
+
+Per producer id: its epoch, the metadata of its last five batches (sequence range and offset
+range) and the timestamp of its last batch. The leader checks each idempotent batch against it
+before appending: a retry of one of those five batches is a duplicate answered with the
+original offsets; any other sequence must follow the last one. Followers and log recovery
+replay batch headers into it without checks, so a new leader or a restarted broker
+deduplicates retries as the old leader would have.
+
+Snapshots `<offset>.snapshot` in the partition directory (JSON) hold the state as of an offset,
+so a restart replays only the log after the latest one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidewater.broker.log.checkpoints import write_atomically
+from tidewater.errors import (
+    InvalidProducerEpoch,
+    InvalidRequest,
+    OutOfOrderSequence,
+    UnknownProducerId,
+)
+from tidewater.records.header import BatchHeader, read_header
+
+log = logging.getLogger(__name__)
+
+# Kafka's ProducerStateEntry.NumBatchesToRetain: a producer has at most five batches in flight.
+BATCHES_RETAINED = 5
+SNAPSHOT_SUFFIX = ".snapshot"
+# The newest snapshot, and the one before it in case a crash took back the log behind it.
+SNAPSHOTS_KEPT = 2
+SEQUENCE_MAX = 2**31 - 1
+_SNAPSHOT_FILE = re.compile(r"([0-9]{20})\.snapshot")
+_SNAPSHOT_VERSION = 1
+
+
+class CorruptSnapshot(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMetadata:
+    first_sequence: int
+    last_sequence: int
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A retry of a batch already in the log, at these offsets."""
+
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    """A producer with at least one batch in the partition (entries never hold none)."""
+
+    epoch: int
+    last_timestamp: int
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_RETAINED))
+
+    @property
+    def last_sequence(self) -> int:
+        return self.batches[-1].last_sequence
+
+
+def last_sequence(header: BatchHeader) -> int:
+    """The batch's last sequence number; sequences wrap from 2^31 - 1 to 0."""
+    return (header.base_sequence + header.last_offset_delta) % (SEQUENCE_MAX + 1)
+
+
+def in_sequence(last: int, next_first: int) -> bool:
+    return next_first == (last + 1) % (SEQUENCE_MAX + 1)
+
+
+def batch_headers(buf: bytes | bytearray | memoryview) -> Iterator[BatchHeader]:
+    """Headers of the whole batches in `buf` (already validated by the log)."""
+    position = 0
+    while position < len(buf):
+        header = read_header(buf, position)
+        yield header
+        position += header.size
+
+
+def snapshot_path(directory: Path, offset: int) -> Path:
+    return directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+class ProducerStateManager:
+    """One partition's producers. Not thread-safe: driven from the broker's event loop."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.producers: dict[int, ProducerEntry] = {}
+
+    # -- the leader's check ------------------------------------------------------------------
+
+    def check(self, header: BatchHeader) -> Duplicate | None:
+        """Check an idempotent batch before the leader appends it: the original offsets if it
+        is a retry of one of the producer's last five batches, None if it may be appended;
+        OutOfOrderSequence, UnknownProducerId or InvalidProducerEpoch otherwise."""
+        pid, epoch, first = header.producer_id, header.producer_epoch, header.base_sequence
+        if epoch < 0 or first < 0:
+            raise InvalidRequest(
+                f"batch of producer {pid} has epoch {epoch} and base sequence {first}; an "
+                "idempotent batch needs both"
+            )
+        entry = self.producers.get(pid)
+        if entry is None:
+            if first != 0:
+                raise UnknownProducerId(
+                    f"no state for producer {pid} and its batch starts at sequence {first}, not 0"
+                )
+            return None
+        if epoch < entry.epoch:
+            raise InvalidProducerEpoch(
+                f"producer {pid} sent epoch {epoch}; epoch {entry.epoch} fenced it"
+            )
+        if epoch > entry.epoch:
+            if first != 0:
+                raise OutOfOrderSequence(
+                    f"producer {pid} began epoch {epoch} at sequence {first}; a new epoch "
+                    "starts at 0"
+                )
+            return None
+        last = last_sequence(header)
+        for batch in entry.batches:
+            if batch.first_sequence == first and batch.last_sequence == last:
+                return Duplicate(batch.first_offset, batch.last_offset)
+        if not in_sequence(entry.last_sequence, first):
+            raise OutOfOrderSequence(
+                f"producer {pid} epoch {epoch}: sequence {first} does not follow "
+                f"{entry.last_sequence}"
+            )
+        return None
+
+    # -- updates -----------------------------------------------------------------------------
+
+    def update(self, header: BatchHeader, first_offset: int) -> None:
+        """Record an appended idempotent batch whose first offset is `first_offset`."""
+        entry = self.producers.get(header.producer_id)
+        if entry is None or entry.epoch != header.producer_epoch:
+            # A new epoch forgets the old one's batches: their sequences no longer apply.
+            entry = self.producers[header.producer_id] = ProducerEntry(
+                header.producer_epoch, header.max_timestamp
+            )
+        entry.batches.append(
+            BatchMetadata(
+                header.base_sequence,
+                last_sequence(header),
+                first_offset,
+                first_offset + header.last_offset_delta,
+            )
+        )
+        entry.last_timestamp = header.max_timestamp
+
+    def load_from_log(self, headers: Iterable[BatchHeader]) -> None:
+        """Replay batches already in a log (replicated or recovered), offsets as stored; no
+        checks: the leader that appended them made them."""
+        for header in headers:
+            if header.producer_id >= 0:
+                self.update(header, header.base_offset)
+
+    def truncate_to(self, offset: int) -> None:
+        """Forget batches at or after `offset` (the log was truncated there), and snapshots
+        taken after it. A producer left with no batch is forgotten: its next batch starts
+        again at sequence 0 of an epoch, or gets UNKNOWN_PRODUCER_ID."""
+        for pid in list(self.producers):
+            batches = self.producers[pid].batches
+            while batches and batches[-1].last_offset >= offset:
+                batches.pop()
+            if not batches:
+                del self.producers[pid]
+        for snapshot_offset, path in self._snapshots():
+            if snapshot_offset > offset:
+                path.unlink()
+
+    def clear(self) -> None:
+        """Forget every producer and snapshot (the log restarted empty at a new offset)."""
+        self.producers.clear()
+        for _, path in self._snapshots():
+            path.unlink()
+
+    # -- snapshots ---------------------------------------------------------------------------
+
+    def take_snapshot(self, offset: int) -> None:
+        """Write the state as of `offset` (every batch below it applied) atomically, and drop
+        all but the newest SNAPSHOTS_KEPT snapshots."""
+        document = {
+            "version": _SNAPSHOT_VERSION,
+            "producers": [
+                [
+                    pid,
+                    entry.epoch,
+                    entry.last_timestamp,
+                    [
+                        [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset]
+                        for b in entry.batches
+                    ],
+                ]
+                for pid, entry in self.producers.items()
+            ],
+        }
+        write_atomically(snapshot_path(self.dir, offset), json.dumps(document).encode())
+        for _, path in self._snapshots()[:-SNAPSHOTS_KEPT]:
+            path.unlink()
+
+    def load_snapshot(self, log_end_offset: int) -> int | None:
+        """Replace the state with the newest readable snapshot at or below the LEO and return
+        its offset (None: none, the state is empty). Snapshots past the LEO describe data a
+        crash took back and are deleted, as are corrupt ones."""
+        self.producers.clear()
+        for offset, path in reversed(self._snapshots()):
+            if offset > log_end_offset:
+                path.unlink()
+                continue
+            try:
+                self.producers = _parse_snapshot(path.read_bytes())
+            except CorruptSnapshot as e:
+                log.warning("%s: %s; deleting it", path, e)
+                path.unlink()
+                continue
+            return offset
+        return None
+
+    def _snapshots(self) -> list[tuple[int, Path]]:
+        """(offset, path) of every snapshot in the directory, oldest first."""
+        found = []
+        for path in self.dir.iterdir():
+            match = _SNAPSHOT_FILE.fullmatch(path.name)
+            if match:
+                found.append((int(match[1]), path))
+        return sorted(found)
+
+
+def _parse_snapshot(data: bytes) -> dict[int, ProducerEntry]:
+    try:
+        document = json.loads(data)
+        if document["version"] != _SNAPSHOT_VERSION:
+            raise CorruptSnapshot(f"unknown snapshot version {document['version']}")
+        producers = {}
+        for pid, epoch, last_timestamp, batches in document["producers"]:
+            entry = ProducerEntry(int(epoch), int(last_timestamp))
+            entry.batches.extend(BatchMetadata(*map(int, b)) for b in batches)
+            producers[int(pid)] = entry
+        return producers
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptSnapshot(f"unreadable producer state snapshot: {e!r}") from None

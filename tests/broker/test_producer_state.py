@@ -1,0 +1,208 @@
+"""The partition's idempotent-producer state: duplicates, sequence checks, fencing, rebuild from
+the log, truncation and snapshots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidewater.broker.producer_state import (
+    SEQUENCE_MAX,
+    Duplicate,
+    ProducerStateManager,
+    batch_headers,
+    snapshot_path,
+)
+from tidewater.errors import (
+    InvalidProducerEpoch,
+    InvalidRequest,
+    OutOfOrderSequence,
+    UnknownProducerId,
+)
+from tidewater.records.batch import Record, build_batch
+from tidewater.records.header import BatchHeader, read_header
+
+PID = 7
+
+
+def raw_batch(
+    sequence: int, records: int = 1, epoch: int = 0, pid: int = PID, offset: int = 0
+) -> bytes:
+    return build_batch(
+        [Record(value=b"v")] * records,
+        base_offset=offset,
+        producer_id=pid,
+        producer_epoch=epoch,
+        base_sequence=sequence,
+        now_ms=1_000,
+    )
+
+
+def batch(
+    sequence: int, records: int = 1, epoch: int = 0, pid: int = PID, offset: int = 0
+) -> BatchHeader:
+    return read_header(raw_batch(sequence, records, epoch, pid, offset))
+
+
+def append(state: ProducerStateManager, header: BatchHeader, offset: int) -> None:
+    """What the leader does: check, then record the append at `offset`."""
+    assert state.check(header) is None
+    state.update(header, offset)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> ProducerStateManager:
+    return ProducerStateManager(tmp_path)
+
+
+def test_a_retry_of_any_of_the_last_five_batches_returns_its_original_offsets(
+    state: ProducerStateManager,
+) -> None:
+    for i in range(7):  # sequences 2i, 2i+1 at offsets 10i, 10i+1
+        append(state, batch(2 * i, records=2), 10 * i)
+    for i in range(2, 7):
+        assert state.check(batch(2 * i, records=2)) == Duplicate(10 * i, 10 * i + 1)
+
+
+def test_a_retry_older_than_the_last_five_batches_is_out_of_order(
+    state: ProducerStateManager,
+) -> None:
+    # Kafka's behaviour: the broker no longer knows it, so it is out of sequence
+    # (OUT_OF_ORDER_SEQUENCE), not answered as a duplicate.
+    for i in range(6):
+        append(state, batch(i), i)
+    with pytest.raises(OutOfOrderSequence):
+        state.check(batch(0))
+
+
+def test_a_retry_must_match_the_whole_sequence_range(state: ProducerStateManager) -> None:
+    append(state, batch(0, records=3), 0)
+    with pytest.raises(OutOfOrderSequence):
+        state.check(batch(0, records=2))
+
+
+def test_a_gap_in_the_sequence_is_out_of_order(state: ProducerStateManager) -> None:
+    append(state, batch(0, records=3), 0)
+    assert state.check(batch(3)) is None
+    with pytest.raises(OutOfOrderSequence, match="does not follow 2"):
+        state.check(batch(4))
+
+
+def test_an_unknown_producer_must_start_at_sequence_zero(state: ProducerStateManager) -> None:
+    with pytest.raises(UnknownProducerId):
+        state.check(batch(5))
+    assert state.check(batch(0, epoch=3)) is None
+
+
+def test_an_idempotent_batch_without_a_sequence_is_invalid(state: ProducerStateManager) -> None:
+    with pytest.raises(InvalidRequest):
+        state.check(batch(-1))
+
+
+def test_an_older_epoch_is_fenced_and_a_new_epoch_starts_at_zero(
+    state: ProducerStateManager,
+) -> None:
+    append(state, batch(0, records=5), 0)
+    with pytest.raises(OutOfOrderSequence, match="new epoch"):
+        state.check(batch(5, epoch=1))
+    append(state, batch(0, epoch=1), 5)
+    with pytest.raises(InvalidProducerEpoch):
+        state.check(batch(5, epoch=0))
+    # The new epoch's batches are all that count: epoch 0's are forgotten.
+    assert state.check(batch(1, epoch=1)) is None
+    assert state.check(batch(0, epoch=1)) == Duplicate(5, 5)
+
+
+def test_sequences_wrap_after_the_largest_int32(state: ProducerStateManager) -> None:
+    # Replayed from the log (no checks): a batch crossing the wrap, whose last sequence is
+    # (MAX - 1 + 2) mod 2^31 = 0.
+    crossing = batch(SEQUENCE_MAX - 1, records=3)
+    state.load_from_log([crossing._replace(base_offset=100)])
+    assert state.producers[PID].last_sequence == 0
+    assert state.check(crossing) == Duplicate(100, 102)
+    assert state.check(batch(1)) is None
+    with pytest.raises(OutOfOrderSequence):
+        state.check(batch(SEQUENCE_MAX))
+
+
+def test_replaying_the_log_rebuilds_the_state(state: ProducerStateManager) -> None:
+    # As a follower or a restarted broker sees them: offsets stored in the batches, other
+    # producers and non-idempotent batches mixed in.
+    log = b"".join(
+        [
+            raw_batch(0, offset=0),
+            build_batch([Record(value=b"b")], base_offset=1),
+            raw_batch(0, pid=9, records=2, offset=2),
+            raw_batch(1, records=2, offset=4),
+        ]
+    )
+    state.load_from_log(batch_headers(log))
+    assert state.check(batch(1, records=2)) == Duplicate(4, 5)
+    assert state.check(batch(0, pid=9, records=2)) == Duplicate(2, 3)
+    assert state.check(batch(3)) is None
+    assert set(state.producers) == {PID, 9}
+
+
+def test_truncation_forgets_batches_from_the_offset_on(state: ProducerStateManager) -> None:
+    for i in range(3):
+        append(state, batch(i), i)
+    append(state, batch(0, pid=9), 3)
+    state.truncate_to(2)
+    assert state.check(batch(1)) == Duplicate(1, 1)
+    assert state.check(batch(2)) is None  # the truncated batch may be sent again
+    assert 9 not in state.producers
+    with pytest.raises(UnknownProducerId):
+        state.check(batch(1, pid=9))
+
+
+def test_a_snapshot_round_trips_the_state(tmp_path: Path, state: ProducerStateManager) -> None:
+    for i in range(6):
+        append(state, batch(i), i)
+    append(state, batch(0, pid=9, epoch=4, records=2), 6)
+    state.take_snapshot(8)
+
+    loaded = ProducerStateManager(tmp_path)
+    assert loaded.load_snapshot(log_end_offset=8) == 8
+    assert loaded.producers == state.producers
+    assert loaded.check(batch(1)) == Duplicate(1, 1)
+    assert loaded.check(batch(0, pid=9, epoch=4, records=2)) == Duplicate(6, 7)
+
+
+def test_loading_skips_snapshots_past_the_log_end_and_corrupt_ones(
+    tmp_path: Path, state: ProducerStateManager
+) -> None:
+    append(state, batch(0), 0)
+    state.take_snapshot(1)
+    append(state, batch(1), 1)
+    state.take_snapshot(2)
+    append(state, batch(2), 2)
+    state.take_snapshot(3)
+    snapshot_path(tmp_path, 3).write_bytes(b'{"version": 1, "produc')
+
+    loaded = ProducerStateManager(tmp_path)
+    # The log ends at 2 after a crash: snapshot 3 is corrupt and would be too new anyway.
+    assert loaded.load_snapshot(log_end_offset=2) == 2
+    assert loaded.check(batch(1)) == Duplicate(1, 1)
+    assert not snapshot_path(tmp_path, 3).exists()
+
+
+def test_only_the_newest_snapshots_are_kept_and_truncation_drops_later_ones(
+    tmp_path: Path, state: ProducerStateManager
+) -> None:
+    for offset in (10, 20, 30):
+        append(state, batch(offset // 10 - 1), offset - 1)
+        state.take_snapshot(offset)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        snapshot_path(tmp_path, 20).name,
+        snapshot_path(tmp_path, 30).name,
+    ]
+    state.truncate_to(25)
+    assert [p.name for p in tmp_path.iterdir()] == [snapshot_path(tmp_path, 20).name]
+    assert ProducerStateManager(tmp_path).load_snapshot(log_end_offset=25) == 20
+
+
+def test_no_snapshot_leaves_the_state_empty(tmp_path: Path) -> None:
+    state = ProducerStateManager(tmp_path)
+    assert state.load_snapshot(log_end_offset=100) is None
+    assert state.producers == {}

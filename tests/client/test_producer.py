@@ -45,10 +45,11 @@ async def test_round_trip(cluster: Any, compression: str | None) -> None:
         assert offsets == list(range(len(offsets)))
 
 
-async def test_order_kept_across_leader_moves(cluster: Any) -> None:
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+async def test_order_kept_across_leader_moves(cluster: Any, idempotent: bool) -> None:
     await cluster.create_topic("moving")
     async with Producer(
-        cluster.bootstrap, linger_ms=1, retry_backoff_ms=20, **NO_IDEMPOTENCE
+        cluster.bootstrap, linger_ms=1, retry_backoff_ms=20, enable_idempotence=idempotent
     ) as producer:
         futures = []
         for i in range(600):

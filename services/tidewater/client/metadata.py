@@ -82,7 +82,11 @@ class ClusterMetadata:
         with contextlib.suppress(MetadataUnavailable):
             await self._fetch(sorted(self._wanted))
 
-    async def _fetch(self, topics: list[str]) -> None:
+    async def describe(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
+        """The metadata service's answer for `topics` (all when empty), as it is."""
+        return await self._fetch(topics)
+
+    async def _fetch(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
         errors = []
         for _ in range(len(self.addresses)):
             address = self.addresses[self._current]
@@ -98,7 +102,7 @@ class ClusterMetadata:
                 continue
             self._last_refresh = time.monotonic()
             self._apply(response)
-            return
+            return response
         self._last_refresh = time.monotonic()
         raise MetadataUnavailable(
             f"no metadata service answered within {self.request_timeout_s:g}s: " + ", ".join(errors)

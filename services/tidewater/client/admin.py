@@ -1,0 +1,119 @@
+"""Admin client: topics, partitions, reassignments and leader elections through the active
+controller (ControllerService, following NOT_CONTROLLER), and topic descriptions from a
+metadata service."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from tidewater.broker.controller_client import ControllerClient
+from tidewater.client.errors import error_for
+from tidewater.client.metadata import ClusterMetadata
+from tidewater.v1 import common_pb2, metadata_pb2
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TopicPartition = tuple[str, int]
+
+
+class Admin:
+    def __init__(self, controllers: Sequence[str], bootstrap: Sequence[str] = ()) -> None:
+        self._controller = ControllerClient(controllers)
+        self._metadata = ClusterMetadata(list(bootstrap)) if bootstrap else None
+
+    async def __aenter__(self) -> Admin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._controller.close()
+        if self._metadata is not None:
+            await self._metadata.close()
+
+    async def _call(self, method: str, request: object) -> object:
+        response = await self._controller.call(method, request)
+        _raise_if(response.error_code, response.error_message)
+        return response
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication_factor: int = 3,
+        configs: Mapping[str, str] | None = None,
+        assignments: Sequence[Sequence[int]] = (),
+        validate_only: bool = False,
+    ) -> None:
+        """Create a topic: `partitions` of `replication_factor` replicas, placed by the
+        controller (rack aware), or explicit `assignments` (replicas of partition 0, 1, ...)."""
+        topic = cpb.CreatableTopic(
+            name=name,
+            num_partitions=0 if assignments else partitions,
+            replication_factor=0 if assignments else replication_factor,
+            configs=dict(configs or {}),
+        )
+        for partition, replicas in enumerate(assignments):
+            topic.assignments.add(partition=partition, broker_ids=list(replicas))
+        response = await self._call(
+            "CreateTopics", cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
+        )
+        result = response.topics[0]  # type: ignore[attr-defined]
+        _raise_if(result.error_code, result.error_message)
+
+    async def delete_topics(self, names: Sequence[str]) -> None:
+        response = await self._call("DeleteTopics", cpb.DeleteTopicsRequest(topic_names=names))
+        for result in response.topics:  # type: ignore[attr-defined]
+            _raise_if(result.error_code, result.error_message)
+
+    async def create_partitions(self, name: str, count: int) -> None:
+        """Grow a topic to `count` partitions."""
+        response = await self._call(
+            "CreatePartitions",
+            cpb.CreatePartitionsRequest(topics=[cpb.CreatePartitionsTopic(name=name, count=count)]),
+        )
+        result = response.topics[0]  # type: ignore[attr-defined]
+        _raise_if(result.error_code, result.error_message)
+
+    async def reassign(self, targets: Mapping[TopicPartition, Sequence[int] | None]) -> None:
+        """Move partitions to new replicas; None cancels a reassignment in progress."""
+        request = cpb.AlterPartitionReassignmentsRequest()
+        for (topic, partition), replicas in targets.items():
+            request.partitions.add(
+                topic=topic,
+                partition=partition,
+                replicas=list(replicas or ()),
+                cancel=replicas is None,
+            )
+        response = await self._call("AlterPartitionReassignments", request)
+        for result in response.partitions:  # type: ignore[attr-defined]
+            _raise_if(result.error_code, result.error_message)
+
+    async def elect_leaders(
+        self, unclean: bool = False, partitions: Sequence[TopicPartition] = ()
+    ) -> dict[TopicPartition, int]:
+        """Preferred (or unclean) leader election; ErrorCode per partition (NONE when elected,
+        ELECTION_NOT_NEEDED when already led by the preferred replica, ...)."""
+        response = await self._call(
+            "ElectLeaders",
+            cpb.ElectLeadersRequest(
+                election_type=cpb.ELECTION_TYPE_UNCLEAN if unclean else cpb.ELECTION_TYPE_PREFERRED,
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions],
+            ),
+        )
+        return {(r.topic, r.partition): r.error_code for r in response.partitions}  # type: ignore[attr-defined]
+
+    async def describe_cluster(self) -> cpb.DescribeClusterResponse:
+        return await self._call("DescribeCluster", cpb.DescribeClusterRequest())  # type: ignore[return-value]
+
+    async def describe_topics(self, names: Sequence[str] = ()) -> metadata_pb2.GetMetadataResponse:
+        """Partitions with leader, epoch, replicas and ISR, from a metadata service."""
+        if self._metadata is None:
+            raise ValueError("describe_topics needs bootstrap (metadata service) addresses")
+        return await self._metadata.describe(list(names))
+
+
+def _raise_if(code: int, message: str) -> None:
+    if code != ErrorCode.NONE:
+        raise error_for(code, message)

@@ -65,6 +65,21 @@ def _parser() -> argparse.ArgumentParser:
     metadata.add_argument("--listen", default="127.0.0.1:9094", help="HOST:PORT (0: any port)")
     metadata.add_argument("--ready-file", type=Path, help="write the bound address here")
 
+    cluster = commands.add_parser("cluster", help="a local cluster: up, down, status")
+    actions = cluster.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="start etcd, 2 controllers, metadata and brokers")
+    up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--detach", action="store_true", help="leave it running and return")
+    # The detached supervisor tells `up --detach` it is ready through this file.
+    up.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
+    down = actions.add_parser("down", help="stop the cluster cleanly")
+    status = actions.add_parser("status", help="every process: role, id, address, pid, health")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    for action in (up, down, status):
+        action.add_argument(
+            "--data-dir", type=Path, help="the cluster's data (default: the user data dir)"
+        )
+
     demo = commands.add_parser(
         "demo", help="start a broker, make it leader of a partition, produce and consume"
     )
@@ -105,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             asyncio.run(run_metadata(args.listen, args.ready_file))
             return 0
+        if args.command == "cluster":
+            return _cluster(args)
         if args.command == "demo":
             from tidewater.local.demo import run_demo
 
@@ -115,6 +132,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     raise AssertionError(args.command)
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from tidewater.local import cluster
+
+    data_dir = args.data_dir or cluster.default_data_dir()
+    try:
+        if args.action == "up":
+            return cluster.cluster_up(data_dir, args.brokers, args.detach, args.ready_file)
+        if args.action == "down":
+            return cluster.cluster_down(data_dir)
+        return cluster.cluster_status(data_dir, args.json)
+    except cluster.ClusterError as e:
+        print(f"tidewater: {e}", file=sys.stderr)
+        return 1
 
 
 def _broker(args: argparse.Namespace) -> int:

@@ -81,7 +81,8 @@ def _parser() -> argparse.ArgumentParser:
         )
 
     demo = commands.add_parser(
-        "demo", help="start a broker, make it leader of a partition, produce and consume"
+        "demo",
+        help="start a local cluster, produce records with acks=all, consume them, stop it",
     )
     demo.add_argument("--records", type=int, default=10_000)
     demo.add_argument("--data-dir", type=Path, help="keep data here (default: a temp dir)")

@@ -200,7 +200,12 @@ class LocalCluster:
                     broker_id,
                     self.data_dir / f"broker-{broker_id}",
                     self._listen("broker", broker_id),
-                    {"controllers": ",".join(controllers)},
+                    # When the whole cluster stops, the last broker has nobody to hand its
+                    # leaderships to: do not wait Kafka's long default for it.
+                    {
+                        "controllers": ",".join(controllers),
+                        "controlled.shutdown.timeout.ms": "3000",
+                    },
                 ),
             )
         asyncio.run(wait_healthy(self.members(), controllers, self.broker_ids, START_TIMEOUT_S))

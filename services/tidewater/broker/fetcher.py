@@ -106,9 +106,12 @@ class ReplicaFetcher:
                     if stream is None:
                         stream = stub.FetchStream()
                     await stream.write(request)
-                    response = await asyncio.wait_for(
-                        stream.read(), self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S
-                    )
+                    # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow the
+                    # cancellation that stops this fetcher.
+                    async with asyncio.timeout(
+                        self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S
+                    ):
+                        response = await stream.read()
                     if response is grpc.aio.EOF:
                         raise ConnectionError("fetch stream closed by the leader")
                 except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:
@@ -126,7 +129,8 @@ class ReplicaFetcher:
         delays = [s.delayed_until - now for s in self.partitions.values() if not s.failed]
         timeout = max(min(delays), 0.0) if delays else None
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.changed.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.changed.wait()
 
     def _build_request(self) -> pb.FetchRequest | None:
         now = time.monotonic()

@@ -225,9 +225,8 @@ class ControllerStore:
                 reason = "no keepalive answered within the lease TTL"
                 break
             try:
-                reply = await asyncio.wait_for(
-                    self._client.refresh_lease(lease_id), timeout=expires - sent
-                )
+                async with asyncio.timeout(expires - sent):  # not wait_for: see fetcher.py
+                    reply = await self._client.refresh_lease(lease_id)
             except TimeoutError:
                 reason = "no keepalive answered within the lease TTL"
                 break
@@ -246,7 +245,8 @@ class ControllerStore:
         self.lost.set()
         # The lease may still be alive in etcd: revoking it lets a standby take over now.
         with contextlib.suppress(aetcd.ClientError, TimeoutError):
-            await asyncio.wait_for(self._client.revoke_lease(lease_id), timeout=ttl / 3)
+            async with asyncio.timeout(ttl / 3):
+                await self._client.revoke_lease(lease_id)
 
     async def resign(self) -> None:
         """Stop being the active controller: `lost` is set, then the lease (and with it the

@@ -38,27 +38,29 @@ async def produce(stub: broker_pb2_grpc.BrokerServiceStub, batch: bytes) -> int:
     return result.base_offset
 
 
+def consumer_fetch(offset: int, max_bytes: int) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        replica_id=-1,
+        max_bytes=max_bytes,
+        partitions=[
+            pb.FetchPartition(
+                topic=TOPIC,
+                partition=0,
+                fetch_offset=offset,
+                current_leader_epoch=-1,
+                last_fetched_epoch=-1,
+                log_start_offset=-1,
+            )
+        ],
+    )
+
+
 async def fetch_all(stub: broker_pb2_grpc.BrokerServiceStub) -> bytes:
     """Every batch from offset 0 up to the HW, as served."""
     served = b""
     offset = 0
     while True:
-        response = await stub.Fetch(
-            pb.FetchRequest(
-                replica_id=-1,
-                max_bytes=1 << 20,
-                partitions=[
-                    pb.FetchPartition(
-                        topic=TOPIC,
-                        partition=0,
-                        fetch_offset=offset,
-                        current_leader_epoch=-1,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                    )
-                ],
-            )
-        )
+        response = await stub.Fetch(consumer_fetch(offset, 1 << 20))
         result = response.partitions[0]
         assert result.error_code == ErrorCode.NONE, result.error_message
         if not result.record_batches:
@@ -157,22 +159,7 @@ async def test_deleted_indexes_are_rebuilt(
     assert [offset for offset, _ in split(await fetch_all(stub))] == acked
     # Reads starting inside the log go through the rebuilt index.
     for offset in (acked[17] + 3, acked[45]):
-        response = await stub.Fetch(
-            pb.FetchRequest(
-                replica_id=-1,
-                max_bytes=1,
-                partitions=[
-                    pb.FetchPartition(
-                        topic=TOPIC,
-                        partition=0,
-                        fetch_offset=offset,
-                        current_leader_epoch=-1,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                    )
-                ],
-            )
-        )
+        response = await stub.Fetch(consumer_fetch(offset, 1))
         records = list(decode_batches(response.partitions[0].record_batches))
         assert any(r.offset == offset for r in records)
     assert all(index.exists() for index in indexes if "00000000000000000000" in index.name)

@@ -86,6 +86,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--records", type=int, default=10_000)
     demo.add_argument("--data-dir", type=Path, help="keep data here (default: a temp dir)")
+
+    trace = commands.add_parser("trace", help="read recorded trace files")
+    trace_actions = trace.add_subparsers(dest="action", required=True)
+    report = trace_actions.add_parser(
+        "report", help="produce-to-ack latency per stage, and which follower acked last"
+    )
+    report.add_argument(
+        "paths", nargs="+", type=Path, metavar="FILE", help="trace files or directories of *.jsonl"
+    )
+    report.add_argument("--html", type=Path, metavar="OUT", help="also write a page with charts")
     return parser
 
 
@@ -127,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tidewater.local.demo import run_demo
 
             return asyncio.run(run_demo(args.records, args.data_dir))
+        if args.command == "trace":
+            return _trace_report(args.paths, args.html)
     except (TidewaterError, OSError) as e:
         print(f"tidewater: {e}", file=sys.stderr)
         return 1
@@ -167,4 +179,28 @@ def _broker(args: argparse.Namespace) -> int:
         except OSError as e:
             raise InvalidConfig(f"log dir {log_dir} is not usable: {e}") from None
     asyncio.run(run_broker(config, args.ready_file))
+    return 0
+
+
+def _trace_report(paths: list[Path], html_out: Path | None) -> int:
+    from tidewater.tracereport import ReportError
+    from tidewater.tracereport.otlp_json import read_trace_files
+    from tidewater.tracereport.page import render_html
+    from tidewater.tracereport.stages import latency_report
+    from tidewater.tracereport.text import render_text
+
+    try:
+        source = read_trace_files(paths)
+        report = latency_report(source.spans)
+        summary = render_text(report, source)
+        print(summary)
+        if not report.traces:
+            print("tidewater: no complete produce trace in these files", file=sys.stderr)
+            return 1
+        if html_out is not None:
+            html_out.write_text(render_html(report, summary), encoding="utf-8")
+            print(f"wrote {html_out}")
+    except ReportError as e:
+        print(f"tidewater: {e}", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,214 @@
+"""Produce traces taken apart into the stages between `send()` and the ack (pure: spans in,
+report out).
+
+Per trace (TRACE_CONTRACT.md; durations of spans, so clocks of different hosts never mix):
+    queueing    = batch.wait
+    network     = send - batch.wait - Produce   (the last attempt's Produce; both directions,
+                                                 plus earlier attempts and their backoff)
+    append      = log.append
+    replication = replication.wait              (0 for acks 0 and 1)
+    response    = Produce - log.append - replication.wait
+    total       = send
+The five stages add up to the total by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from tidewater.tracereport.otlp_json import AttributeValue, Span
+
+STAGES = ("queueing", "network", "append", "replication", "response")
+TOTAL = "total"
+TITLES = {
+    "queueing": "client queueing",
+    "network": "network",
+    "append": "leader append",
+    "replication": "replication wait",
+    "response": "leader response",
+    TOTAL: "total (send to ack)",
+}
+QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))
+# Traces ranked by total latency: which stages make the slow ones slow.
+BANDS = (
+    ("fastest 50%", 0.0, 0.5),
+    ("p50-p90", 0.5, 0.9),
+    ("p90-p99", 0.9, 0.99),
+    ("slowest 1%", 0.99, 1.0),
+)
+
+PRODUCER, SERVER = 4, 2  # OTLP SpanKind
+STATUS_ERROR = 2
+
+
+class Skip(StrEnum):
+    """Why a produce trace is left out: a process's file is absent, or a span was not sampled."""
+
+    NO_SEND = "no client send span (the client's trace file missing?)"
+    NO_BATCH_WAIT = "no batch.wait span under send"
+    NO_PRODUCE = "no leader Produce span (the leader's trace file missing?)"
+    NO_APPEND = "no log.append span under Produce"
+    NO_REPLICATION_WAIT = "acks=all but no replication.wait span under Produce"
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceTrace:
+    trace_id: str
+    topic: str
+    partition: str
+    acks: int | None
+    attempts: int  # Produce spans under send: more than one when the batch was retried
+    stages_ns: Mapping[str, int]  # every stage, and TOTAL
+    last_follower_id: int | None  # acks=all: the follower whose fetch completed the wait
+
+
+@dataclass(frozen=True, slots=True)
+class FailedSend:
+    """A send that ended in an error: it has no produce-to-ack latency."""
+
+    trace_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    label: str
+    count: int
+    mean_ns: Mapping[str, float]  # every stage, and TOTAL
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyReport:
+    traces: tuple[ProduceTrace, ...]
+    failed: int  # sends that ended in an error: no produce-to-ack latency
+    skipped: Mapping[Skip, int]
+    percentiles: Mapping[str, Mapping[str, int]]  # stage or TOTAL -> quantile name -> ns
+    last_to_ack: Sequence[tuple[int, int]]  # (follower id, traces), most often first
+    bands: tuple[Band, ...]
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile: always a value that was observed."""
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
+
+
+def latency_report(spans: Iterable[Span]) -> LatencyReport:
+    by_trace: dict[str, list[Span]] = defaultdict(list)
+    for span in spans:
+        by_trace[span.trace_id].append(span)
+    traces: list[ProduceTrace] = []
+    skipped: Counter[Skip] = Counter()
+    failed = 0
+    for trace_spans in by_trace.values():
+        outcome = produce_trace(trace_spans)
+        if isinstance(outcome, ProduceTrace):
+            traces.append(outcome)
+        elif isinstance(outcome, Skip):
+            skipped[outcome] += 1
+        elif isinstance(outcome, FailedSend):
+            failed += 1
+    traces.sort(key=lambda t: t.stages_ns[TOTAL])
+    followers = Counter(t.last_follower_id for t in traces if t.last_follower_id is not None)
+    return LatencyReport(
+        traces=tuple(traces),
+        failed=failed,
+        skipped=dict(skipped),
+        percentiles=_percentiles(traces),
+        last_to_ack=sorted(followers.items(), key=lambda item: (-item[1], item[0])),
+        bands=_bands(traces),
+    )
+
+
+def produce_trace(spans: Sequence[Span]) -> ProduceTrace | FailedSend | Skip | None:
+    """One trace's stages; a Skip when spans are missing; None for a trace that is not a
+    produce (fetches, the controller)."""
+    children: dict[str, list[Span]] = defaultdict(list)
+    for span in spans:
+        children[span.parent_span_id].append(span)
+    send = next((s for s in spans if s.kind == PRODUCER and s.name.startswith("send ")), None)
+    if send is None:
+        return Skip.NO_SEND if any(_is_produce(s) for s in spans) else None
+    if send.status_code == STATUS_ERROR:
+        return FailedSend(send.trace_id)
+    batch_wait = _child(children, send, "batch.wait")
+    if batch_wait is None:
+        return Skip.NO_BATCH_WAIT
+    attempts = [s for s in children[send.span_id] if _is_produce(s)]
+    if not attempts:
+        return Skip.NO_PRODUCE
+    produce = max(attempts, key=lambda s: s.start_ns)
+    append = _child(children, produce, "log.append")
+    if append is None:
+        return Skip.NO_APPEND
+    acks = _acks(send.attributes.get("tidewater.acks", produce.attributes.get("tidewater.acks")))
+    wait = _child(children, produce, "replication.wait")
+    if wait is None and acks == -1:
+        return Skip.NO_REPLICATION_WAIT
+    replication = wait.duration_ns if wait is not None else 0
+    stages = {
+        "queueing": batch_wait.duration_ns,
+        "network": send.duration_ns - batch_wait.duration_ns - produce.duration_ns,
+        "append": append.duration_ns,
+        "replication": replication,
+        "response": produce.duration_ns - append.duration_ns - replication,
+        TOTAL: send.duration_ns,
+    }
+    last_follower = wait.attributes.get("tidewater.last_follower_id") if wait else None
+    return ProduceTrace(
+        trace_id=send.trace_id,
+        topic=str(send.attributes.get("messaging.destination.name", send.name[len("send ") :])),
+        partition=str(send.attributes.get("messaging.destination.partition.id", "")),
+        acks=acks,
+        attempts=len(attempts),
+        stages_ns=stages,
+        last_follower_id=last_follower if isinstance(last_follower, int) else None,
+    )
+
+
+def _is_produce(span: Span) -> bool:
+    return span.kind == SERVER and span.name == "Produce"
+
+
+def _child(children: Mapping[str, list[Span]], parent: Span, name: str) -> Span | None:
+    return next((s for s in children.get(parent.span_id, ()) if s.name == name), None)
+
+
+def _acks(value: AttributeValue) -> int | None:
+    if value == "all":
+        return -1
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _percentiles(traces: Sequence[ProduceTrace]) -> dict[str, dict[str, int]]:
+    if not traces:
+        return {}
+    result = {}
+    for stage in (*STAGES, TOTAL):
+        values = sorted(t.stages_ns[stage] for t in traces)
+        result[stage] = {name: percentile(values, q) for name, q in QUANTILES}
+    return result
+
+
+def _bands(traces: Sequence[ProduceTrace]) -> tuple[Band, ...]:
+    """Mean stages of the traces in each band of total latency (traces sorted by total)."""
+    n = len(traces)
+    bands = []
+    for label, low, high in BANDS:
+        members = traces[math.floor(low * n) : math.floor(high * n)]
+        if members:
+            mean = {
+                stage: sum(t.stages_ns[stage] for t in members) / len(members)
+                for stage in (*STAGES, TOTAL)
+            }
+            bands.append(Band(label, len(members), mean))
+    return tuple(bands)

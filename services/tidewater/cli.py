@@ -64,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     metadata = commands.add_parser("metadata", help="run a metadata service")
     metadata.add_argument("--listen", default="127.0.0.1:9094", help="HOST:PORT (0: any port)")
     metadata.add_argument("--ready-file", type=Path, help="write the bound address here")
+    for service in (broker, controller, metadata):
+        service.add_argument(
+            "--metrics-port",
+            type=int,
+            help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST as the service "
+            "listens (0: any free port; default: no metrics)",
+        )
 
     cluster = commands.add_parser("cluster", help="a local cluster: up, down, status")
     actions = cluster.add_subparsers(dest="action", required=True)
@@ -123,13 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.ready_file,
                     args.leader_imbalance_check_interval_s,
                     tuple(a.strip() for a in args.metadata.split(",") if a.strip()),
+                    args.metrics_port,
                 )
             )
             return 0
         if args.command == "metadata":
             from tidewater.metadata.server import run_metadata
 
-            asyncio.run(run_metadata(args.listen, args.ready_file))
+            asyncio.run(run_metadata(args.listen, args.ready_file, args.metrics_port))
             return 0
         if args.command == "cluster":
             return _cluster(args)
@@ -178,7 +186,7 @@ def _broker(args: argparse.Namespace) -> int:
             log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InvalidConfig(f"log dir {log_dir} is not usable: {e}") from None
-    asyncio.run(run_broker(config, args.ready_file))
+    asyncio.run(run_broker(config, args.ready_file, args.metrics_port))
     return 0
 
 

@@ -18,8 +18,9 @@ import pytest
 
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
-from tidewater.local.etcd import EtcdProcess
+from tidewater.local.etcd import EtcdProcess, free_port
 from tidewater.local.process import ManagedProcess, broker_args, controller_args
+from tidewater.local.scrape import Scrape, scrape
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.rpc.server import CHANNEL_OPTIONS
@@ -110,9 +111,12 @@ async def make_cluster(
     async def make(
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         leader_imbalance_check_interval_s: float = 300,
+        metrics: bool = False,
         **options: Any,
     ) -> Cluster:
-        cluster = Cluster(tmp_path, etcd, session_timeout_ms, leader_imbalance_check_interval_s)
+        cluster = Cluster(
+            tmp_path, etcd, session_timeout_ms, leader_imbalance_check_interval_s, metrics
+        )
         clusters.append(cluster)
         await cluster.start(**options)
         return cluster
@@ -147,6 +151,7 @@ class Cluster:
         etcd: EtcdProcess,
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         leader_imbalance_check_interval_s: float = 300,
+        metrics: bool = False,
     ) -> None:
         self.root = root
         self.etcd = etcd
@@ -159,6 +164,18 @@ class Cluster:
         self.controller_links: dict[int, list[TcpProxy]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._store: ControllerStore | None = None
+        # With metrics: every process serves them on a port of its own, kept across restarts.
+        self.metrics_ports: dict[tuple[str, int], int] | None = {} if metrics else None
+
+    def _metrics_port(self, role: str, process_id: int) -> int | None:
+        if self.metrics_ports is None:
+            return None
+        return self.metrics_ports.setdefault((role, process_id), free_port())
+
+    async def metrics(self, role: str, process_id: int) -> Scrape:
+        """What Prometheus would scrape from a process (a cluster made with metrics)."""
+        assert self.metrics_ports is not None, "make the cluster with metrics=True"
+        return await scrape(self.metrics_ports[role, process_id])
 
     @property
     def store(self) -> ControllerStore:
@@ -192,6 +209,7 @@ class Cluster:
                 LEASE_TTL_S,
                 self.session_timeout_ms,
                 leader_imbalance_check_interval_s=self.leader_imbalance_check_interval_s,
+                metrics_port=self._metrics_port("controller", controller_id),
             ),
             self.root,
         )
@@ -218,6 +236,7 @@ class Cluster:
                 self.root / f"broker-{broker_id}",
                 "127.0.0.1:0",
                 {"controllers": ",".join(addresses), **BROKER_SETTINGS, **settings},
+                self._metrics_port("broker", broker_id),
             ),
             self.root,
         )

@@ -20,6 +20,7 @@ import pytest
 from tidewater.broker.controller_client import ControllerClient
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
+from tidewater.local.scrape import scrape
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -76,6 +77,7 @@ def up(data_dir: Path) -> list[dict[str, Any]]:
     processes = status(data_dir)
     for process in processes:
         assert process["address"] in result.stdout
+        assert f"127.0.0.1:{process['metrics_port']}" in result.stdout
     metadata = [p["address"] for p in processes if p["role"] == "metadata"]
     assert f"Bootstrap (metadata service): {metadata[0]}" in result.stdout
     return processes
@@ -131,6 +133,23 @@ def addresses(processes: list[dict[str, Any]], role: str) -> list[str]:
     return [p["address"] for p in processes if p["role"] == role]
 
 
+async def check_metrics(processes: list[dict[str, Any]]) -> None:
+    """Every process serves Prometheus metrics on the port `status` shows."""
+    scrapes = {(p["role"], p["id"]): await scrape(p["metrics_port"]) for p in processes}
+    assert scrapes["etcd", 1]("etcd_server_has_leader") == 1
+    assert scrapes["metadata", 1]("tidewater_metadata_ready") == 1
+    assert scrapes["metadata", 1]("tidewater_metadata_live_brokers") == 3
+    active = [
+        scrapes["controller", c]("tidewater_controller_active_controller_count") for c in (1, 2)
+    ]
+    assert sorted(active) == [0, 1]
+    produces = [
+        scrapes["broker", b]("tidewater_request_requests_total", request="Produce")
+        for b in (1, 2, 3)
+    ]
+    assert sum(produces) >= 1
+
+
 async def test_up_round_trip_down_and_restart_keeps_the_data(data_dir: Path) -> None:
     processes = await asyncio.to_thread(up, data_dir)
     roles = sorted((p["role"], p["id"]) for p in processes)
@@ -150,6 +169,7 @@ async def test_up_round_trip_down_and_restart_keeps_the_data(data_dir: Path) -> 
     values = [f"record-{i}".encode() for i in range(20)]
     await produce(bootstrap, values)
     assert await consume(bootstrap, len(values)) == values
+    await check_metrics(processes)
 
     first_pids = recorded_pids(data_dir)
     await asyncio.to_thread(down, data_dir, first_pids)

@@ -67,6 +67,8 @@ class PartitionFetchState:
     leader_epoch: int
     delayed_until: float = 0.0
     failed: bool = False
+    # The leader's LEO in its last answer, -1 before one: the fetcher's lag (metrics).
+    leader_end_offset: int = -1
 
 
 @dataclass
@@ -189,6 +191,7 @@ class ReplicaFetcher:
                         hosted,
                         FetchedPartition(result.high_watermark, diverging, result.record_batches),
                     )
+                    state.leader_end_offset = result.log_end_offset
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     await self._handle_out_of_range(stub, hosted, state)
                 elif code == ErrorCode.FENCED_LEADER_EPOCH:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.controller_client import ControllerClient
@@ -42,6 +44,9 @@ from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
+
+if TYPE_CHECKING:
+    from tidewater.broker.metrics import RequestMetrics
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +86,11 @@ class ReplicaManager:
             self.controller, config.broker_id, lambda: self.broker_epoch()
         )
         self._control_lock = asyncio.Lock()
+        # ISR changes committed for partitions led here (Kafka's IsrShrinks/IsrExpands).
+        self.isr_shrinks = 0
+        self.isr_expands = 0
+        # Set by the broker when metrics are on.
+        self.request_metrics: RequestMetrics | None = None
         # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata; None
         # until the first one. Only these may join an ISR.
         self.usable_brokers: set[int] | None = None
@@ -269,13 +279,28 @@ class ReplicaManager:
     # -- produce -------------------------------------------------------------------------
 
     async def produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
+        started = time.perf_counter_ns()
+        response, waiting, appended = self._append_all(request)
+        local_done = time.perf_counter_ns()
+        if waiting:
+            await self._await_replication(request, response, waiting)
+        if self.request_metrics is not None:
+            self.request_metrics.produced(started, local_done, time.perf_counter_ns(), appended)
+        return response
+
+    def _append_all(
+        self, request: pb.ProduceRequest
+    ) -> tuple[pb.ProduceResponse, dict[TopicPartition, int], int]:
+        """Append each partition's batch; returns the response so far, the offsets acks=all
+        waits for, and the bytes appended."""
         response = pb.ProduceResponse(correlation_id=request.correlation_id)
+        waiting: dict[TopicPartition, int] = {}
+        appended = 0
         if request.acks not in (0, 1, ACKS_ALL):
             error = InvalidRequiredAcks(f"acks must be 0, 1 or -1, got {request.acks}")
             for data in request.partitions:
                 response.partitions.append(self._produce_error(data, error))
-            return response
-        waiting: dict[TopicPartition, int] = {}
+            return response, waiting, appended
         for data in request.partitions:
             tp = (data.topic, data.partition)
             try:
@@ -285,6 +310,7 @@ class ReplicaManager:
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
                 continue
+            appended += info.size_bytes
             response.partitions.append(
                 pb.PartitionProduceResponse(
                     topic=data.topic,
@@ -297,9 +323,7 @@ class ReplicaManager:
             self._partition_changed(tp)
             if request.acks == ACKS_ALL:
                 waiting[tp] = info.last_offset + 1
-        if waiting:
-            await self._await_replication(request, response, waiting)
-        return response
+        return response, waiting, appended
 
     def _batch_of(self, data: pb.PartitionProduceData, max_message_bytes: int) -> bytearray:
         # Each read of a bytes field copies it: read the batch once.
@@ -361,20 +385,31 @@ class ReplicaManager:
     # -- fetch ---------------------------------------------------------------------------
 
     async def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+        started = time.perf_counter_ns()
         # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
-        answered = self._record_follower_fetches(request) if self._from_follower(request) else {}
+        follower = self._from_follower(request)
+        answered = self._record_follower_fetches(request) if follower else {}
+        # The answer is always the last read's results: its size is what was served.
+        size = 0
 
         def read() -> tuple[FetchPartitionResults, int, bool]:
-            return self._read_partitions(request, answered)
+            nonlocal size
+            results, size, failed = self._read_partitions(request, answered)
+            return results, size, failed
 
-        results, size, failed = read()
-        if request.max_wait_ms <= 0 or size >= max(request.min_bytes, 1) or failed:
-            return self._fetch_response(request, results)
-        op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
-            request.max_wait_ms, request.min_bytes, read, results
-        )
-        self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in request.partitions])
-        return self._fetch_response(request, await op.done)
+        results, _, failed = read()
+        local_done = time.perf_counter_ns()
+        if request.max_wait_ms > 0 and size < max(request.min_bytes, 1) and not failed:
+            op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
+                request.max_wait_ms, request.min_bytes, read, results
+            )
+            self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in request.partitions])
+            results = await op.done
+        if self.request_metrics is not None:
+            self.request_metrics.fetched(
+                follower, started, local_done, time.perf_counter_ns(), size
+            )
+        return self._fetch_response(request, results)
 
     def _fetch_response(
         self, request: pb.FetchRequest, results: FetchPartitionResults
@@ -627,8 +662,13 @@ class ReplicaManager:
             return
         if committed is not None:
             log.info("%s-%d: ISR is now %s", *tp, list(committed.isr))
+        before = len(state.isr)
         if state.on_alter_isr_result(proposal, committed, error, self.time_ms()):
             self._partition_changed(tp)
+        if len(state.isr) < before:
+            self.isr_shrinks += 1
+        elif len(state.isr) > before:
+            self.isr_expands += 1
 
     async def shutdown(self) -> None:
         await self.fetcher_manager.shutdown()

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.lifecycle import BrokerLifecycle
@@ -18,6 +19,9 @@ from tidewater.rpc.allocator import tune_for_large_messages
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import broker_pb2, broker_pb2_grpc
 
+if TYPE_CHECKING:
+    from tidewater.telemetry.metrics import MetricsEndpoint
+
 log = logging.getLogger(__name__)
 
 
@@ -26,8 +30,10 @@ def wall_clock_ms() -> int:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, metrics_port: int | None = None) -> None:
         self.config = config
+        self.metrics_port = metrics_port
+        self.metrics: MetricsEndpoint | None = None
         defaults = TopicConfig.from_properties(dict(config.topic_defaults))
         self.log_manager = LogManager(list(config.log_dirs), defaults.log)
         loop = asyncio.get_running_loop()
@@ -53,6 +59,8 @@ class BrokerServer:
 
     async def start(self) -> None:
         port = self.host.bind(self.config.host, self.config.port)
+        if self.metrics_port is not None:
+            self._start_metrics()
         self.lifecycle = BrokerLifecycle(
             self.replica_manager.controller,
             self.config.broker_id,
@@ -82,6 +90,21 @@ class BrokerServer:
         await self.host.set_serving()
         log.info("broker %d listening on %s", self.config.broker_id, self.address)
 
+    def _start_metrics(self) -> None:
+        # Imported here: with metrics off the process never loads OpenTelemetry.
+        from tidewater.broker.metrics import register_broker_metrics
+        from tidewater.telemetry.metrics import MetricsEndpoint
+
+        self.metrics = MetricsEndpoint(
+            "tidewater-broker",
+            self.config.host,
+            self.metrics_port or 0,
+            {"tidewater.broker.id": self.config.broker_id},
+        )
+        self.replica_manager.request_metrics = register_broker_metrics(
+            self.metrics, self.replica_manager
+        )
+
     async def _checkpoint_high_watermarks(self) -> None:
         interval = self.config.replica_high_watermark_checkpoint_interval_ms / 1000
         while True:
@@ -106,13 +129,17 @@ class BrokerServer:
                 await task
         await self.replica_manager.shutdown()
         self.log_manager.shutdown()
+        if self.metrics is not None:
+            self.metrics.close()
         log.info("broker %d stopped cleanly", self.config.broker_id)
 
 
-async def run_broker(config: BrokerConfig, ready_file: Path | None = None) -> None:
+async def run_broker(
+    config: BrokerConfig, ready_file: Path | None = None, metrics_port: int | None = None
+) -> None:
     """Run until SIGTERM or SIGINT, then shut down cleanly."""
     tune_for_large_messages()
-    server = BrokerServer(config)
+    server = BrokerServer(config, metrics_port)
     await server.start()
     announce(f"broker {config.broker_id}", server.address, ready_file)
     await wait_for_stop_signal()

@@ -31,6 +31,7 @@ async def run_controller(
     ready_file: Path | None = None,
     leader_imbalance_check_interval_s: float = 300,
     metadata_addresses: tuple[str, ...] = (),
+    metrics_port: int | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; campaign in the background all along."""
     host_name, _, port_text = listen.rpartition(":")
@@ -53,6 +54,19 @@ async def run_controller(
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(
         ControllerService(controller), host.server
     )
+    metrics = None
+    if metrics_port is not None:
+        # Imported here: with metrics off the process never loads OpenTelemetry.
+        from tidewater.controller.metrics import register_controller_metrics
+        from tidewater.telemetry.metrics import MetricsEndpoint
+
+        metrics = MetricsEndpoint(
+            "tidewater-controller",
+            host_name,
+            metrics_port,
+            {"tidewater.controller.id": controller_id},
+        )
+        register_controller_metrics(metrics, controller)
     await host.start()
     await host.set_serving()
     announce(f"controller {controller_id}", f"{host_name}:{port}", ready_file)
@@ -65,4 +79,6 @@ async def run_controller(
     await host.stop(1.0)
     await store.resign()
     await store.close()
+    if metrics is not None:
+        metrics.close()
     log.info("controller %d stopped", controller_id)

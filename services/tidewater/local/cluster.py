@@ -29,8 +29,14 @@ import platformdirs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
-from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess
-from tidewater.local.process import ManagedProcess, ProcessFailed, broker_args, controller_args
+from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess, free_port
+from tidewater.local.process import (
+    ManagedProcess,
+    ProcessFailed,
+    broker_args,
+    controller_args,
+    metadata_args,
+)
 from tidewater.v1 import controller_pb2 as cpb
 
 CLUSTER_NAME = "tidewater"
@@ -68,10 +74,16 @@ class Member:
     id: int
     address: str
     pid: int
+    # Prometheus metrics at http://127.0.0.1:<metrics_port>/metrics (etcd's: its client port).
+    metrics_port: int = 0
 
     @property
     def port(self) -> int:
         return int(self.address.rpartition(":")[2])
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{HOST}:{self.metrics_port}" if self.metrics_port else "-"
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,13 @@ class LocalCluster:
         self._previous_ports = (
             {(m.role, m.id): m.port for m in previous.members} if previous else {}
         )
+        # Metrics ports are chosen here (the processes do not report them), the recorded
+        # ones again when still free, so a scrape configuration keeps working across restarts.
+        self.metrics_ports = {
+            (m.role, m.id): _port_if_free(m.metrics_port) or free_port()
+            for m in (previous.members if previous else ())
+            if m.role != "etcd"
+        }
         self._previous_etcd_peer_port = _read_int(data_dir / "etcd.peer-port")
         self.etcd = EtcdProcess(data_dir / "etcd", self.log_dir / "etcd.log")
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
@@ -155,10 +174,16 @@ class LocalCluster:
     def members(self) -> tuple[Member, ...]:
         found = []
         if self.etcd.running:
-            found.append(Member("etcd", ETCD_ID, self.etcd.endpoint, self.etcd.pid))
+            found.append(
+                Member("etcd", ETCD_ID, self.etcd.endpoint, self.etcd.pid, self.etcd.client_port)
+            )
         for (role, member_id), proc in self.processes.items():
             if proc.running and proc.address:
-                found.append(Member(role, member_id, proc.address, proc.pid))
+                found.append(
+                    Member(
+                        role, member_id, proc.address, proc.pid, self.metrics_ports[role, member_id]
+                    )
+                )
         return tuple(found)
 
     def record(self) -> ClusterFile:
@@ -169,6 +194,9 @@ class LocalCluster:
     def _listen(self, role: str, member_id: int) -> str:
         return f"{HOST}:{_port_if_free(self._previous_ports.get((role, member_id), 0))}"
 
+    def _metrics_port(self, role: str, member_id: int) -> int:
+        return self.metrics_ports.setdefault((role, member_id), free_port())
+
     def start(self) -> ClusterFile:
         """Start everything and return once every process is healthy."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -176,7 +204,11 @@ class LocalCluster:
         self._start_etcd()
         self.record()
         metadata = self._start(
-            "metadata", METADATA_ID, ["metadata", "--listen", self._listen("metadata", METADATA_ID)]
+            "metadata",
+            METADATA_ID,
+            metadata_args(
+                self._listen("metadata", METADATA_ID), self._metrics_port("metadata", METADATA_ID)
+            ),
         )
         controllers = [
             self._start(
@@ -188,6 +220,7 @@ class LocalCluster:
                     CLUSTER_NAME,
                     self._listen("controller", controller_id),
                     metadata_addresses=(metadata,),
+                    metrics_port=self._metrics_port("controller", controller_id),
                 ),
             )
             for controller_id in CONTROLLER_IDS
@@ -206,6 +239,7 @@ class LocalCluster:
                         "controllers": ",".join(controllers),
                         "controlled.shutdown.timeout.ms": "3000",
                     },
+                    self._metrics_port("broker", broker_id),
                 ),
             )
         asyncio.run(wait_healthy(self.members(), controllers, self.broker_ids, START_TIMEOUT_S))
@@ -355,15 +389,18 @@ def describe(state: ClusterFile) -> str:
         " / Consumer([...]) from tidewater.client"
     )
     lines.append(f"          grpcurl -plaintext {metadata} list")
+    lines.append("Metrics:  curl http://<METRICS>/metrics (Prometheus text, every process)")
     lines.append(f"Status:   tidewater cluster status --data-dir {state.data_dir}")
     lines.append(f"Stop:     tidewater cluster down --data-dir {state.data_dir}")
     return "\n".join(lines)
 
 
 def _table(members: Sequence[Member], healths: Sequence[str] | None) -> str:
-    header = ["ROLE", "ID", "ADDRESS", "PID"] + (["HEALTH"] if healths is not None else [])
+    with_health = healths is not None
+    header = ["ROLE", "ID", "ADDRESS", "METRICS", "PID"] + (["HEALTH"] if with_health else [])
     rows = [
-        [m.role, str(m.id), m.address, str(m.pid)] + ([healths[i]] if healths else [])
+        [m.role, str(m.id), m.address, m.metrics_address, str(m.pid)]
+        + ([healths[i]] if healths else [])
         for i, m in enumerate(members)
     ]
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]

@@ -34,7 +34,8 @@ class EtcdFailed(RuntimeError):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port free now on 127.0.0.1, for a process told its port in advance."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
@@ -87,7 +88,7 @@ class EtcdProcess:
         fresh_ports = not self.client_port
         for _ in range(PORT_ATTEMPTS):
             if fresh_ports:
-                self.client_port, self.peer_port = _free_port(), _free_port()
+                self.client_port, self.peer_port = free_port(), free_port()
             log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
             self._spawn()
             try:

@@ -100,11 +100,17 @@ class ManagedProcess:
             return ""
 
 
-def broker_args(broker_id: int, log_dir: Path, listen: str, settings: dict[str, str]) -> list[str]:
+def broker_args(
+    broker_id: int,
+    log_dir: Path,
+    listen: str,
+    settings: dict[str, str],
+    metrics_port: int | None = None,
+) -> list[str]:
     args = ["broker", "--broker-id", str(broker_id), "--listen", listen, "--log-dirs", str(log_dir)]
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
-    return args
+    return args + metrics_args(metrics_port)
 
 
 def controller_args(
@@ -116,6 +122,7 @@ def controller_args(
     broker_session_timeout_ms: int = 6000,
     metadata_addresses: tuple[str, ...] = (),
     leader_imbalance_check_interval_s: float = 300,
+    metrics_port: int | None = None,
 ) -> list[str]:
     return [
         "controller",
@@ -135,4 +142,13 @@ def controller_args(
         ",".join(metadata_addresses),
         "--leader-imbalance-check-interval-s",
         str(leader_imbalance_check_interval_s),
+        *metrics_args(metrics_port),
     ]
+
+
+def metadata_args(listen: str, metrics_port: int | None = None) -> list[str]:
+    return ["metadata", "--listen", listen, *metrics_args(metrics_port)]
+
+
+def metrics_args(metrics_port: int | None) -> list[str]:
+    return [] if metrics_port is None else ["--metrics-port", str(metrics_port)]

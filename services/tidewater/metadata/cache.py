@@ -39,6 +39,14 @@ class MetadataCache:
         """The newest controller epoch seen; -1 before any request."""
         return self._newest_controller_epoch
 
+    @property
+    def broker_count(self) -> int:
+        return len(self._brokers)
+
+    @property
+    def partition_count(self) -> int:
+        return sum(len(partitions) for partitions in self._topics.values())
+
     def apply(self, request: cluster_pb2.UpdateMetadataRequest) -> None:
         """Apply an UpdateMetadata request, or raise and change nothing but the newest
         controller epoch seen. Topic configs are not kept: GetMetadata does not serve them."""

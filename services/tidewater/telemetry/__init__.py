@@ -1,0 +1,1 @@
+"""OpenTelemetry for every Tidewater process: metrics (a Prometheus scrape endpoint)."""

@@ -145,6 +145,17 @@ def test_record_count_must_match_the_records(
         validate_batch(batch, LIMIT)
 
 
+@pytest.mark.parametrize("count", [4, 6])
+def test_record_count_is_checked_for_lengths_of_every_varint_size(
+    count: int, rewrite: Callable[..., bytes]
+) -> None:
+    # Length varints of one (under 64 bytes), two (under 8 KiB) and three bytes.
+    batch = build_batch([Record(value=bytes(size)) for size in (10, 100, 9000, 20000, 5)])
+    assert validate_batch(batch, LIMIT).record_count == 5
+    with pytest.raises(CorruptMessage, match="holds"):
+        validate_batch(rewrite(batch, record_count=count, last_offset_delta=count - 1), LIMIT)
+
+
 def test_record_lengths_must_tile_the_section(rewrite: Callable[..., bytes]) -> None:
     batch = three_records()
     section = batch[HEADER_SIZE:]

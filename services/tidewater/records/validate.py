@@ -39,6 +39,7 @@ MAX_RECORDS_SECTION_BYTES = 64 * 1024 * 1024
 # attributes (1) + timestamp delta, offset delta, key length, value length, header count
 # (at least 1 each): the smallest record that can exist after its length varint.
 MIN_RECORD_BODY = 6
+_MIN_RECORD_BODY_ZIGZAG = MIN_RECORD_BODY << 1
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 _HIGHEST_CODEC = max(Compression)
 
@@ -59,8 +60,7 @@ def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
         )
     check_batch(buf, header)
     if header.compression == Compression.NONE:
-        for _ in iter_record_bounds(buf, HEADER_SIZE, len(buf), header.record_count):
-            pass
+        check_record_framing(buf, HEADER_SIZE, len(buf), header.record_count)
     return header
 
 
@@ -94,31 +94,54 @@ def check_batch(batch: Buffer, header: BatchHeader) -> None:
         )
 
 
+def check_record_framing(buf: Buffer, start: int, end: int, record_count: int) -> None:
+    """CorruptMessage unless the record length varints tile the records section buf[start:end]
+    into exactly record_count records, each long enough to be one.
+
+    The broker runs this over every byte produced to it, so the loop stays flat: one- and
+    two-byte lengths (every record under 8 KiB) are decoded inline, in zigzag form."""
+    pos = start
+    seen = 0
+    while pos < end:
+        zz = buf[pos]
+        if zz < 0x80:
+            body = pos + 1
+        elif pos + 1 < end and buf[pos + 1] < 0x80:
+            zz = (zz & 0x7F) | (buf[pos + 1] << 7)
+            body = pos + 2
+        else:
+            length, body = decode_varint(buf, pos)
+            zz = (length << 1) ^ (length >> 31)
+        # Odd zigzag values are negative lengths.
+        if zz & 1 or zz < _MIN_RECORD_BODY_ZIGZAG:
+            raise CorruptMessage(
+                f"record {seen} has length {(zz >> 1) ^ -(zz & 1)}; a record takes at least "
+                f"{MIN_RECORD_BODY}"
+            )
+        pos = body + (zz >> 1)
+        if pos > end:
+            raise CorruptMessage(
+                f"record {seen} has length {zz >> 1} but only {end - body} bytes remain"
+            )
+        seen += 1
+    if seen > record_count:
+        raise CorruptMessage(f"record batch holds more than its record_count {record_count}")
+    if seen != record_count:
+        raise CorruptMessage(f"record batch holds {seen} records, record_count says {record_count}")
+
+
 def iter_record_bounds(
     buf: Buffer, start: int, end: int, record_count: int
 ) -> Iterator[tuple[int, int]]:
     """(start, end) of each record's body (what follows its length varint) in the records
     section buf[start:end]; CorruptMessage unless the lengths tile it into record_count
     records exactly."""
+    check_record_framing(buf, start, end, record_count)
     pos = start
-    seen = 0
     while pos < end:
         length, body = decode_varint(buf, pos)
-        if length < MIN_RECORD_BODY:
-            raise CorruptMessage(
-                f"record {seen} has length {length}; a record takes at least {MIN_RECORD_BODY}"
-            )
-        if body + length > end:
-            raise CorruptMessage(
-                f"record {seen} has length {length} but only {end - body} bytes remain"
-            )
-        if seen == record_count:
-            raise CorruptMessage(f"record batch holds more than its record_count {record_count}")
-        seen += 1
         pos = body + length
         yield body, pos
-    if seen != record_count:
-        raise CorruptMessage(f"record batch holds {seen} records, record_count says {record_count}")
 
 
 def records_section(batch: Buffer, header: BatchHeader, limit: int) -> Buffer:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidewater.errors import InvalidConfig, TidewaterError
+from tidewater.telemetry import tracing
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -87,6 +88,18 @@ def _parser() -> argparse.ArgumentParser:
             "--data-dir", type=Path, help="the cluster's data (default: the user data dir)"
         )
 
+    for service in (broker, controller, metadata):
+        service.add_argument(
+            "--trace-file",
+            type=Path,
+            help="append spans here as OTLP/JSON lines (see also the OTEL_* variables)",
+        )
+    up.add_argument(
+        "--trace",
+        action="store_true",
+        help="every process writes its spans to DATA_DIR/traces/<role>-<id>.jsonl",
+    )
+
     demo = commands.add_parser(
         "demo",
         help="start a local cluster, produce records with acks=all, consume them, stop it",
@@ -114,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        _setup_tracing(args)
         if args.command == "broker":
             return _broker(args)
         if args.command == "controller":
@@ -152,7 +166,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        tracing.shutdown()
     raise AssertionError(args.command)
+
+
+def _setup_tracing(args: argparse.Namespace) -> None:
+    """Brokers set theirs up in _broker(): their id may come from --config."""
+    if args.command == "controller":
+        tracing.setup(
+            "tidewater-controller", args.trace_file, {"tidewater.controller.id": args.controller_id}
+        )
+    elif args.command == "metadata":
+        tracing.setup("tidewater-metadata", args.trace_file)
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -161,7 +187,9 @@ def _cluster(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or cluster.default_data_dir()
     try:
         if args.action == "up":
-            return cluster.cluster_up(data_dir, args.brokers, args.detach, args.ready_file)
+            return cluster.cluster_up(
+                data_dir, args.brokers, args.detach, args.ready_file, args.trace
+            )
         if args.action == "down":
             return cluster.cluster_down(data_dir)
         return cluster.cluster_status(data_dir, args.json)
@@ -181,6 +209,7 @@ def _broker(args: argparse.Namespace) -> int:
         **dict(args.set),
     }
     config = BrokerConfig.from_properties(load_properties(args.config, overrides))
+    tracing.setup("tidewater-broker", args.trace_file, {tracing.BROKER_ID: config.broker_id})
     for log_dir in config.log_dirs:
         try:
             log_dir.mkdir(parents=True, exist_ok=True)

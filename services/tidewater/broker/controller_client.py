@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.telemetry import tracing
 from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -61,9 +62,7 @@ class ControllerClient:
     def _stub(self, address: str) -> controller_pb2_grpc.ControllerServiceStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=CHANNEL_OPTIONS
-            )
+            channel = self._channels[address] = tracing.insecure_channel(address, CHANNEL_OPTIONS)
         return controller_pb2_grpc.ControllerServiceStub(channel)
 
     async def close(self) -> None:

@@ -20,6 +20,7 @@ import grpc
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.partition import HostedPartition
+from tidewater.broker.spans import ReplicaFetchTrace
 from tidewater.errors import TidewaterError
 from tidewater.replication.follower import (
     FetchedPartition,
@@ -30,6 +31,7 @@ from tidewater.replication.follower import (
     on_offset_out_of_range,
 )
 from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -93,7 +95,7 @@ class ReplicaFetcher:
 
     async def _run(self) -> None:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
-        async with grpc.aio.insecure_channel(self.source.address, options=CHANNEL_OPTIONS) as ch:
+        async with tracing.insecure_channel(self.source.address, CHANNEL_OPTIONS) as ch:
             stub = broker_pb2_grpc.BrokerServiceStub(ch)
             stream: grpc.aio.StreamStreamCall | None = None
             correlation_id = 0
@@ -104,26 +106,33 @@ class ReplicaFetcher:
                     continue
                 correlation_id += 1
                 request.correlation_id = correlation_id
-                try:
-                    if stream is None:
-                        stream = stub.FetchStream()
-                    await stream.write(request)
-                    # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow the
-                    # cancellation that stops this fetcher.
-                    async with asyncio.timeout(
-                        self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S
-                    ):
-                        response = await stream.read()
-                    if response is grpc.aio.EOF:
-                        raise ConnectionError("fetch stream closed by the leader")
-                except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:
-                    log.info("fetch from broker %d failed: %s", self.source.broker_id, e)
-                    if stream is not None:
-                        stream.cancel()
-                    stream = None
-                    self._delay(list(self.partitions), backoff_s)
-                    continue
-                await self._process(stub, request, response)
+                fetch_trace = (
+                    ReplicaFetchTrace(request, self.source.broker_id) if tracing.ENABLED else None
+                )
+                # The span ends however the fetch does, a cancelled one included.
+                with fetch_trace or contextlib.nullcontext():
+                    try:
+                        if stream is None:
+                            stream = stub.FetchStream()
+                        await stream.write(request)
+                        # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow the
+                        # cancellation that stops this fetcher.
+                        async with asyncio.timeout(
+                            self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S
+                        ):
+                            response = await stream.read()
+                        if response is grpc.aio.EOF:
+                            raise ConnectionError("fetch stream closed by the leader")
+                    except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:
+                        log.info("fetch from broker %d failed: %s", self.source.broker_id, e)
+                        if fetch_trace is not None:
+                            fetch_trace.failed(e)
+                        if stream is not None:
+                            stream.cancel()
+                        stream = None
+                        self._delay(list(self.partitions), backoff_s)
+                        continue
+                    await self._process(stub, request, response, fetch_trace)
 
     async def _wait_for_work(self) -> None:
         self.changed.clear()
@@ -163,6 +172,7 @@ class ReplicaFetcher:
         stub: broker_pb2_grpc.BrokerServiceStub,
         request: pb.FetchRequest,
         response: pb.FetchResponse,
+        fetch_trace: ReplicaFetchTrace | None = None,
     ) -> None:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
         sent_epochs = {(p.topic, p.partition): p.current_leader_epoch for p in request.partitions}
@@ -186,12 +196,16 @@ class ReplicaFetcher:
                             result.diverging_epoch.epoch,
                             result.diverging_epoch.end_offset,
                         )
+                    records = result.record_batches
+                    start_ns = time.time_ns() if fetch_trace is not None else 0
                     apply_fetch_response(
                         hosted.state,
                         hosted,
-                        FetchedPartition(result.high_watermark, diverging, result.record_batches),
+                        FetchedPartition(result.high_watermark, diverging, records),
                     )
                     state.leader_end_offset = result.log_end_offset
+                    if fetch_trace is not None and records:
+                        fetch_trace.appended(tp, len(records), start_ns)
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     await self._handle_out_of_range(stub, hosted, state)
                 elif code == ErrorCode.FENCED_LEADER_EPOCH:

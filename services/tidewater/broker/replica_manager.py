@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.controller_client import ControllerClient
@@ -22,6 +22,7 @@ from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
 from tidewater.broker.purgatory import Purgatory, Scheduler
+from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
     InvalidRequest,
@@ -40,6 +41,7 @@ from tidewater.replication.partition import (
     LeaderAndIsr,
     Partition,
 )
+from tidewater.telemetry import tracing
 from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import cluster_pb2, common_pb2
@@ -95,6 +97,7 @@ class ReplicaManager:
         # until the first one. Only these may join an ISR.
         self.usable_brokers: set[int] | None = None
         self._checkpointed_hws: dict[TopicPartition, int] = {}
+        self._replication_waits = ReplicationWaits()
         for log_dir in config.log_dirs:
             self._checkpointed_hws.update(self._hw_checkpoint(log_dir).read())
 
@@ -278,18 +281,44 @@ class ReplicaManager:
 
     # -- produce -------------------------------------------------------------------------
 
-    async def produce(self, request: pb.ProduceRequest) -> pb.ProduceResponse:
+    async def produce(self, request: pb.ProduceRequest, metadata: Any = None) -> pb.ProduceResponse:
+        """`metadata`: the gRPC call's, where a unary caller's trace context may be."""
+        if not tracing.ENABLED:
+            return await self._produce(request, None)
+        traces = [ProduceTrace(data, request.acks, metadata) for data in request.partitions]
+        try:
+            response = await self._produce(request, traces)
+        except BaseException as e:
+            for produce_trace in traces:
+                produce_trace.abandon(e)
+            raise
+        for produce_trace, result in zip(traces, response.partitions, strict=True):
+            produce_trace.end(result)
+        return response
+
+    async def _produce(
+        self, request: pb.ProduceRequest, traces: list[ProduceTrace] | None
+    ) -> pb.ProduceResponse:
         started = time.perf_counter_ns()
-        response, waiting, appended = self._append_all(request)
+        response, waiting, appended = self._append_all(request, traces)
         local_done = time.perf_counter_ns()
         if waiting:
-            await self._await_replication(request, response, waiting)
+            waits = (
+                self._replication_waits.start(request.partitions, traces, waiting)
+                if traces is not None
+                else None
+            )
+            try:
+                await self._await_replication(request, response, waiting)
+            finally:
+                if waits:
+                    self._replication_waits.finish(waits, response, self._high_watermark)
         if self.request_metrics is not None:
             self.request_metrics.produced(started, local_done, time.perf_counter_ns(), appended)
         return response
 
     def _append_all(
-        self, request: pb.ProduceRequest
+        self, request: pb.ProduceRequest, traces: list[ProduceTrace] | None
     ) -> tuple[pb.ProduceResponse, dict[TopicPartition, int], int]:
         """Append each partition's batch; returns the response so far, the offsets acks=all
         waits for, and the bytes appended."""
@@ -301,16 +330,19 @@ class ReplicaManager:
             for data in request.partitions:
                 response.partitions.append(self._produce_error(data, error))
             return response, waiting, appended
-        for data in request.partitions:
+        for i, data in enumerate(request.partitions):
             tp = (data.topic, data.partition)
             try:
                 partition = self._leader_partition(tp)
                 batch = self._batch_of(data, partition.config.log.max_message_bytes)
+                start_ns = time.time_ns() if traces is not None else 0
                 info, _ = partition.append_as_leader(batch, request.acks, self.time_ms())
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
                 continue
             appended += info.size_bytes
+            if traces is not None:
+                traces[i].appended(batch, info.first_offset, partition.state.leader_epoch, start_ns)
             response.partitions.append(
                 pb.PartitionProduceResponse(
                     topic=data.topic,
@@ -384,11 +416,26 @@ class ReplicaManager:
 
     # -- fetch ---------------------------------------------------------------------------
 
-    async def fetch(self, request: pb.FetchRequest) -> pb.FetchResponse:
+    async def fetch(self, request: pb.FetchRequest, metadata: Any = None) -> pb.FetchResponse:
+        """`metadata`: the gRPC call's, where a unary caller's trace context may be."""
+        if not tracing.ENABLED:
+            return await self._fetch(request, None)
+        fetch_trace = FetchTrace(request, metadata)
+        try:
+            response = await self._fetch(request, fetch_trace)
+        except BaseException as e:
+            fetch_trace.abandon(e)
+            raise
+        fetch_trace.end(response)
+        return response
+
+    async def _fetch(
+        self, request: pb.FetchRequest, fetch_trace: FetchTrace | None
+    ) -> pb.FetchResponse:
         started = time.perf_counter_ns()
         # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
         follower = self._from_follower(request)
-        answered = self._record_follower_fetches(request) if follower else {}
+        answered = self._record_follower_fetches(request, fetch_trace) if follower else {}
         # The answer is always the last read's results: its size is what was served.
         size = 0
 
@@ -397,14 +444,20 @@ class ReplicaManager:
             results, size, failed = self._read_partitions(request, answered)
             return results, size, failed
 
+        start_ns = time.time_ns() if fetch_trace is not None else 0
         results, _, failed = read()
         local_done = time.perf_counter_ns()
+        if fetch_trace is not None:
+            fetch_trace.read(start_ns, size)
         if request.max_wait_ms > 0 and size < max(request.min_bytes, 1) and not failed:
             op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
                 request.max_wait_ms, request.min_bytes, read, results
             )
+            start_ns = time.time_ns() if fetch_trace is not None else 0
             self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in request.partitions])
             results = await op.done
+            if fetch_trace is not None:
+                fetch_trace.waited(start_ns)
         if self.request_metrics is not None:
             self.request_metrics.fetched(
                 follower, started, local_done, time.perf_counter_ns(), size
@@ -423,7 +476,7 @@ class ReplicaManager:
         return request.replica_id != CONSUMER_REPLICA_ID
 
     def _record_follower_fetches(
-        self, request: pb.FetchRequest
+        self, request: pb.FetchRequest, fetch_trace: FetchTrace | None
     ) -> dict[TopicPartition, pb.FetchPartitionResponse]:
         """The leader's side of a follower fetch: fencing, divergence, the follower's LEO,
         ISR expansion, HW. Returns the partitions answered without data (errors, diverging
@@ -448,6 +501,10 @@ class ReplicaManager:
             except TidewaterError as e:
                 answered[tp] = self._fetch_error(fp, e)
                 continue
+            if fetch_trace is not None:
+                self._replication_waits.follower_fetched(
+                    tp, request.replica_id, fp.fetch_offset, fetch_trace.span_context
+                )
             if outcome.isr_proposal is not None:
                 self.isr_channel.propose(outcome.isr_proposal)
             if outcome.high_watermark_changed:
@@ -608,6 +665,10 @@ class ReplicaManager:
         state = self._partition_state(tp)
         result.current_leader.leader_id = state.leader if state else -1
         result.current_leader.leader_epoch = state.leader_epoch if state else -1
+
+    def _high_watermark(self, tp: TopicPartition) -> int:
+        state = self._partition_state(tp)
+        return state.high_watermark if state else -1
 
     def _partition_state(self, tp: TopicPartition) -> Partition | None:
         hosted = self.partitions.get(tp)

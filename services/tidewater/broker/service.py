@@ -8,8 +8,14 @@ import grpc
 
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.rpc.streams import pipelined
+from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc, cluster_pb2
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> object:
+    """Where a unary caller's trace context may be; not even read while tracing is off."""
+    return context.invocation_metadata() if tracing.ENABLED else None
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
@@ -19,7 +25,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def Produce(
         self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
-        return await self._rm.produce(request)
+        return await self._rm.produce(request, _metadata(context))
 
     async def ProduceStream(
         self, request_iterator: AsyncIterator[pb.ProduceRequest], context: grpc.aio.ServicerContext
@@ -30,7 +36,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
     ) -> pb.FetchResponse:
-        return await self._rm.fetch(request)
+        return await self._rm.fetch(request, _metadata(context))
 
     async def FetchStream(
         self, request_iterator: AsyncIterator[pb.FetchRequest], context: grpc.aio.ServicerContext

@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass
 from itertools import count
 
+from tidewater.client.spans import BatchTrace
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUENCE, Compression
 
@@ -50,6 +51,7 @@ class ProducerBatch:
         "records",
         "size",
         "tp",
+        "trace",
     )
 
     def __init__(
@@ -67,6 +69,8 @@ class ProducerBatch:
         self.base_sequence = NO_SEQUENCE
         self.data: bytes | None = None
         self.now_ms = 0
+        # Spans of this batch when the producer traces (tidewater.client.spans).
+        self.trace: BatchTrace | None = None
 
     def build(
         self,
@@ -101,6 +105,8 @@ class ProducerBatch:
             else:
                 timestamp = record.timestamp_ms
             future.set_result(RecordMetadata(topic, partition, base_offset + i, timestamp))
+        if self.trace is not None:
+            self.trace.end(len(self.records), len(self.data or b""), base_offset, None)
         if not self.done.done():
             self.done.set_result(None)
 
@@ -108,6 +114,8 @@ class ProducerBatch:
         for future in self.futures:
             if not future.done():
                 future.set_exception(error)
+        if self.trace is not None:
+            self.trace.end(len(self.records), len(self.data or b""), None, error)
         if not self.done.done():
             self.done.set_result(None)
 

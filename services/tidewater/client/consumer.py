@@ -7,11 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
 
 import grpc
+from opentelemetry.trace import SpanKind, TracerProvider
 
 from tidewater.client.errors import REFRESH_METADATA, error_for
 from tidewater.client.metadata import ClusterMetadata, TopicPartition
 from tidewater.errors import InvalidConfig
 from tidewater.records.batch import ConsumerRecord, decode_batches
+from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -32,6 +34,7 @@ class Consumer:
         fetch_max_bytes: int = 50 * 1024 * 1024,
         request_timeout_ms: int = 30000,
         retry_backoff_ms: int = 100,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if auto_offset_reset not in ("earliest", "latest"):
             raise InvalidConfig(
@@ -52,6 +55,7 @@ class Consumer:
         )
         self._positions: dict[TopicPartition, int | None] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
+        self._tracer = tracing.client_tracer(tracer_provider)
 
     async def __aenter__(self) -> Consumer:
         return self
@@ -99,6 +103,22 @@ class Consumer:
     async def poll(self, timeout_ms: int = 1000) -> list[ConsumerRecord]:
         """Records fetched from every assigned partition, waiting up to timeout_ms (long
         poll) for at least fetch_min_bytes."""
+        if self._tracer is None:
+            return await self._poll(timeout_ms)
+        # The `poll` span is current while fetching: each Fetch carries it in its metadata.
+        with self._tracer.start_as_current_span(
+            "poll",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": tracing.MESSAGING_SYSTEM,
+                "messaging.operation.type": "receive",
+            },
+        ) as span:
+            records = await self._poll(timeout_ms)
+            span.set_attribute("messaging.batch.message_count", len(records))
+            return records
+
+    async def _poll(self, timeout_ms: int) -> list[ConsumerRecord]:
         await self._reset_missing_positions()
         by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
         for tp, position in self._positions.items():
@@ -205,7 +225,11 @@ class Consumer:
             ],
         )
         try:
-            response = await stub.Fetch(request, timeout=self.request_timeout_s + wait_ms / 1000)
+            response = await stub.Fetch(
+                request,
+                timeout=self.request_timeout_s + wait_ms / 1000,
+                metadata=tracing.current_context_metadata() if self._tracer else None,
+            )
         except grpc.aio.AioRpcError:
             # The leader may be gone: look it up again and let the next poll retry.
             self.metadata.request_refresh()

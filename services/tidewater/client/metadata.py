@@ -13,6 +13,7 @@ import grpc
 
 from tidewater.client.errors import MetadataUnavailable
 from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.telemetry import tracing
 from tidewater.v1 import metadata_pb2, metadata_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -151,9 +152,7 @@ class ClusterMetadata:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=CHANNEL_OPTIONS
-            )
+            channel = self._channels[address] = tracing.insecure_channel(address, CHANNEL_OPTIONS)
         return channel
 
     async def close(self) -> None:

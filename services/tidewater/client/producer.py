@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
+from opentelemetry.trace import TracerProvider
 
 from tidewater.client.accumulator import (
     ProducerBatch,
@@ -30,9 +31,11 @@ from tidewater.client.errors import (
 )
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.client.partitioner import StickyPartitioner, partition_for_key
+from tidewater.client.spans import BatchTrace
 from tidewater.errors import InvalidConfig, MessageTooLarge, UnknownTopicOrPartition
 from tidewater.records.batch import Headers, Record
 from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Compression
+from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -123,7 +126,15 @@ class Producer:
 
     Use as `async with Producer([...]) as producer:` or call close()."""
 
-    def __init__(self, bootstrap: Sequence[str], **config: Any) -> None:
+    def __init__(
+        self,
+        bootstrap: Sequence[str],
+        *,
+        tracer_provider: TracerProvider | None = None,
+        **config: Any,
+    ) -> None:
+        """`config`: Kafka's producer settings (DEFAULTS). `tracer_provider`: where this
+        producer's spans go; default the global one, when the application installed one."""
         self.config = ProducerConfig(**config)
         self.metadata = ClusterMetadata(
             bootstrap,
@@ -144,6 +155,7 @@ class Producer:
         self._producer_epoch = NO_PRODUCER_EPOCH
         self._flushing = 0
         self._closed = False
+        self._tracer = tracing.client_tracer(tracer_provider)
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -212,6 +224,8 @@ class Producer:
         elif len(batch.records) == 1:
             # A new batch: the sender must learn when its linger ends.
             self._wake.set()
+        if self._tracer is not None and len(batch.records) == 1:
+            batch.trace = BatchTrace(self._tracer, topic, partition, self.config.acks)
         return future
 
     async def send_and_wait(self, topic: str, value: bytes | None, **kwargs: Any) -> RecordMetadata:
@@ -356,6 +370,8 @@ class Producer:
             if batch.data is None:
                 self._partitioner.batch_closed(*tp)  # type: ignore[union-attr]
                 self._build(batch)
+                if batch.trace is not None:
+                    batch.trace.drained()
             batch.attempts += 1
             self._in_flight[tp] = in_flight + 1
             by_leader.setdefault(leader[1], []).append(batch)
@@ -465,6 +481,10 @@ class _BrokerLink:
                 for b in batches
             ],
         )
+        if self.producer._tracer is not None:
+            for data, batch in zip(request.partitions, batches, strict=True):
+                if batch.trace is not None:
+                    data.trace_context.update(batch.trace.carrier)
         self._in_flight[correlation_id] = (batches, time.monotonic())
         if self._task is None or self._task.done():
             self._outbox = asyncio.Queue()

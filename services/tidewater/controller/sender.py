@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 
 from tidewater.controller.model import TopicPartition
 from tidewater.rpc.server import CHANNEL_OPTIONS
+from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2, broker_pb2_grpc, cluster_pb2, common_pb2, metadata_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -242,7 +243,7 @@ class BrokerSender:
                     if channel is not None:
                         await channel.close()
                     address = current
-                    channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                    channel = tracing.insecure_channel(address, CHANNEL_OPTIONS)
                 assert channel is not None
                 ok = await self._send(target, channel, request)
                 if isinstance(target, str):

@@ -152,8 +152,10 @@ class LocalCluster:
     """Starts the processes in dependency order and stops them in reverse; records each one in
     cluster.json as soon as it runs, so `cluster down` finds even a half-started cluster."""
 
-    def __init__(self, data_dir: Path, brokers: int) -> None:
+    def __init__(self, data_dir: Path, brokers: int, trace: bool = False) -> None:
         self.data_dir = data_dir
+        # Each process writes its own spans here (`cluster up --trace`).
+        self.trace_dir = data_dir / "traces" if trace else None
         self.broker_ids = tuple(range(1, brokers + 1))
         self.log_dir = data_dir / "logs"
         previous = ClusterFile.read(data_dir)
@@ -255,6 +257,8 @@ class LocalCluster:
         (self.data_dir / "etcd.peer-port").write_text(f"{self.etcd.peer_port}\n")
 
     def _start(self, role: str, member_id: int, args: Sequence[str]) -> str:
+        if self.trace_dir is not None:
+            args = [*args, "--trace-file", str(self.trace_dir / f"{role}-{member_id}.jsonl")]
         proc = ManagedProcess(f"{role}-{member_id}", args, self.log_dir)
         self.processes[(role, member_id)] = proc
         address = proc.start(PROCESS_START_TIMEOUT_S)
@@ -410,7 +414,9 @@ def _table(members: Sequence[Member], healths: Sequence[str] | None) -> str:
     )
 
 
-def cluster_up(data_dir: Path, brokers: int, detach: bool, ready_file: Path | None) -> int:
+def cluster_up(
+    data_dir: Path, brokers: int, detach: bool, ready_file: Path | None, trace: bool = False
+) -> int:
     if brokers < 1:
         raise ClusterError(f"--brokers must be at least 1, got {brokers}")
     running = _running_cluster(data_dir)
@@ -420,12 +426,12 @@ def cluster_up(data_dir: Path, brokers: int, detach: bool, ready_file: Path | No
             f"{running.supervisor_pid}); `tidewater cluster down --data-dir {data_dir}` first"
         )
     if detach:
-        return _up_detached(data_dir, brokers)
-    return _up_foreground(data_dir, brokers, ready_file)
+        return _up_detached(data_dir, brokers, trace)
+    return _up_foreground(data_dir, brokers, ready_file, trace)
 
 
-def _up_foreground(data_dir: Path, brokers: int, ready_file: Path | None) -> int:
-    cluster = LocalCluster(data_dir, brokers)
+def _up_foreground(data_dir: Path, brokers: int, ready_file: Path | None, trace: bool) -> int:
+    cluster = LocalCluster(data_dir, brokers, trace)
     _stop_on(KeyboardInterrupt)
     try:
         try:
@@ -466,7 +472,7 @@ def _stop_on(exception: type[BaseException] | None) -> None:
         signal.signal(sig, handle if exception is not None else signal.SIG_IGN)
 
 
-def _up_detached(data_dir: Path, brokers: int) -> int:
+def _up_detached(data_dir: Path, brokers: int, trace: bool) -> int:
     """Run the supervisor in its own session, logging to a file; return once it is ready."""
     data_dir.mkdir(parents=True, exist_ok=True)
     ready_file = data_dir / "cluster.ready"
@@ -475,6 +481,8 @@ def _up_detached(data_dir: Path, brokers: int) -> int:
     log_start = log_file.stat().st_size if log_file.exists() else 0
     args = [sys.executable, "-m", "tidewater", "cluster", "up", "--data-dir", str(data_dir)]
     args += ["--brokers", str(brokers), "--ready-file", str(ready_file)]
+    if trace:
+        args.append("--trace")
     with log_file.open("ab") as log:
         supervisor = subprocess.Popen(
             args,

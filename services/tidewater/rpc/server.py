@@ -13,6 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from tidewater.telemetry import tracing
+
 # Record batches of a few MiB must pass in one message.
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -25,7 +27,9 @@ class ServiceHost:
     """Owns a grpc.aio server, its health servicer and the bound port."""
 
     def __init__(self, service_names: Iterable[str]) -> None:
-        self.server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        self.server = grpc.aio.server(
+            options=CHANNEL_OPTIONS, interceptors=tracing.server_interceptors()
+        )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)

@@ -1,1 +1,2 @@
-"""OpenTelemetry for every Tidewater process: metrics (a Prometheus scrape endpoint)."""
+"""OpenTelemetry for every Tidewater process: metrics (a Prometheus scrape endpoint) and
+tracing."""

@@ -1,0 +1,263 @@
+"""The broker's spans of the data path (README, Tracing). Callers make them only while
+`tracing.ENABLED`; with tracing off none of this runs.
+
+Stages that are plain stretches of a handler (log.append, log.read) are recorded afterwards
+from two timestamps rather than entered as context managers, so the handlers keep one shape
+whether they trace or not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
+
+from tidewater.records.header import read_header
+from tidewater.telemetry import tracing
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TopicPartition = tuple[str, int]
+CONSUMER_REPLICA_ID = -1
+
+
+def messaging_attributes(topic: str, partition: int, operation: str) -> dict[str, Any]:
+    """The OTel messaging semantic conventions' attributes of a partition."""
+    return {
+        "messaging.system": tracing.MESSAGING_SYSTEM,
+        "messaging.operation.type": operation,
+        "messaging.destination.name": topic,
+        "messaging.destination.partition.id": str(partition),
+    }
+
+
+def child_span(parent: Context, name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
+    """A finished INTERNAL span for a stretch already timed."""
+    span = tracing.TRACER.start_span(
+        name, context=parent, start_time=start_ns, attributes=attributes
+    )
+    span.end(end_time=end_ns)
+
+
+def end_with_error(span: Span, code: int, message: str) -> None:
+    if code != ErrorCode.NONE:
+        span.set_attribute("tidewater.error_code", ErrorCode.Name(code))
+        span.set_status(Status(StatusCode.ERROR, message))
+    span.end()
+
+
+class _Traced:
+    """A span in progress, and the context that makes its children."""
+
+    __slots__ = ("context", "span")
+
+    def __init__(
+        self, name: str, kind: SpanKind, parent: Context | None, attributes: dict[str, Any]
+    ) -> None:
+        self.span = tracing.TRACER.start_span(
+            name, context=parent, kind=kind, attributes=attributes
+        )
+        self.context = trace.set_span_in_context(self.span)
+
+    def __enter__(self) -> _Traced:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: Any
+    ) -> None:
+        """Ends the span, whatever ended the stretch it times (a cancellation too)."""
+        if error is not None:
+            self.abandon(error)
+        else:
+            self.span.end()
+
+    def failed(self, error: BaseException) -> None:
+        self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+    def abandon(self, error: BaseException) -> None:
+        """End for a handler that raised (cancelled at shutdown, say): the span still counts."""
+        self.failed(error)
+        self.span.end()
+
+
+class ProduceTrace(_Traced):
+    """One partition batch of a Produce on the leader: the `Produce` SERVER span, child of the
+    producer's `send` span through the batch's trace_context."""
+
+    __slots__ = ()
+
+    def __init__(self, data: pb.PartitionProduceData, acks: int, metadata: Any) -> None:
+        attributes = messaging_attributes(data.topic, data.partition, "send")
+        attributes["tidewater.acks"] = acks
+        parent = tracing.extract(data.trace_context, metadata)
+        super().__init__("Produce", SpanKind.SERVER, parent, attributes)
+
+    def appended(
+        self, batch: bytearray, base_offset: int, leader_epoch: int, start_ns: int
+    ) -> None:
+        child_span(self.context, "log.append", start_ns, time.time_ns())
+        header = read_header(batch)
+        self.span.set_attributes(
+            {
+                "messaging.batch.message_count": header.record_count,
+                "tidewater.batch.bytes": len(batch),
+                "tidewater.base_offset": base_offset,
+                "tidewater.leader_epoch": leader_epoch,
+            }
+        )
+
+    def end(self, result: pb.PartitionProduceResponse) -> None:
+        end_with_error(self.span, result.error_code, result.error_message)
+
+
+class ReplicationWait:
+    """`replication.wait` of one acks=all batch: from after its append until the HW covers it.
+    Each follower's first fetch that shows it holds the batch becomes a link, in order, so the
+    last link is the follower the ack waited for."""
+
+    __slots__ = ("_followers", "_links", "_produce", "_start_ns", "required_offset")
+
+    def __init__(self, produce: ProduceTrace, required_offset: int) -> None:
+        self._produce = produce
+        self.required_offset = required_offset
+        self._start_ns = time.time_ns()
+        self._links: list[Link] = []
+        self._followers: list[int] = []
+
+    def follower_fetched(self, follower_id: int, fetch_offset: int, fetch: SpanContext) -> None:
+        if fetch_offset >= self.required_offset and follower_id not in self._followers:
+            self._followers.append(follower_id)
+            self._links.append(
+                Link(
+                    fetch,
+                    {"tidewater.follower_id": follower_id, "tidewater.fetch_offset": fetch_offset},
+                )
+            )
+
+    def end(self, high_watermark: int, code: int, message: str) -> None:
+        attributes: dict[str, int] = {"tidewater.hw": high_watermark}
+        if self._followers:
+            attributes["tidewater.last_follower_id"] = self._followers[-1]
+        span = tracing.TRACER.start_span(
+            "replication.wait",
+            context=self._produce.context,
+            start_time=self._start_ns,
+            links=self._links,
+            attributes=attributes,
+        )
+        end_with_error(span, code, message)
+
+
+class ReplicationWaits:
+    """The acks=all batches of a leader still waiting, per partition, to link the follower
+    fetches that complete them."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[TopicPartition, list[ReplicationWait]] = {}
+
+    def start(
+        self,
+        partitions: Iterable[pb.PartitionProduceData],
+        traces: Iterable[ProduceTrace],
+        waiting: dict[TopicPartition, int],
+    ) -> dict[TopicPartition, ReplicationWait]:
+        """The waits of a produce's batches that acks=all holds (`waiting`: the offset each
+        must reach), from now on."""
+        waits = {}
+        for data, produce in zip(partitions, traces, strict=True):
+            tp = (data.topic, data.partition)
+            if tp in waiting:
+                waits[tp] = ReplicationWait(produce, waiting[tp])
+                self._waiting.setdefault(tp, []).append(waits[tp])
+        return waits
+
+    def finish(
+        self,
+        waits: dict[TopicPartition, ReplicationWait],
+        response: pb.ProduceResponse,
+        high_watermark: Callable[[TopicPartition], int],
+    ) -> None:
+        """Stop linking fetches to `waits`, and end them with the produce's outcome."""
+        for tp, wait in waits.items():
+            pending = self._waiting[tp]
+            pending.remove(wait)
+            if not pending:
+                del self._waiting[tp]
+        for result in response.partitions:
+            tp = (result.topic, result.partition)
+            if tp in waits:
+                waits[tp].end(high_watermark(tp), result.error_code, result.error_message)
+
+    def follower_fetched(
+        self, tp: TopicPartition, follower_id: int, fetch_offset: int, fetch: SpanContext
+    ) -> None:
+        for wait in self._waiting.get(tp, ()):
+            wait.follower_fetched(follower_id, fetch_offset, fetch)
+
+
+class FetchTrace(_Traced):
+    """The leader's `Fetch` SERVER span of one fetch request, with `log.read` and `fetch.wait`."""
+
+    __slots__ = ()
+
+    def __init__(self, request: pb.FetchRequest, metadata: Any) -> None:
+        attributes: dict[str, Any] = {
+            "messaging.system": tracing.MESSAGING_SYSTEM,
+            "messaging.operation.type": "receive",
+            "tidewater.partitions": len(request.partitions),
+        }
+        if request.replica_id != CONSUMER_REPLICA_ID:
+            attributes["tidewater.follower_id"] = request.replica_id
+        elif len(request.partitions) == 1:
+            fp = request.partitions[0]
+            attributes.update(messaging_attributes(fp.topic, fp.partition, "receive"))
+        parent = tracing.extract(request.trace_context, metadata)
+        super().__init__("Fetch", SpanKind.SERVER, parent, attributes)
+
+    @property
+    def span_context(self) -> SpanContext:
+        return self.span.get_span_context()
+
+    def read(self, start_ns: int, size: int) -> None:
+        child_span(self.context, "log.read", start_ns, time.time_ns(), **{"tidewater.bytes": size})
+
+    def waited(self, start_ns: int) -> None:
+        child_span(self.context, "fetch.wait", start_ns, time.time_ns())
+
+    def end(self, response: pb.FetchResponse) -> None:
+        self.span.set_attribute(
+            "tidewater.bytes",
+            sum(len(p.record_batches) for p in response.partitions),
+        )
+        end_with_error(self.span, response.error_code, response.error_message)
+
+
+class ReplicaFetchTrace(_Traced):
+    """A follower's `replica.fetch` CLIENT span of one fetch request to its leader, carried to
+    the leader in the request's trace_context; `log.append` per partition it appends."""
+
+    __slots__ = ()
+
+    def __init__(self, request: pb.FetchRequest, leader_id: int) -> None:
+        # A new trace: a fetch is nobody's child (the produce it serves links to it).
+        super().__init__(
+            "replica.fetch",
+            SpanKind.CLIENT,
+            Context(),
+            {
+                "messaging.system": tracing.MESSAGING_SYSTEM,
+                "tidewater.follower_id": request.replica_id,
+                "tidewater.leader_id": leader_id,
+                "tidewater.partitions": len(request.partitions),
+            },
+        )
+        tracing.inject(self.span, request.trace_context)
+
+    def appended(self, tp: TopicPartition, size: int, start_ns: int) -> None:
+        attributes = messaging_attributes(tp[0], tp[1], "receive")
+        attributes["tidewater.bytes"] = size
+        child_span(self.context, "log.append", start_ns, time.time_ns(), **attributes)

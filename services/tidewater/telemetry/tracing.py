@@ -1,0 +1,204 @@
+"""OpenTelemetry tracing for every Tidewater process: the tracer provider, its exporters,
+gRPC interceptors and W3C trace context in messages.
+
+Tracing is on in a process once `setup()` found somewhere to send spans: `--trace-file PATH`
+(OTLP/JSON lines) and/or an OTLP endpoint from the standard variables
+(`OTEL_TRACES_EXPORTER=otlp`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
+`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; protocol from `OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL`,
+grpc or http/protobuf). The SDK reads the sampler (`OTEL_TRACES_SAMPLER`, `_ARG`; default
+parent-based always-on) and the batch processor's `OTEL_BSP_*` itself. Off, nothing is
+installed: `ENABLED` stays False and the callers skip every span, so a request costs one
+boolean test.
+
+The SDK client does not call setup(): like any OTel-instrumented library it traces when the
+application has installed a tracer provider (`client_tracer()`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Span, Tracer
+
+log = logging.getLogger(__name__)
+
+# True once setup() installed a provider in this process.
+ENABLED = False
+SCOPE = "tidewater"
+BROKER_ID = "tidewater.broker.id"
+# Streams that carry many batches or fetches: their spans are made per message by the broker
+# and the clients (trace_context in the messages), not per call by the interceptors. Unary
+# Produce and Fetch are traced the same way, so every produce and fetch has one span shape.
+DATA_PLANE_METHODS = frozenset({"Produce", "ProduceStream", "Fetch", "FetchStream"})
+UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
+MESSAGING_SYSTEM = "tidewater"
+
+_provider: TracerProvider | None = None
+# The services' tracer; meaningful only while ENABLED.
+TRACER: Tracer = trace.get_tracer(SCOPE)
+
+
+def setup(
+    service_name: str,
+    trace_file: Path | None = None,
+    attributes: Mapping[str, str | int] | None = None,
+) -> bool:
+    """Install the process's tracer provider when spans have somewhere to go; returns whether
+    tracing is on. `service_name` yields to OTEL_SERVICE_NAME only for clients."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = _exporters(trace_file)
+    if not exporters:
+        return False
+    resource_attributes: dict[str, Any] = {
+        "service.instance.id": str(uuid.uuid4()),
+        **(attributes or {}),
+    }
+    if not (service_name == "tidewater-client" and os.environ.get("OTEL_SERVICE_NAME")):
+        resource_attributes["service.name"] = service_name
+    provider = TracerProvider(resource=Resource.create(resource_attributes))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    # Global too, so that application code in a client process shares it.
+    trace.set_tracer_provider(provider)
+    install(provider)
+    return True
+
+
+def install(provider: TracerProvider) -> None:
+    """Trace this process's services through `provider` (setup() does it; tests give one
+    with an in-memory exporter)."""
+    global ENABLED, TRACER, _provider
+    _provider = provider
+    TRACER = provider.get_tracer(SCOPE)
+    ENABLED = True
+
+
+def shutdown() -> None:
+    """Export what is buffered; a process calls this on its way out."""
+    global ENABLED, _provider
+    if _provider is not None:
+        _provider.shutdown()
+    _provider = None
+    ENABLED = False
+
+
+def _exporters(trace_file: Path | None) -> list[SpanExporter]:
+    exporters: list[SpanExporter] = []
+    if trace_file is not None:
+        from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+
+        trace_file.parent.mkdir(parents=True, exist_ok=True)
+        exporters.append(FileSpanExporter(trace_file))
+    names = {n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if n}
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if "none" not in names and ("otlp" in names or endpoint):
+        exporters.append(_otlp_exporter())
+    if "console" in names:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        exporters.append(ConsoleSpanExporter())
+    return exporters
+
+
+def _otlp_exporter() -> SpanExporter:
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    )
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return HttpExporter()
+    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r}: use grpc or http/protobuf")
+
+
+def client_tracer(provider: trace.TracerProvider | None = None) -> Tracer | None:
+    """The SDK's tracer: from `provider` (the client's tracer_provider argument), else from
+    the one the application (or setup()) installed, else None: without a provider the
+    client makes no span at all."""
+    provider = provider or _provider or trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        return provider.get_tracer("tidewater.client")
+    return None
+
+
+# -- gRPC ------------------------------------------------------------------------------
+
+
+def _traced(details: Any) -> bool:
+    method: str = details.method
+    if isinstance(method, bytes):
+        method = method.decode()
+    service, _, name = method.lstrip("/").rpartition("/")
+    return name not in DATA_PLANE_METHODS and not service.startswith(UNTRACED_SERVICES)
+
+
+def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
+    """W3C trace context on every outgoing call but the data plane's (see DATA_PLANE_METHODS)."""
+    if not ENABLED:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return aio_client_interceptors(tracer_provider=_provider, filter_=_traced)
+
+
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    if not ENABLED:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    return [aio_server_interceptor(tracer_provider=_provider, filter_=_traced)]
+
+
+def insecure_channel(
+    address: str, options: Sequence[tuple[str, Any]] | None = None
+) -> grpc.aio.Channel:
+    """A grpc.aio channel that carries trace context when tracing is on."""
+    return grpc.aio.insecure_channel(address, options=options, interceptors=client_interceptors())
+
+
+# -- trace context in messages and metadata ----------------------------------------------
+
+
+def inject(span: Span, carrier: MutableMapping[str, str]) -> None:
+    """Write `span`'s W3C trace context into a message's trace_context map (or a dict)."""
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+
+
+def current_context_metadata() -> tuple[tuple[str, str], ...]:
+    """gRPC metadata with the current span's W3C trace context, for a unary call."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
+
+
+def extract(carrier: Mapping[str, str], metadata: Any = None) -> Context:
+    """The parent context of a span for a message: its own trace_context, else the gRPC
+    call's metadata (unary calls from other clients), else none (a new trace)."""
+    if "traceparent" in carrier:
+        return propagate.extract(carrier)
+    if metadata:
+        return propagate.extract({k: v for k, v in metadata if isinstance(v, str)})
+    return otel_context.Context()

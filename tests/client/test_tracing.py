@@ -1,0 +1,55 @@
+"""Trace context through retries: a batch the producer sends twice (the first leader moved
+away) stays one trace, each attempt's Produce a child of the batch's `send` span."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from tidewater.client.producer import Producer
+from tidewater.telemetry import tracing
+
+
+@pytest.fixture
+def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
+    """Brokers and client of this process trace into memory."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    yield provider, exporter
+    tracing.shutdown()
+
+
+async def test_a_batch_retried_at_a_new_leader_stays_in_one_trace(cluster, spans) -> None:
+    provider, exporter = spans
+    await cluster.create_topic("moving")  # leader 1
+    # Leadership moves while the metadata service still names broker 1: the first attempt
+    # gets NOT_LEADER_OR_FOLLOWER, the retry goes to broker 2.
+    await cluster.controller.elect("moving", 0, leader=2)
+    async with Producer(
+        cluster.bootstrap, acks=-1, linger_ms=0, retry_backoff_ms=10, tracer_provider=provider
+    ) as producer:
+        record = await producer.send_and_wait("moving", b"v", partition=0)
+
+    finished = exporter.get_finished_spans()
+    [send] = [s for s in finished if s.name == "send moving"]
+    produces = [s for s in finished if s.name == "Produce"]
+    assert len(produces) == 2
+    for produce in produces:
+        assert produce.context.trace_id == send.context.trace_id
+        assert produce.parent is not None and produce.parent.span_id == send.context.span_id
+    first, retry = sorted(produces, key=lambda s: s.start_time)
+    assert first.attributes["tidewater.error_code"] == "NOT_LEADER_OR_FOLLOWER"
+    assert retry.attributes["tidewater.base_offset"] == record.offset
+    assert send.attributes["tidewater.base_offset"] == record.offset
+    [wait] = [s for s in finished if s.name == "batch.wait"]
+    assert wait.parent is not None and wait.parent.span_id == send.context.span_id
+    # The trace is this batch's alone: every span in it descends from `send`.
+    in_trace = [s for s in finished if s.context.trace_id == send.context.trace_id]
+    ids = {s.context.span_id for s in in_trace}
+    assert all(s is send or (s.parent is not None and s.parent.span_id in ids) for s in in_trace)

@@ -1,0 +1,167 @@
+"""One acks=all produce on a local cluster of real processes (`tidewater cluster up --trace`)
+gives one trace: the client's `send` and `batch.wait`, the leader's `Produce`, `log.append`
+and `replication.wait`, whose links lead to both followers' fetches. Asserted on the trace
+files by structure (ids, parents, links, resources), never by timing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from test_cluster_cli import data_dir, tidewater  # noqa: F401 - data_dir is a fixture
+
+from tidewater.client.admin import Admin
+from tidewater.client.producer import Producer
+from tidewater.local.cluster import ClusterFile
+
+pytestmark = pytest.mark.timeout(300)
+TOPIC = "traced"
+
+Span = dict[str, Any]
+
+
+def value(attribute: dict[str, Any]) -> Any:
+    ((kind, raw),) = attribute["value"].items()
+    return int(raw) if kind == "intValue" else raw
+
+
+def attributes(entry: dict[str, Any]) -> dict[str, Any]:
+    return {a["key"]: value(a) for a in entry.get("attributes", [])}
+
+
+def read_spans(directory: Path) -> list[Span]:
+    """Every span of every *.jsonl file, each with its process's resource as `resource`."""
+    spans = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            for resource_spans in json.loads(line)["resourceSpans"]:
+                resource = attributes(resource_spans["resource"])
+                for scope in resource_spans["scopeSpans"]:
+                    for span in scope["spans"]:
+                        spans.append({**span, "resource": resource, "attrs": attributes(span)})
+    return spans
+
+
+async def produce_one(controllers: list[str], bootstrap: list[str], client_file: Path) -> None:
+    async with Admin(controllers, bootstrap) as admin:
+        await admin.create_topic(TOPIC, partitions=1, replication_factor=3)
+    provider = TracerProvider(resource=Resource.create({"service.name": "tidewater-client"}))
+    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(client_file)))
+    try:
+        async with Producer(bootstrap, acks=-1, tracer_provider=provider) as producer:
+            await asyncio.wait_for(producer.send_and_wait(TOPIC, b"hello"), 60)
+    finally:
+        provider.shutdown()
+
+
+def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
+    data_dir: Path,  # noqa: F811
+) -> None:
+    result = tidewater("cluster", "up", "--detach", "--trace", "--data-dir", str(data_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    state = ClusterFile.read(data_dir)
+    assert state is not None
+    traces = data_dir / "traces"
+    try:
+        asyncio.run(
+            produce_one(
+                [m.address for m in state.find("controller")],
+                [m.address for m in state.find("metadata")],
+                traces / "client.jsonl",
+            )
+        )
+    finally:
+        # Stopping flushes every process's spans to its file.
+        down = tidewater("cluster", "down", "--data-dir", str(data_dir))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert {p.name for p in traces.glob("*.jsonl")} >= {
+        "client.jsonl",
+        "metadata-1.jsonl",
+        "controller-1.jsonl",
+        "controller-2.jsonl",
+        "broker-1.jsonl",
+        "broker-2.jsonl",
+        "broker-3.jsonl",
+    }
+    spans = read_spans(traces)
+    by_id = {s["spanId"]: s for s in spans}
+    children: dict[str, list[Span]] = defaultdict(list)
+    for s in spans:
+        if s.get("parentSpanId"):
+            children[s["parentSpanId"]].append(s)
+
+    def child(parent: Span, name: str) -> Span:
+        [found] = [c for c in children[parent["spanId"]] if c["name"] == name]
+        assert found["traceId"] == parent["traceId"]
+        return found
+
+    # The client: one batch, one `send` span (kind PRODUCER) with `batch.wait` under it.
+    [send] = [s for s in spans if s["name"] == f"send {TOPIC}"]
+    assert send["kind"] == 4 and not send.get("parentSpanId")
+    assert send["resource"]["service.name"] == "tidewater-client"
+    assert send["attrs"]["messaging.destination.name"] == TOPIC
+    assert send["attrs"]["messaging.batch.message_count"] == 1
+    assert send["attrs"]["tidewater.base_offset"] == 0
+    child(send, "batch.wait")
+
+    # The leader: `Produce` (SERVER) under `send`, `log.append` and `replication.wait` under it.
+    [produce] = [c for c in children[send["spanId"]] if c["name"] == "Produce"]
+    assert produce["kind"] == 2
+    assert produce["resource"]["service.name"] == "tidewater-broker"
+    leader = produce["resource"]["tidewater.broker.id"]
+    assert produce["attrs"]["tidewater.acks"] == -1
+    assert produce["attrs"]["tidewater.base_offset"] == 0
+    child(produce, "log.append")
+    wait = child(produce, "replication.wait")
+    assert wait["attrs"]["tidewater.hw"] >= 1
+
+    # Every span of the trace is the client's or the leader's, and descends from `send`.
+    trace = [s for s in spans if s["traceId"] == send["traceId"]]
+    assert {s["resource"].get("tidewater.broker.id", "client") for s in trace} == {
+        "client",
+        leader,
+    }
+    for s in trace:
+        assert s is send or s["parentSpanId"] in {t["spanId"] for t in trace}
+
+    # Links: one per follower, each to the leader's `Fetch` of that follower, itself the child
+    # of the follower's `replica.fetch`; the last one names the follower the ack waited for.
+    followers = {1, 2, 3} - {leader}
+    linked = [link["spanId"] for link in wait["links"]]
+    link_followers = [attributes(link)["tidewater.follower_id"] for link in wait["links"]]
+    assert sorted(link_followers) == sorted(followers)
+    assert wait["attrs"]["tidewater.last_follower_id"] == link_followers[-1]
+    for span_id, follower in zip(linked, link_followers, strict=True):
+        fetch = by_id[span_id]
+        assert fetch["name"] == "Fetch" and fetch["kind"] == 2
+        assert fetch["resource"]["tidewater.broker.id"] == leader
+        assert fetch["attrs"]["tidewater.follower_id"] == follower
+        replica_fetch = by_id[fetch["parentSpanId"]]
+        assert replica_fetch["name"] == "replica.fetch" and replica_fetch["kind"] == 3
+        assert replica_fetch["resource"]["tidewater.broker.id"] == follower
+        assert replica_fetch["traceId"] == fetch["traceId"] != send["traceId"]
+        assert (
+            attributes(next(a for a in wait["links"] if a["spanId"] == span_id))[
+                "tidewater.fetch_offset"
+            ]
+            >= 1
+        )
+    # Each follower appended the batch under one of its `replica.fetch` spans.
+    for follower in followers:
+        appends = [
+            s
+            for s in spans
+            if s["name"] == "log.append"
+            and s["resource"].get("tidewater.broker.id") == follower
+            and s["attrs"].get("messaging.destination.name") == TOPIC
+        ]
+        assert appends
+        assert all(by_id[a["parentSpanId"]]["name"] == "replica.fetch" for a in appends)

@@ -39,6 +39,14 @@ class UnsupportedVersion(TidewaterError):
     code = ErrorCode.UNSUPPORTED_VERSION
 
 
+class FetchSessionIdNotFound(TidewaterError):
+    code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+
+
+class InvalidFetchSessionEpoch(TidewaterError):
+    code = ErrorCode.INVALID_FETCH_SESSION_EPOCH
+
+
 class UnknownTopicOrPartition(TidewaterError):
     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 

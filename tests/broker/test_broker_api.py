@@ -10,6 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.header import Compression, read_header
@@ -501,3 +502,61 @@ async def test_only_the_first_data_of_a_response_may_exceed_max_bytes(leader: An
     assert len(list(decode_batches(first.record_batches))) == 4  # one whole batch, over the limit
     assert second.record_batches == b""
     assert second.high_watermark == 4
+
+
+async def test_incremental_fetch_session_answers_only_partitions_with_news(leader: Any) -> None:
+    await make_leader(leader.channel, TOPIC, 1, leader=1, leader_epoch=1, replicas=[1])
+    full = fetch_request(0)
+    full.partitions.add(topic=TOPIC, partition=1, current_leader_epoch=-1, log_start_offset=-1)
+    full.session.SetInParent()  # id 0, epoch 0: open a session
+    response = await leader.service.Fetch(full)
+    assert response.error_code == ErrorCode.NONE
+    assert [p.partition for p in response.partitions] == [0, 1]
+    session_id = response.session_id
+    assert session_id != 0
+
+    def incremental(epoch: int) -> pb.FetchRequest:
+        return pb.FetchRequest(
+            replica_id=-1, max_bytes=1 << 20, session=pb.FetchSession(id=session_id, epoch=epoch)
+        )
+
+    response = await leader.service.Fetch(incremental(1))
+    assert (response.error_code, response.session_id, list(response.partitions)) == (
+        ErrorCode.NONE,
+        session_id,
+        [],
+    )
+    await produce_ok(leader, batch_of([b"news"]))
+    response = await leader.service.Fetch(incremental(2))
+    assert [p.partition for p in response.partitions] == [0]
+    assert [r.value for r in decode_batches(response.partitions[0].record_batches)] == [b"news"]
+
+    response = await leader.service.Fetch(incremental(2))
+    assert response.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH
+    assert list(response.partitions) == []
+    response = await leader.service.Fetch(
+        pb.FetchRequest(replica_id=-1, session=pb.FetchSession(id=session_id + 1, epoch=1))
+    )
+    assert response.error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND
+    # Without a session, every partition is answered, as before.
+    response = await leader.service.Fetch(fetch_request(1))
+    assert response.session_id == 0
+    assert [p.high_watermark for p in response.partitions] == [1]
+
+
+async def test_high_watermark_checkpoint_is_rewritten_only_when_a_hw_moved(
+    start_broker: Callable[..., Any],
+) -> None:
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    await produce_ok(client, batch_of([b"a", b"b"]))
+    rm = server.replica_manager
+    path = rm.config.log_dirs[0] / "replication-offset-checkpoint"
+    rm.checkpoint_high_watermarks()
+    assert OffsetCheckpoint(path).read() == {(TOPIC, 0): 2}
+    written = path.stat().st_ino
+    rm.checkpoint_high_watermarks()
+    assert path.stat().st_ino == written  # nothing moved: the file was left alone
+    await produce_ok(client, batch_of([b"c"]))
+    rm.checkpoint_high_watermarks()
+    assert OffsetCheckpoint(path).read() == {(TOPIC, 0): 3}

@@ -126,3 +126,23 @@ async def test_acks_all_refused_when_isr_below_min_insync(cluster: Any) -> None:
     result = await produce(clients[1], b"refused")
     assert result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
     assert (await produce(clients[1], b"acks=1 still works", acks=1)).error_code == ErrorCode.NONE
+
+
+async def test_followers_replicate_through_fetch_sessions_and_survive_losing_them(
+    cluster: Any,
+) -> None:
+    _, servers, clients = cluster
+    assert (await produce(clients[1], b"first")).error_code == ErrorCode.NONE
+    sessions = servers[1].replica_manager.fetch_sessions.sessions
+    await eventually(lambda: sorted(s.replica_id for s in sessions.values()) == [2, 3])
+    assert all(list(s.partitions) == [TP] for s in sessions.values())
+    # The leader forgets them (a restart, an eviction): followers get
+    # FETCH_SESSION_ID_NOT_FOUND, open new sessions and go on replicating.
+    old = set(sessions)
+    sessions.clear()
+    for i in range(5):
+        assert (await produce(clients[1], f"after-{i}".encode())).error_code == ErrorCode.NONE
+    await eventually(lambda: len(sessions) == 2 and not old & set(sessions))
+    followers = [servers[b].replica_manager.partitions[TP] for b in (2, 3)]
+    await eventually(lambda: all(f.state.high_watermark == 18 for f in followers))
+    assert all(log_bytes(servers[b], 18) == log_bytes(servers[1], 18) for b in (2, 3))

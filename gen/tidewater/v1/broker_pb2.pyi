@@ -88,7 +88,7 @@ class PartitionProduceResponse(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., current_leader: _Optional[_Union[_common_pb2.LeaderIdAndEpoch, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("replica_id", "replica_broker_epoch", "max_wait_ms", "min_bytes", "max_bytes", "partitions", "record_format", "correlation_id", "trace_context")
+    __slots__ = ("replica_id", "replica_broker_epoch", "max_wait_ms", "min_bytes", "max_bytes", "partitions", "record_format", "correlation_id", "trace_context", "session", "forgotten")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class FetchRequest(_message.Message):
     RECORD_FORMAT_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     replica_broker_epoch: int
     max_wait_ms: int
@@ -114,7 +116,17 @@ class FetchRequest(_message.Message):
     record_format: RecordFormat
     correlation_id: int
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, replica_id: _Optional[int] = ..., replica_broker_epoch: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., record_format: _Optional[_Union[RecordFormat, str]] = ..., correlation_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    session: FetchSession
+    forgotten: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    def __init__(self, replica_id: _Optional[int] = ..., replica_broker_epoch: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ..., record_format: _Optional[_Union[RecordFormat, str]] = ..., correlation_id: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., session: _Optional[_Union[FetchSession, _Mapping]] = ..., forgotten: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class FetchSession(_message.Message):
+    __slots__ = ("id", "epoch")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    epoch: int
+    def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
     __slots__ = ("topic", "partition", "fetch_offset", "current_leader_epoch", "last_fetched_epoch", "log_start_offset", "partition_max_bytes")
@@ -135,16 +147,18 @@ class FetchPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("partitions", "correlation_id", "error_code", "error_message")
+    __slots__ = ("partitions", "correlation_id", "error_code", "error_message", "session_id")
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     CORRELATION_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     partitions: _containers.RepeatedCompositeFieldContainer[FetchPartitionResponse]
     correlation_id: int
     error_code: _errors_pb2.ErrorCode
     error_message: str
-    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartitionResponse, _Mapping]]] = ..., correlation_id: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+    session_id: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[FetchPartitionResponse, _Mapping]]] = ..., correlation_id: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class FetchPartitionResponse(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message", "high_watermark", "log_start_offset", "diverging_epoch", "current_leader", "record_batches", "records", "log_end_offset")

@@ -48,6 +48,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     PRODUCER_ID_ALLOCATION_FAILED: _ClassVar[ErrorCode]
     UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
+    FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
+    INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
@@ -90,3 +92,5 @@ TOPIC_DELETION_IN_PROGRESS: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
 PRODUCER_ID_ALLOCATION_FAILED: ErrorCode
 UNSUPPORTED_VERSION: ErrorCode
+FETCH_SESSION_ID_NOT_FOUND: ErrorCode
+INVALID_FETCH_SESSION_EPOCH: ErrorCode

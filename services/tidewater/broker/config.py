@@ -55,6 +55,8 @@ class BrokerConfig:
     replica_fetch_min_bytes: int = 1
     replica_fetch_max_bytes: int = 1048576
     replica_fetch_response_max_bytes: int = 10485760
+    max_incremental_fetch_session_cache_slots: int = 1000
+    min_incremental_fetch_session_eviction_ms: int = 120000
     # The controllers' addresses: registration, heartbeats, ISR change proposals.
     controllers: tuple[str, ...] = ()
     broker_heartbeat_interval_ms: int = 500
@@ -121,6 +123,12 @@ class BrokerConfig:
             replica_fetch_min_bytes=take_int("replica.fetch.min.bytes", 1),
             replica_fetch_max_bytes=take_int("replica.fetch.max.bytes", 1048576),
             replica_fetch_response_max_bytes=take_int("replica.fetch.response.max.bytes", 10485760),
+            max_incremental_fetch_session_cache_slots=take_int(
+                "max.incremental.fetch.session.cache.slots", 1000
+            ),
+            min_incremental_fetch_session_eviction_ms=take_int(
+                "min.incremental.fetch.session.eviction.ms", 120000
+            ),
             controllers=_addresses(remaining.pop("controllers", ())),
             broker_heartbeat_interval_ms=take_int("broker.heartbeat.interval.ms", 500),
             controlled_shutdown_timeout_ms=take_int("controlled.shutdown.timeout.ms", 15000),

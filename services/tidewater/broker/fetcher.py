@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from tidewater.broker.config import BrokerConfig
+from tidewater.broker.fetch_session import FetchPlan, FetchSessionHandler
 from tidewater.broker.partition import HostedPartition
 from tidewater.broker.spans import ReplicaFetchTrace
 from tidewater.errors import TidewaterError
@@ -30,6 +31,7 @@ from tidewater.replication.follower import (
     next_fetch,
     on_offset_out_of_range,
 )
+from tidewater.replication.partition import FollowerFetch
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -39,8 +41,11 @@ from tidewater.v1.errors_pb2 import ErrorCode
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-# Errors after which the partition retries after replica.fetch.backoff.ms.
+# How long past its max wait an answer may take before the fetch counts as failed.
 RPC_GRACE_S = 10.0
+# Refusals of a session's fetch that a full fetch (at once) mends.
+SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+BuiltFetch = tuple[pb.FetchRequest, FetchPlan[TopicPartition], dict[TopicPartition, FollowerFetch]]
 
 
 def java_string_hash(text: str) -> int:
@@ -82,6 +87,9 @@ class ReplicaFetcher:
     partitions: dict[TopicPartition, PartitionFetchState] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    session: FetchSessionHandler[TopicPartition, FollowerFetch] = field(
+        default_factory=FetchSessionHandler
+    )
 
     def start(self) -> None:
         name = f"fetcher-{self.source.broker_id}-{self.fetcher_id}"
@@ -100,10 +108,11 @@ class ReplicaFetcher:
             stream: grpc.aio.StreamStreamCall | None = None
             correlation_id = 0
             while True:
-                request = self._build_request()
-                if request is None:
+                built = self._build_request()
+                if built is None:
                     await self._wait_for_work()
                     continue
+                request, plan, wanted = built
                 correlation_id += 1
                 request.correlation_id = correlation_id
                 fetch_trace = (
@@ -130,9 +139,20 @@ class ReplicaFetcher:
                         if stream is not None:
                             stream.cancel()
                         stream = None
+                        self.session.reset()  # the answer is lost: the epochs no longer match
                         self._delay(list(self.partitions), backoff_s)
                         continue
-                    await self._process(stub, request, response, fetch_trace)
+                    self.session.on_response(plan, response.error_code, response.session_id)
+                    if response.error_code != ErrorCode.NONE:
+                        log.info(
+                            "fetch from broker %d refused: %s",
+                            self.source.broker_id,
+                            response.error_message,
+                        )
+                        if response.error_code not in SESSION_ERRORS:
+                            self._delay(list(wanted), backoff_s)
+                        continue  # a session error: a full fetch next, at once
+                    await self._process(stub, wanted, response, fetch_trace)
 
     async def _wait_for_work(self) -> None:
         self.changed.clear()
@@ -143,19 +163,28 @@ class ReplicaFetcher:
             async with asyncio.timeout(timeout):
                 await self.changed.wait()
 
-    def _build_request(self) -> pb.FetchRequest | None:
+    def _build_request(self) -> BuiltFetch | None:
+        """The next fetch of the session, or None when every partition waits; with the plan
+        and every partition's position (named in the request or not)."""
         now = time.monotonic()
+        wanted: dict[TopicPartition, FollowerFetch] = {}
+        for tp, state in self.partitions.items():
+            hosted = self.lookup(tp)
+            if state.failed or state.delayed_until > now or hosted is None:
+                continue
+            wanted[tp] = next_fetch(hosted.state)
+        if not wanted:
+            return None
+        plan = self.session.build(wanted)
         request = pb.FetchRequest(
             replica_id=self.config.broker_id,
             max_wait_ms=self.config.replica_fetch_wait_max_ms,
             min_bytes=self.config.replica_fetch_min_bytes,
             max_bytes=self.config.replica_fetch_response_max_bytes,
+            session=pb.FetchSession(id=plan.session_id, epoch=plan.epoch),
         )
-        for tp, state in self.partitions.items():
-            hosted = self.lookup(tp)
-            if state.failed or state.delayed_until > now or hosted is None:
-                continue
-            fetch = next_fetch(hosted.state)
+        for tp in plan.send:
+            fetch = wanted[tp]
             request.partitions.add(
                 topic=tp[0],
                 partition=tp[1],
@@ -165,26 +194,29 @@ class ReplicaFetcher:
                 log_start_offset=fetch.log_start_offset,
                 partition_max_bytes=self.config.replica_fetch_max_bytes,
             )
-        return request if request.partitions else None
+        for tp in plan.forgotten:
+            request.forgotten.add(topic=tp[0], partition=tp[1])
+        return request, plan, wanted
 
     async def _process(
         self,
         stub: broker_pb2_grpc.BrokerServiceStub,
-        request: pb.FetchRequest,
+        wanted: dict[TopicPartition, FollowerFetch],
         response: pb.FetchResponse,
         fetch_trace: ReplicaFetchTrace | None = None,
     ) -> None:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
-        sent_epochs = {(p.topic, p.partition): p.current_leader_epoch for p in request.partitions}
         for result in response.partitions:
             tp = (result.topic, result.partition)
             state = self.partitions.get(tp)
             hosted = self.lookup(tp)
+            sent = wanted.get(tp)
             if (
                 state is None
                 or hosted is None
+                or sent is None
                 or hosted.state.leader_epoch != state.leader_epoch
-                or sent_epochs.get(tp) != state.leader_epoch
+                or sent.current_leader_epoch != state.leader_epoch
             ):
                 continue  # removed, or a newer epoch arrived while the fetch was in flight
             code = result.error_code

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.controller_client import ControllerClient
 from tidewater.broker.delayed import DelayedFetch, DelayedProduce, TopicPartition
+from tidewater.broker.fetch_session import FetchContext, FetchSessionCache
 from tidewater.broker.fetcher import ReplicaFetcherManager, SourceBroker
 from tidewater.broker.isr_channel import AlterIsrChannel
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
@@ -73,6 +74,10 @@ class ReplicaManager:
         self.controller_epoch = 0
         self.produce_purgatory = Purgatory("Produce", schedule)
         self.fetch_purgatory = Purgatory("Fetch", schedule)
+        self.fetch_sessions = FetchSessionCache(
+            config.max_incremental_fetch_session_cache_slots,
+            config.min_incremental_fetch_session_eviction_ms,
+        )
         self.fetcher_manager = ReplicaFetcherManager(config, self.partitions.get)
         self.controller = ControllerClient(config.controllers)
         # Set by the broker's lifecycle once registered; 0 until then.
@@ -98,6 +103,7 @@ class ReplicaManager:
         self.usable_brokers: set[int] | None = None
         self._checkpointed_hws: dict[TopicPartition, int] = {}
         self._replication_waits = ReplicationWaits()
+        self._written_hws: dict[Path, dict[TopicPartition, int]] = {}
         for log_dir in config.log_dirs:
             self._checkpointed_hws.update(self._hw_checkpoint(log_dir).read())
 
@@ -433,15 +439,25 @@ class ReplicaManager:
         self, request: pb.FetchRequest, fetch_trace: FetchTrace | None
     ) -> pb.FetchResponse:
         started = time.perf_counter_ns()
+        try:
+            context = self.fetch_sessions.context(request, self.time_ms())
+        except TidewaterError as e:
+            return pb.FetchResponse(
+                correlation_id=request.correlation_id, error_code=e.code, error_message=str(e)
+            )
         # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
         follower = self._from_follower(request)
-        answered = self._record_follower_fetches(request, fetch_trace) if follower else {}
+        answered = (
+            self._record_follower_fetches(request.replica_id, context.partitions, fetch_trace)
+            if follower
+            else {}
+        )
         # The answer is always the last read's results: its size is what was served.
         size = 0
 
         def read() -> tuple[FetchPartitionResults, int, bool]:
             nonlocal size
-            results, size, failed = self._read_partitions(request, answered)
+            results, size, failed = self._read_partitions(request, context, answered)
             return results, size, failed
 
         start_ns = time.time_ns() if fetch_trace is not None else 0
@@ -454,7 +470,7 @@ class ReplicaManager:
                 request.max_wait_ms, request.min_bytes, read, results
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
-            self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in request.partitions])
+            self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in context.partitions])
             results = await op.done
             if fetch_trace is not None:
                 fetch_trace.waited(start_ns)
@@ -462,13 +478,15 @@ class ReplicaManager:
             self.request_metrics.fetched(
                 follower, started, local_done, time.perf_counter_ns(), size
             )
-        return self._fetch_response(request, results)
+        return self._fetch_response(request, context, results)
 
     def _fetch_response(
-        self, request: pb.FetchRequest, results: FetchPartitionResults
+        self, request: pb.FetchRequest, context: FetchContext, results: FetchPartitionResults
     ) -> pb.FetchResponse:
-        response = pb.FetchResponse(correlation_id=request.correlation_id)
-        response.partitions.extend(results)
+        response = pb.FetchResponse(
+            correlation_id=request.correlation_id, session_id=context.session_id
+        )
+        response.partitions.extend(context.respond(results))
         return response
 
     @staticmethod
@@ -476,7 +494,10 @@ class ReplicaManager:
         return request.replica_id != CONSUMER_REPLICA_ID
 
     def _record_follower_fetches(
-        self, request: pb.FetchRequest, fetch_trace: FetchTrace | None
+        self,
+        replica_id: int,
+        partitions: list[pb.FetchPartition],
+        fetch_trace: FetchTrace | None,
     ) -> dict[TopicPartition, pb.FetchPartitionResponse]:
         """The leader's side of a follower fetch: fencing, divergence, the follower's LEO,
         ISR expansion, HW. Returns the partitions answered without data (errors, diverging
@@ -484,13 +505,13 @@ class ReplicaManager:
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         moved: list[TopicPartition] = []
         now = self.time_ms()
-        for fp in request.partitions:
+        for fp in partitions:
             tp = (fp.topic, fp.partition)
             try:
                 hosted = self._leader_partition(tp)
                 outcome = hosted.state.on_follower_fetch(
                     FollowerFetch(
-                        replica_id=request.replica_id,
+                        replica_id=replica_id,
                         fetch_offset=fp.fetch_offset,
                         log_start_offset=fp.log_start_offset,
                         last_fetched_epoch=fp.last_fetched_epoch,
@@ -503,7 +524,7 @@ class ReplicaManager:
                 continue
             if fetch_trace is not None:
                 self._replication_waits.follower_fetched(
-                    tp, request.replica_id, fp.fetch_offset, fetch_trace.span_context
+                    tp, replica_id, fp.fetch_offset, fetch_trace.span_context
                 )
             if outcome.isr_proposal is not None:
                 self.isr_channel.propose(outcome.isr_proposal)
@@ -541,7 +562,10 @@ class ReplicaManager:
         return result
 
     def _read_partitions(
-        self, request: pb.FetchRequest, answered: dict[TopicPartition, pb.FetchPartitionResponse]
+        self,
+        request: pb.FetchRequest,
+        context: FetchContext,
+        answered: dict[TopicPartition, pb.FetchPartitionResponse],
     ) -> tuple[FetchPartitionResults, int, bool]:
         for_follower = self._from_follower(request)
         as_records = request.record_format == pb.RECORD_FORMAT_RECORDS
@@ -549,16 +573,22 @@ class ReplicaManager:
         results: FetchPartitionResults = []
         total = 0
         failed = False
-        for fp in request.partitions:
+        for fp in context.partitions:
             tp = (fp.topic, fp.partition)
             if tp in answered:
                 results.append(answered[tp])
                 failed = failed or answered[tp].error_code != ErrorCode.NONE
                 continue
-            result = pb.FetchPartitionResponse(topic=fp.topic, partition=fp.partition)
             try:
                 partition = self._leader_partition(tp)
                 partition.state.check_current_leader_epoch(fp.current_leader_epoch)
+                high_watermark = partition.state.high_watermark
+                log_end_offset = partition.log.log_end_offset
+                # Outside [end, LEO] a read returns records or OFFSET_OUT_OF_RANGE.
+                end = log_end_offset if for_follower else high_watermark
+                must_read = not end <= fp.fetch_offset <= log_end_offset
+                if context.unchanged(tp, must_read, high_watermark, partition.log.log_start_offset):
+                    continue  # an incremental answer leaves out partitions with no news
                 limit = budget - total
                 if fp.partition_max_bytes > 0:
                     limit = min(limit, fp.partition_max_bytes)
@@ -569,10 +599,14 @@ class ReplicaManager:
                 results.append(self._fetch_error(fp, e))
                 failed = True
                 continue
+            result = pb.FetchPartitionResponse(
+                topic=fp.topic,
+                partition=fp.partition,
+                high_watermark=read.high_watermark,
+                log_start_offset=read.log_start_offset,
+                log_end_offset=read.log_end_offset if for_follower else -1,
+            )
             total += len(read.data)
-            result.high_watermark = read.high_watermark
-            result.log_start_offset = read.log_start_offset
-            result.log_end_offset = read.log_end_offset if for_follower else -1
             if as_records:
                 result.records.extend(_to_proto_records(read.data, fp.fetch_offset))
             else:
@@ -650,9 +684,9 @@ class ReplicaManager:
     # -- shared --------------------------------------------------------------------------
 
     def _leader_partition(self, tp: TopicPartition) -> HostedPartition:
-        validate_topic_name(tp[0])
         partition = self.partitions.get(tp)
         if partition is None:
+            validate_topic_name(tp[0])  # hosted partitions have valid names
             raise UnknownTopicOrPartition(
                 f"broker {self.broker_id} has no partition {tp[0]}-{tp[1]}"
             )
@@ -688,7 +722,10 @@ class ReplicaManager:
         for tp, partition in self.partitions.items():
             by_dir.setdefault(partition.log.dir.parent, {})[tp] = partition.state.high_watermark
         for log_dir, hws in by_dir.items():
-            self._hw_checkpoint(log_dir).write(hws)
+            # An fsync'd rewrite of the same HWs (idle partitions) would only cost time.
+            if self._written_hws.get(log_dir) != hws:
+                self._hw_checkpoint(log_dir).write(hws)
+                self._written_hws[log_dir] = hws
 
     # -- ISR ---------------------------------------------------------------------------------
 

@@ -165,3 +165,31 @@ def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
         ]
         assert appends
         assert all(by_id[a["parentSpanId"]]["name"] == "replica.fetch" for a in appends)
+
+    # The controller: its election, and the topic's creation electing leaders, whose
+    # LeaderAndIsr fan-out reaches every broker through the RPC's trace context.
+    # (The standby wins too, once `cluster down` stops the active controller.)
+    elections = [s for s in spans if s["name"] == "controller.election"]
+    assert elections
+    for election in elections:
+        assert election["resource"]["service.name"] == "tidewater-controller"
+        assert election["attrs"]["tidewater.controller_epoch"] >= 1
+    [create] = [
+        s
+        for s in spans
+        if s["name"] == "leader.election"
+        and by_id[s["parentSpanId"]]["name"].endswith("ControllerService/CreateTopics")
+    ]
+    assert create["attrs"]["tidewater.partitions"] == 1
+    fan_out = child(create, "leader_and_isr.send")
+    assert fan_out["attrs"]["tidewater.brokers"] == 3
+    calls = [
+        c for c in children[fan_out["spanId"]] if c["name"].endswith("BrokerControl/LeaderAndIsr")
+    ]
+    served = {
+        s["resource"]["tidewater.broker.id"]
+        for call in calls
+        for s in children[call["spanId"]]
+        if s["kind"] == 2 and s["traceId"] == create["traceId"]
+    }
+    assert served == {1, 2, 3}

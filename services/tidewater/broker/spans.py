@@ -35,14 +35,6 @@ def messaging_attributes(topic: str, partition: int, operation: str) -> dict[str
     }
 
 
-def child_span(parent: Context, name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
-    """A finished INTERNAL span for a stretch already timed."""
-    span = tracing.TRACER.start_span(
-        name, context=parent, start_time=start_ns, attributes=attributes
-    )
-    span.end(end_time=end_ns)
-
-
 def end_with_error(span: Span, code: int, message: str) -> None:
     if code != ErrorCode.NONE:
         span.set_attribute("tidewater.error_code", ErrorCode.Name(code))
@@ -99,7 +91,7 @@ class ProduceTrace(_Traced):
     def appended(
         self, batch: bytearray, base_offset: int, leader_epoch: int, start_ns: int
     ) -> None:
-        child_span(self.context, "log.append", start_ns, time.time_ns())
+        tracing.record("log.append", start_ns, self.context)
         header = read_header(batch)
         self.span.set_attributes(
             {
@@ -223,10 +215,10 @@ class FetchTrace(_Traced):
         return self.span.get_span_context()
 
     def read(self, start_ns: int, size: int) -> None:
-        child_span(self.context, "log.read", start_ns, time.time_ns(), **{"tidewater.bytes": size})
+        tracing.record("log.read", start_ns, self.context, {"tidewater.bytes": size})
 
     def waited(self, start_ns: int) -> None:
-        child_span(self.context, "fetch.wait", start_ns, time.time_ns())
+        tracing.record("fetch.wait", start_ns, self.context)
 
     def end(self, response: pb.FetchResponse) -> None:
         self.span.set_attribute(
@@ -260,4 +252,4 @@ class ReplicaFetchTrace(_Traced):
     def appended(self, tp: TopicPartition, size: int, start_ns: int) -> None:
         attributes = messaging_attributes(tp[0], tp[1], "receive")
         attributes["tidewater.bytes"] = size
-        child_span(self.context, "log.append", start_ns, time.time_ns(), **attributes)
+        tracing.record("log.append", start_ns, self.context, attributes)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from opentelemetry import context as otel_context
 
 from tidewater.controller.core import (
     PartitionChange,
@@ -35,6 +38,7 @@ from tidewater.controller.model import (
 from tidewater.controller.sender import BrokerSender
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
+from tidewater.telemetry import tracing
 from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -87,15 +91,21 @@ class Controller:
         if not self.active:
             raise NotActive(f"controller {self.config.controller_id} is not active")
         done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        # The event's spans are children of the submitter's (an RPC's server span, say).
+        trace_context = otel_context.get_current() if tracing.ENABLED else None
 
         async def run() -> None:
             if not self.active:
                 done.set_exception(NotActive("controller stepped down"))
                 return
+            token = otel_context.attach(trace_context) if trace_context is not None else None
             try:
                 done.set_result(await event())
             except Exception as e:  # handed to the caller, who answers with it
                 done.set_exception(e)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
 
         await self._queue.put(run)
         return await done
@@ -103,18 +113,31 @@ class Controller:
     async def run(self) -> None:
         """Campaign, lead until the lease is lost, step down, repeat."""
         while True:
+            campaign_started_ns = time.time_ns()
             self.epoch = await self.store.campaign(
                 self.config.controller_id, self.endpoint, self.config.lease_ttl_s
             )
             log.info("controller %d is active at epoch %d", self.config.controller_id, self.epoch)
             try:
-                await self._lead()
+                await self._lead(campaign_started_ns)
             finally:
                 self._step_down()
 
-    async def _lead(self) -> None:
+    async def _lead(self, campaign_started_ns: int) -> None:
         await self._load()
         self.active = True
+        if tracing.ENABLED:
+            # From the campaign to a loaded, active controller.
+            tracing.record(
+                "controller.election",
+                campaign_started_ns,
+                attributes={
+                    "tidewater.controller.id": self.config.controller_id,
+                    "tidewater.controller_epoch": self.epoch,
+                    "tidewater.brokers": len(self.model.brokers),
+                    "tidewater.partitions": len(self.model.partitions),
+                },
+            )
         tasks = [
             asyncio.create_task(self._process_events()),
             asyncio.create_task(self._check_sessions()),
@@ -202,9 +225,12 @@ class Controller:
 
     async def fence(self, broker: BrokerState, reason: str) -> None:
         log.warning("fencing broker %d: %s", broker.broker_id, reason)
-        changes = changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
-        broker.fenced = True
-        await self.commit_and_send(changes)
+        with tracing.span(
+            "broker.fence", {"tidewater.broker.id": broker.broker_id, "tidewater.reason": reason}
+        ):
+            changes = changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
+            broker.fenced = True
+            await self.commit_and_send(changes)
 
     async def unfence(self, broker: BrokerState) -> None:
         log.info("broker %d is alive (epoch %d)", broker.broker_id, broker.epoch)
@@ -307,9 +333,15 @@ class Controller:
     async def commit_and_send(self, changes: list[PartitionChange]) -> list[PartitionChange]:
         """Commit partition changes to etcd (fenced) and tell the brokers concerned; returns the
         changes that committed."""
-        committed = await self.commit(changes)
-        if committed:
-            self.sender.leader_and_isr_changes(committed)
+        elections = [c for c in changes if c.before is None or c.before.leader != c.after.leader]
+        attributes = {
+            "tidewater.partitions": len(elections),
+            "tidewater.unclean": sum(c.unclean for c in elections),
+        }
+        with tracing.span("leader.election", attributes) if elections else contextlib.nullcontext():
+            committed = await self.commit(changes)
+            if committed:
+                self.sender.leader_and_isr_changes(committed)
         return committed
 
     async def commit(self, changes: list[PartitionChange]) -> list[PartitionChange]:

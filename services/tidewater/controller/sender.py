@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
+from opentelemetry import trace
 
 from tidewater.controller.model import TopicPartition
 from tidewater.rpc.server import CHANNEL_OPTIONS
@@ -33,10 +34,33 @@ ATTEMPTS = 5
 RPC_TIMEOUT_S = 10.0
 
 
+class _FanOut:
+    """`leader_and_isr.send`: one decision's LeaderAndIsr requests to its brokers, from the
+    decision until the last broker answered (or the sends gave up)."""
+
+    def __init__(self, brokers: int, partitions: int) -> None:
+        self.span = tracing.TRACER.start_span(
+            "leader_and_isr.send",
+            attributes={"tidewater.brokers": brokers, "tidewater.partitions": partitions},
+        )
+        self._pending = brokers
+        self._failed = 0
+
+    def answered(self, ok: bool) -> None:
+        self._pending -= 1
+        self._failed += not ok
+        if not self._pending:
+            self.span.set_attribute("tidewater.brokers_failed", self._failed)
+            self.span.end()
+
+
+_Queue = asyncio.Queue[tuple[Message, _FanOut | None]]
+
+
 class BrokerSender:
     def __init__(self, controller: Controller) -> None:
         self._controller = controller
-        self._queues: dict[int | str, asyncio.Queue[Message]] = {}
+        self._queues: dict[int | str, _Queue] = {}
         self._workers: dict[int | str, asyncio.Task[None]] = {}
         # Metadata services holding a view current as of the last delta we sent them.
         self._metadata_current: set[str] = set()
@@ -67,6 +91,7 @@ class BrokerSender:
     ) -> None:
         model = self._controller.model
         tps = list(tps)
+        requests: list[tuple[int, broker_pb2.LeaderAndIsrRequest]] = []
         for broker_id in broker_ids:
             broker = model.brokers.get(broker_id)
             mine = [tp for tp in tps if broker_id in model.replicas(tp)]
@@ -91,7 +116,10 @@ class BrokerSender:
             request.topic_configs.extend(
                 common_pb2.TopicConfig(topic=t, configs=model.topics[t].configs) for t in topics
             )
-            self._enqueue(broker_id, request)
+            requests.append((broker_id, request))
+        fan_out = _FanOut(len(requests), len(tps)) if tracing.ENABLED and requests else None
+        for broker_id, request in requests:
+            self._enqueue(broker_id, request, fan_out)
 
     def update_metadata(self, tps: Iterable[TopicPartition], deleted: Iterable[str] = ()) -> None:
         """A delta to every usable broker and every metadata service (a FULL view to a
@@ -216,13 +244,13 @@ class BrokerSender:
 
     # -- how it is sent ------------------------------------------------------------------------
 
-    def _enqueue(self, target: int | str, request: Message) -> None:
+    def _enqueue(self, target: int | str, request: Message, fan_out: _FanOut | None = None) -> None:
         """Queue for a broker (by id) or a metadata service ("metadata host:port")."""
         queue = self._queues.get(target)
         if queue is None:
             queue = self._queues[target] = asyncio.Queue()
             self._workers[target] = asyncio.create_task(self._work(target, queue))
-        queue.put_nowait(request)
+        queue.put_nowait((request, fan_out))
 
     def _address(self, target: int | str) -> str | None:
         if isinstance(target, str):
@@ -230,14 +258,16 @@ class BrokerSender:
         broker = self._controller.model.brokers.get(target)
         return broker.address if broker else None
 
-    async def _work(self, target: int | str, queue: asyncio.Queue[Message]) -> None:
+    async def _work(self, target: int | str, queue: _Queue) -> None:
         channel: grpc.aio.Channel | None = None
         address = ""
         try:
             while True:
-                request = await queue.get()
+                request, fan_out = await queue.get()
                 current = self._address(target)
                 if current is None:
+                    if fan_out is not None:
+                        fan_out.answered(False)
                     continue
                 if current != address:
                     if channel is not None:
@@ -245,7 +275,13 @@ class BrokerSender:
                     address = current
                     channel = tracing.insecure_channel(address, CHANNEL_OPTIONS)
                 assert channel is not None
-                ok = await self._send(target, channel, request)
+                if fan_out is None:
+                    ok = await self._send(target, channel, request)
+                else:
+                    # The RPC (and the broker's side of it) is a child of the fan-out.
+                    with trace.use_span(fan_out.span):
+                        ok = await self._send(target, channel, request)
+                    fan_out.answered(ok)
                 if isinstance(target, str):
                     self._track_metadata_service(address, request, ok)
         finally:

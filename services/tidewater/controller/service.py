@@ -30,6 +30,7 @@ from tidewater.controller.core import (
 )
 from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import TidewaterError
+from tidewater.telemetry import tracing
 from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import common_pb2, controller_pb2_grpc
 from tidewater.v1 import controller_pb2 as cpb
@@ -162,10 +163,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.AlterIsrResponse:
         response = cpb.AlterIsrResponse()
 
-        async def event() -> None:
-            log.info(
-                "AlterIsr from broker %d: %d partitions", request.broker_id, len(request.partitions)
-            )
+        async def alter_isr() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
             if broker.fenced:
                 raise TidewaterError(
@@ -210,6 +208,20 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     result.isr.extend(record.isr)
                     result.partition_epoch = record.partition_epoch
                 response.partitions.append(result)
+
+        async def event() -> None:
+            log.info(
+                "AlterIsr from broker %d: %d partitions", request.broker_id, len(request.partitions)
+            )
+            attributes = {
+                "tidewater.broker.id": request.broker_id,
+                "tidewater.partitions": len(request.partitions),
+            }
+            with tracing.span("alter_isr", attributes) as span:
+                txns = self._c.store.txns
+                await alter_isr()
+                if span is not None:
+                    span.set_attribute("tidewater.txns", self._c.store.txns - txns)
 
         return await self._answer(response, event)
 

@@ -16,10 +16,11 @@ application has installed a tracer provider (`client_tracer()`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,31 @@ def client_tracer(provider: trace.TracerProvider | None = None) -> Tracer | None
     if isinstance(provider, TracerProvider):
         return provider.get_tracer("tidewater.client")
     return None
+
+
+# -- spans of the services ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def span(name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[Span | None]:
+    """A span around a block, current inside it (so the calls it makes are its children);
+    yields None, and makes nothing, while tracing is off."""
+    if not ENABLED:
+        yield None
+        return
+    with TRACER.start_as_current_span(name, attributes=attributes) as current:
+        yield current
+
+
+def record(
+    name: str,
+    start_ns: int,
+    parent: Context | None = None,
+    attributes: Mapping[str, Any] | None = None,
+) -> None:
+    """A finished INTERNAL span from `start_ns` to now, for a stretch already timed."""
+    done = TRACER.start_span(name, context=parent, start_time=start_ns, attributes=attributes)
+    done.end()
 
 
 # -- gRPC ------------------------------------------------------------------------------

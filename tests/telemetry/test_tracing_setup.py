@@ -1,0 +1,151 @@
+"""The tracing set-up's pure parts: which exporters the environment asks for, which RPCs the
+interceptors trace, where a message's parent context comes from, and how replication.wait
+picks its links."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+    OTLPSpanExporter as HttpSpanExporter,
+)
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from tidewater.broker.spans import ProduceTrace, ReplicationWaits
+from tidewater.telemetry import tracing
+from tidewater.v1 import broker_pb2 as pb
+
+OTEL_VARS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+)
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in OTEL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def kinds(trace_file: Path | None = None) -> list[type]:
+    return [type(e) for e in tracing._exporters(trace_file)]
+
+
+def test_nothing_to_export_to_means_tracing_stays_off(env: pytest.MonkeyPatch) -> None:
+    assert kinds() == []
+    assert tracing.setup("tidewater-broker") is False
+    assert not tracing.ENABLED
+
+
+def test_exporters_follow_the_flag_and_the_otel_variables(
+    env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert kinds(tmp_path / "spans.jsonl") == [FileSpanExporter]
+    env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    assert kinds() == [OTLPSpanExporter]
+    env.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    assert kinds() == [HttpSpanExporter]
+    env.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert kinds(tmp_path / "spans.jsonl") == [FileSpanExporter]
+
+
+def test_an_unknown_otlp_protocol_is_refused(env: pytest.MonkeyPatch) -> None:
+    env.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")
+    with pytest.raises(ValueError, match="carrier-pigeon"):
+        tracing._exporters(None)
+
+
+def test_otel_sdk_disabled_wins(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    env.setenv("OTEL_SDK_DISABLED", "true")
+    assert tracing.setup("tidewater-broker", tmp_path / "spans.jsonl") is False
+    assert not tracing.ENABLED
+
+
+@pytest.mark.parametrize(
+    ("method", "traced"),
+    [
+        ("/tidewater.v1.ControllerService/AlterIsr", True),
+        ("/tidewater.v1.BrokerControl/LeaderAndIsr", True),
+        ("/tidewater.v1.MetadataService/GetMetadata", True),
+        # Traced per message by the broker and the clients instead.
+        ("/tidewater.v1.BrokerService/Produce", False),
+        ("/tidewater.v1.BrokerService/ProduceStream", False),
+        ("/tidewater.v1.BrokerService/Fetch", False),
+        ("/tidewater.v1.BrokerService/FetchStream", False),
+        ("/grpc.health.v1.Health/Check", False),
+        ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", False),
+    ],
+)
+def test_which_calls_the_interceptors_trace(method: str, traced: bool) -> None:
+    assert tracing._traced(SimpleNamespace(method=method)) is traced
+
+
+def parent_of(context: object) -> SpanContext:
+    return trace.get_current_span(context).get_span_context()  # type: ignore[arg-type]
+
+
+def test_a_messages_own_context_wins_over_the_calls_metadata() -> None:
+    other = "00-11111111111111111111111111111111-2222222222222222-01"
+    data = pb.PartitionProduceData(trace_context={"traceparent": TRACEPARENT})
+    parent = parent_of(tracing.extract(data.trace_context, [("traceparent", other)]))
+    assert parent.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert parent.is_remote and parent.trace_flags.sampled
+    from_metadata = parent_of(
+        tracing.extract(pb.PartitionProduceData().trace_context, [("traceparent", other)])
+    )
+    assert from_metadata.trace_id == 0x11111111111111111111111111111111
+    assert not parent_of(tracing.extract(pb.PartitionProduceData().trace_context)).is_valid
+
+
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    yield exporter
+    tracing.shutdown()
+
+
+def fetch_span(n: int) -> SpanContext:
+    return SpanContext(n, n, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def test_replication_wait_links_each_followers_first_fetch_that_holds_the_batch(
+    exporter: InMemorySpanExporter,
+) -> None:
+    data = pb.PartitionProduceData(topic="t", partition=0)
+    waits = ReplicationWaits()
+    [wait] = waits.start([data], [ProduceTrace(data, -1, None)], {("t", 0): 10}).values()
+    waits.follower_fetched(("t", 0), 2, 7, fetch_span(1))  # follower 2 does not hold it yet
+    waits.follower_fetched(("t", 0), 2, 10, fetch_span(2))
+    waits.follower_fetched(("t", 1), 3, 10, fetch_span(3))  # another partition
+    waits.follower_fetched(("t", 0), 2, 12, fetch_span(4))  # follower 2 again
+    waits.follower_fetched(("t", 0), 3, 10, fetch_span(5))
+    waits.finish({("t", 0): wait}, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
+    waits.follower_fetched(("t", 0), 4, 10, fetch_span(6))  # after the wait: not linked
+
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "replication.wait"]
+    assert [link.context.span_id for link in span.links] == [2, 5]
+    assert [dict(link.attributes) for link in span.links] == [
+        {"tidewater.follower_id": 2, "tidewater.fetch_offset": 10},
+        {"tidewater.follower_id": 3, "tidewater.fetch_offset": 10},
+    ]
+    assert span.attributes["tidewater.last_follower_id"] == 3
+    assert span.attributes["tidewater.hw"] == 10

@@ -46,7 +46,7 @@ async def test_round_trip(cluster: Any, compression: str | None) -> None:
 
 
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
-async def test_order_kept_across_leader_moves(cluster: Any, idempotent: bool) -> None:
+async def test_nothing_lost_across_leader_moves(cluster: Any, idempotent: bool) -> None:
     await cluster.create_topic("moving")
     async with Producer(
         cluster.bootstrap, linger_ms=1, retry_backoff_ms=20, enable_idempotence=idempotent
@@ -59,7 +59,14 @@ async def test_order_kept_across_leader_moves(cluster: Any, idempotent: bool) ->
         await producer.flush()
     assert all(f.exception() is None for f in futures)
     records = await consume_all(cluster, [("moving", 0)], 600)
-    assert [int(r.value) for r in records] == list(range(600))
+    values = [int(r.value) for r in records]
+    if idempotent:
+        assert values == list(range(600))
+    else:
+        # At least once, as in Kafka: a batch the old leader appended but never acknowledged
+        # (its delayed produce ends NOT_LEADER_OR_FOLLOWER when leadership moves) is retried
+        # and written again by the new leader.
+        assert sorted(set(values)) == list(range(600))
 
 
 async def test_unknown_topic_is_a_clear_error(cluster: Any) -> None:

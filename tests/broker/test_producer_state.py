@@ -156,6 +156,19 @@ def test_truncation_forgets_batches_from_the_offset_on(state: ProducerStateManag
         state.check(batch(1, pid=9))
 
 
+def test_producers_whose_batches_retention_deleted_are_forgotten(
+    state: ProducerStateManager,
+) -> None:
+    append(state, batch(0), 0)
+    append(state, batch(0, pid=9), 1)
+    append(state, batch(1), 2)
+    state.evict_before(2)  # offsets 0 and 1 are gone
+    assert set(state.producers) == {PID}
+    with pytest.raises(UnknownProducerId):
+        state.check(batch(1, pid=9))
+    assert state.check(batch(0, pid=9, epoch=1)) is None  # a bumped epoch starts afresh
+
+
 def test_a_snapshot_round_trips_the_state(tmp_path: Path, state: ProducerStateManager) -> None:
     for i in range(6):
         append(state, batch(i), i)

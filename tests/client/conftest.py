@@ -1,8 +1,10 @@
-"""A real in-process cluster for client tests: three brokers, the stand-in controller, and a
-metadata service fed the controller's view (the test plays the controller's UpdateMetadata)."""
+"""A real cluster for client tests: three brokers (in-process, or child processes for fault
+tests), the stand-in controller, and a metadata service fed the controller's view (the test
+plays the controller's UpdateMetadata)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -10,18 +12,32 @@ import grpc
 import pytest
 
 from tidewater.broker.server import BrokerServer
+from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
 from tidewater.metadata.server import MetadataServer
 from tidewater.v1 import cluster_pb2, common_pb2, metadata_pb2_grpc
 
+# Child-process brokers: quick replication, and retention checked often.
+PROCESS_SETTINGS = {
+    "replica.lag.time.max.ms": "2000",
+    "replica.fetch.backoff.ms": "50",
+    "replica.fetch.wait.max.ms": "200",
+    "log.retention.check.interval.ms": "100",
+}
+
 
 class Cluster:
     def __init__(
-        self, controller: StandinController, brokers: dict[int, BrokerServer], meta: MetadataServer
+        self,
+        controller: StandinController,
+        brokers: dict[int, BrokerServer] | dict[int, ManagedProcess],
+        meta: MetadataServer,
     ) -> None:
         self.controller = controller
         self.brokers = brokers
         self.metadata = meta
+        # Where clients are told a broker listens, when not where it does (a proxy).
+        self.advertised: dict[int, str] = {}
 
     @property
     def bootstrap(self) -> list[str]:
@@ -34,6 +50,19 @@ class Cluster:
 
     async def move_leader(self, topic: str, partition: int, leader: int) -> None:
         await self.controller.elect(topic, partition, leader=leader)
+        await self.publish()
+
+    async def kill(self, broker_id: int) -> None:
+        """kill -9 a broker process; its partitions move to the first live member of their
+        ISR, as the controller would do."""
+        broker = self.brokers[broker_id]
+        assert isinstance(broker, ManagedProcess)
+        broker.kill()
+        del self.controller.brokers[broker_id]
+        for (topic, partition), state in list(self.controller.states.items()):
+            if state.leader == broker_id:
+                isr = [b for b in state.isr if b != broker_id]
+                await self.controller.elect(topic, partition, leader=isr[0], isr=isr)
         await self.publish()
 
     async def publish(self) -> None:
@@ -49,7 +78,9 @@ class Cluster:
                         host=address.rpartition(":")[0], port=int(address.rpartition(":")[2])
                     ),
                 )
-                for broker_id, address in self.controller.brokers.items()
+                for broker_id, address in (
+                    (b, self.advertised.get(b, a)) for b, a in self.controller.brokers.items()
+                )
             ],
             partition_states=[
                 cluster_pb2.UpdateMetadataPartitionState(
@@ -90,3 +121,29 @@ async def cluster(start_broker: Callable[..., Awaitable[Any]]) -> AsyncIterator[
     yield cluster
     await meta.stop(0)
     await controller.stop()
+
+
+@pytest.fixture
+async def process_cluster(
+    broker_processes: Callable[..., ManagedProcess],
+) -> AsyncIterator[Cluster]:
+    """The same cluster with broker processes (killed at teardown by broker_processes)."""
+    controller = StandinController(brokers={})
+    address = await controller.start()
+    meta = MetadataServer("127.0.0.1:0")
+    await meta.start()
+    try:
+        procs = {
+            broker_id: broker_processes(broker_id, controllers=address, **PROCESS_SETTINGS)
+            for broker_id in (1, 2, 3)
+        }
+        addresses = await asyncio.gather(
+            *(asyncio.to_thread(proc.start) for proc in procs.values())
+        )
+        controller.brokers.update(zip(procs, addresses, strict=True))
+        cluster = Cluster(controller, procs, meta)
+        await cluster.publish()
+        yield cluster
+    finally:
+        await meta.stop(0)
+        await controller.stop()

@@ -24,6 +24,23 @@ def test_murmur2_of_bytes() -> None:
     assert murmur2(bytes([ord("a"), ord("b"), ord("c")])) == 479470107
 
 
+# Partitions Kafka's Java partitioner picks among 1,000 (recorded by kafka-python's
+# test_murmur2_java_compatibility against org.apache.kafka.clients.producer.Partitioner).
+KAFKA_PARTITIONS_OF_1000 = {
+    b"": 681,
+    b"a": 524,
+    b"ab": 434,
+    b"abc": 107,
+    b"123456789": 566,
+    b"\x00 ": 742,
+}
+
+
+@pytest.mark.parametrize(("key", "expected"), KAFKA_PARTITIONS_OF_1000.items())
+def test_keys_land_on_the_partition_kafka_picks(key: bytes, expected: int) -> None:
+    assert partition_for_key(key, 1000) == expected
+
+
 def test_keys_land_where_kafka_puts_them() -> None:
     # toPositive(murmur2(key)) % n, computed from the vectors above.
     assert partition_for_key(b"foobar", 10) == (-790332482 & 0x7FFFFFFF) % 10

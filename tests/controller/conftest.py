@@ -7,7 +7,6 @@ controller processes and three broker processes on that etcd, all killed at tear
 from __future__ import annotations
 
 import asyncio
-import inspect
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ from tidewater.local.etcd import EtcdProcess, free_port
 from tidewater.local.process import ManagedProcess, broker_args, controller_args
 from tidewater.local.scrape import Scrape, scrape
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2 as pb
@@ -70,34 +70,6 @@ BROKER_SETTINGS = {
     "replica.fetch.wait.max.ms": "200",
 }
 RPC_TIMEOUT_S = 5.0
-# What a condition may raise while the cluster is still settling (a controller moving, a broker
-# restarting): "not yet", not a failure.
-SETTLING = (grpc.aio.AioRpcError, TidewaterError)
-
-
-async def eventually(condition: Callable[[], Any], timeout_s: float) -> None:
-    """Wait until `condition()` (maybe async) is truthy; AssertionError after timeout_s. Tests
-    get it as the `eventually` fixture."""
-    last_error: BaseException | None = None
-
-    async def poll() -> None:
-        nonlocal last_error
-        while True:
-            try:
-                result = condition()
-                if await result if inspect.isawaitable(result) else result:
-                    return
-            except SETTLING as e:
-                last_error = e
-            await asyncio.sleep(0.05)
-
-    try:
-        await asyncio.wait_for(poll(), timeout_s)
-    except TimeoutError:
-        raise AssertionError(
-            f"not true within {timeout_s} s: {getattr(condition, '__name__', condition)}"
-            + (f" (last error: {last_error})" if last_error else "")
-        ) from None
 
 
 @pytest.fixture

@@ -128,6 +128,15 @@ async def test_drop_closes_open_connections_and_every_new_one(
     writer.close()
 
 
+async def assert_healing_reconnects(proxy: TcpProxy, reader: asyncio.StreamReader) -> None:
+    """Bytes were lost in the connection, so healing closes it; new ones pass."""
+    proxy.set_mode(LinkMode.PASS)
+    await assert_closed_by_peer(reader)
+    reader, writer = await connect(proxy)
+    assert await round_trip(reader, writer, b"heard") == b"heard"
+    writer.close()
+
+
 async def test_blackhole_accepts_swallows_and_answers_nothing(
     proxy: TcpProxy, echo: EchoServer
 ) -> None:
@@ -138,13 +147,7 @@ async def test_blackhole_accepts_swallows_and_answers_nothing(
     await wait_until(lambda: proxy.discarded == len(b"into the void"), "bytes swallowed")
     assert echo.connections == 0
 
-    proxy.set_mode(LinkMode.PASS)
-
-    # Bytes were lost in that connection, so healing closes it; new ones pass.
-    await assert_closed_by_peer(reader)
-    reader, writer = await connect(proxy)
-    assert await round_trip(reader, writer, b"heard") == b"heard"
-    writer.close()
+    await assert_healing_reconnects(proxy, reader)
 
 
 async def test_blackhole_silences_open_connections(proxy: TcpProxy, echo: EchoServer) -> None:
@@ -158,6 +161,20 @@ async def test_blackhole_silences_open_connections(proxy: TcpProxy, echo: EchoSe
     await wait_until(lambda: proxy.discarded == len(b"second"), "bytes swallowed")
     assert echo.received == len(b"first")
     writer.close()
+
+
+async def test_one_way_forwards_requests_and_loses_the_answers(
+    proxy: TcpProxy, echo: EchoServer
+) -> None:
+    reader, writer = await connect(proxy)
+    await round_trip(reader, writer, b"first")
+    proxy.set_mode(LinkMode.ONE_WAY)
+    writer.write(b"acted on")
+    # The target gets the bytes and answers; the client hears nothing.
+    await wait_until(lambda: echo.received == len(b"firstacted on"), "request delivered")
+    await wait_until(lambda: proxy.discarded == len(b"acted on"), "answer swallowed")
+
+    await assert_healing_reconnects(proxy, reader)
 
 
 async def test_connections_beyond_the_bound_are_closed(echo: EchoServer) -> None:

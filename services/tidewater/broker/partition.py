@@ -41,6 +41,8 @@ class HostedPartition:
         self.config = config
         self.producer_state = ProducerStateManager(log.dir)
         self._rebuild_producer_state()
+        # The log start the producer state was last trimmed to (retention moves it).
+        self._producers_trimmed_to = 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -69,6 +71,9 @@ class HostedPartition:
         self.state.check_append(acks)
         header = read_header(batch)
         if header.producer_id >= 0:
+            if self.log.log_start_offset > self._producers_trimmed_to:
+                self._producers_trimmed_to = self.log.log_start_offset
+                self.producer_state.evict_before(self._producers_trimmed_to)
             duplicate = self.producer_state.check(header)
             if duplicate is not None:
                 return AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0), False

@@ -14,12 +14,10 @@ from collections.abc import Callable
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.errors import InvalidRequest, ProducerIdAllocationFailed, TidewaterError
+from tidewater.records.header import MAX_PRODUCER_EPOCH
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-# Batch headers hold the epoch as an int16.
-MAX_PRODUCER_EPOCH = 2**15 - 1
 
 
 class ProducerIdManager:

@@ -28,7 +28,7 @@ from tidewater.errors import (
     OutOfOrderSequence,
     UnknownProducerId,
 )
-from tidewater.records.header import BatchHeader, read_header
+from tidewater.records.header import SEQUENCE_MAX, BatchHeader, read_header
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,6 @@ BATCHES_RETAINED = 5
 SNAPSHOT_SUFFIX = ".snapshot"
 # The newest snapshot, and the one before it in case a crash took back the log behind it.
 SNAPSHOTS_KEPT = 2
-SEQUENCE_MAX = 2**31 - 1
 _SNAPSHOT_FILE = re.compile(r"([0-9]{20})\.snapshot")
 _SNAPSHOT_VERSION = 1
 
@@ -185,6 +184,17 @@ class ProducerStateManager:
         for snapshot_offset, path in self._snapshots():
             if snapshot_offset > offset:
                 path.unlink()
+
+    def evict_before(self, log_start_offset: int) -> None:
+        """Forget producers whose last batch lies before the log start (retention deleted it):
+        Kafka's evictUnretainedProducers. Their next batch gets UNKNOWN_PRODUCER_ID unless it
+        starts a new epoch at sequence 0, which is what the producer does next."""
+        for pid in [
+            pid
+            for pid, entry in self.producers.items()
+            if entry.batches[-1].last_offset < log_start_offset
+        ]:
+            del self.producers[pid]
 
     def clear(self) -> None:
         """Forget every producer and snapshot (the log restarted empty at a new offset)."""

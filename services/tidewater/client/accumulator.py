@@ -36,7 +36,8 @@ def estimate_size(key: bytes | None, value: bytes | None, headers: tuple) -> int
 
 
 class ProducerBatch:
-    """Records for one partition, sent as one record batch; retried with the same bytes."""
+    """Records for one partition, sent as one record batch; retried with the same bytes unless
+    renumbered (stamp) by an epoch bump."""
 
     __slots__ = (
         "attempts",
@@ -48,6 +49,8 @@ class ProducerBatch:
         "futures",
         "now_ms",
         "order",
+        "producer_epoch",
+        "producer_id",
         "records",
         "size",
         "tp",
@@ -66,30 +69,38 @@ class ProducerBatch:
         self.size = 0
         self.closed = False
         self.attempts = 0
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
         self.base_sequence = NO_SEQUENCE
         self.data: bytes | None = None
-        self.now_ms = 0
+        # Set by the first build (the records' CreateTime when they carry none).
+        self.now_ms = -1
         # Spans of this batch when the producer traces (tidewater.client.spans).
         self.trace: BatchTrace | None = None
 
-    def build(
-        self,
-        compression: Compression,
-        now_ms: int,
-        producer_id: int = NO_PRODUCER_ID,
-        producer_epoch: int = NO_PRODUCER_EPOCH,
-        base_sequence: int = NO_SEQUENCE,
-    ) -> bytes:
-        self.closed = True
-        self.now_ms = now_ms
+    @property
+    def record_count(self) -> int:
+        return len(self.records)
+
+    def stamp(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        """The idempotent producer's numbering; the bytes are built (again) on the next send."""
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
         self.base_sequence = base_sequence
+        self.data = None
+
+    def build(self, compression: Compression, now_ms: int) -> bytes:
+        """The batch's bytes; a rebuild keeps the first build's timestamps."""
+        self.closed = True
+        if self.now_ms < 0:
+            self.now_ms = now_ms
         self.data = build_batch(
             self.records,
             compression=compression,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=base_sequence,
-            now_ms=now_ms,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            base_sequence=self.base_sequence,
+            now_ms=self.now_ms,
         )
         return self.data
 

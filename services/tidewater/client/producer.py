@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -26,13 +27,20 @@ from tidewater.client.errors import (
     RETRIABLE,
     BufferExhausted,
     DeliveryTimeout,
+    MetadataUnavailable,
     ProducerClosed,
     error_for,
 )
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.client.partitioner import StickyPartitioner, partition_for_key
+from tidewater.client.sequences import ProducerSequences
 from tidewater.client.spans import BatchTrace
-from tidewater.errors import InvalidConfig, MessageTooLarge, UnknownTopicOrPartition
+from tidewater.errors import (
+    InvalidConfig,
+    MessageTooLarge,
+    TidewaterError,
+    UnknownTopicOrPartition,
+)
 from tidewater.records.batch import Headers, Record
 from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Compression
 from tidewater.telemetry import tracing
@@ -42,6 +50,8 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 __all__ = ["Producer", "RecordMetadata"]
 
+log = logging.getLogger(__name__)
+
 COMPRESSIONS = {
     None: Compression.NONE,
     "none": Compression.NONE,
@@ -49,7 +59,6 @@ COMPRESSIONS = {
     "lz4": Compression.LZ4,
     "zstd": Compression.ZSTD,
 }
-MAX_SEQUENCE = 2**31
 DEFAULTS: dict[str, Any] = {
     "acks": -1,
     "batch_size": 16384,
@@ -150,9 +159,7 @@ class Producer:
         self._links: dict[str, _BrokerLink] = {}
         self._in_flight: dict[TopicPartition, int] = {}
         self._muted_until: dict[TopicPartition, float] = {}
-        self._next_sequence: dict[TopicPartition, int] = {}
-        self._producer_id = NO_PRODUCER_ID
-        self._producer_epoch = NO_PRODUCER_EPOCH
+        self._sequences = ProducerSequences()
         self._flushing = 0
         self._closed = False
         self._tracer = tracing.client_tracer(tracer_provider)
@@ -304,7 +311,7 @@ class Producer:
             try:
                 response = await stub.InitProducerId(
                     pb.InitProducerIdRequest(
-                        producer_id=self._producer_id, producer_epoch=self._producer_epoch
+                        producer_id=NO_PRODUCER_ID, producer_epoch=NO_PRODUCER_EPOCH
                     ),
                     timeout=self.config.request_timeout_s,
                 )
@@ -313,8 +320,7 @@ class Producer:
                 continue
             if response.error_code != ErrorCode.NONE:
                 raise error_for(response.error_code, f"InitProducerId: {response.error_message}")
-            self._producer_id = response.producer_id
-            self._producer_epoch = response.producer_epoch
+            self._sequences.set_producer_id(response.producer_id, response.producer_epoch)
             return
         raise error_for(
             ErrorCode.PRODUCER_ID_ALLOCATION_FAILED,
@@ -327,12 +333,33 @@ class Producer:
     async def _run(self) -> None:
         while True:
             self._wake.clear()
+            if self.config.idempotent:
+                renumbered = self._sequences.settle()
+                if renumbered:
+                    log.info(
+                        "producer %d epoch %d: renumbered %d unacknowledged batch(es) of %s",
+                        self._sequences.producer_id,
+                        self._sequences.epoch,
+                        len(renumbered),
+                        sorted({f"{b.tp[0]}-{b.tp[1]}" for b in renumbered}),
+                    )
+                if self._sequences.needs_producer_id:
+                    await self._reinit_producer_id()
+                    continue
             wait_s = self._drain(time.monotonic())
             # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancel that
             # races the wake-up, and close() would wait on the sender forever.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait_s):
                     await self._wake.wait()
+
+    async def _reinit_producer_id(self) -> None:
+        """The epoch ran out: a new producer id, retried until one comes (or close())."""
+        try:
+            await self._init_producer_id()
+        except (TidewaterError, MetadataUnavailable) as e:
+            log.warning("no new producer id yet: %s", e)
+            await asyncio.sleep(self.config.retry_backoff_s)
 
     def _drain(self, now: float) -> float:
         """Send every ready batch (one per partition per request); returns how long to
@@ -361,17 +388,22 @@ class Producer:
             # A retry goes alone so the batches behind it cannot overtake it.
             if in_flight >= config.max_in_flight or (head.attempts and in_flight):
                 continue
+            if config.idempotent and not self._sequences.may_send(head):
+                continue
             leader = self.metadata.leader(tp)
             if leader is None:
                 self.metadata.request_refresh()
                 wait_s = min(wait_s, config.retry_backoff_s)
                 continue
             batch = queue.popleft()
-            if batch.data is None:
+            if not batch.attempts:
                 self._partitioner.batch_closed(*tp)  # type: ignore[union-attr]
-                self._build(batch)
                 if batch.trace is not None:
                     batch.trace.drained()
+            if config.idempotent:
+                self._sequences.sending(batch)
+            if batch.data is None:
+                batch.build(config.compression, time.time_ns() // 1_000_000)
             batch.attempts += 1
             self._in_flight[tp] = in_flight + 1
             by_leader.setdefault(leader[1], []).append(batch)
@@ -382,26 +414,14 @@ class Producer:
             link.send(batches)
         return wait_s
 
-    def _build(self, batch: ProducerBatch) -> None:
-        if self.config.idempotent:
-            sequence = self._next_sequence.get(batch.tp, 0)
-            self._next_sequence[batch.tp] = (sequence + len(batch.records)) % MAX_SEQUENCE
-            batch.build(
-                self.config.compression,
-                time.time_ns() // 1_000_000,
-                self._producer_id,
-                self._producer_epoch,
-                sequence,
-            )
-        else:
-            batch.build(self.config.compression, time.time_ns() // 1_000_000)
-
     def _completed(self, batch: ProducerBatch, result: pb.PartitionProduceResponse) -> None:
         """Handle a partition's answer for one in-flight batch."""
         tp = batch.tp
         self._in_flight[tp] -= 1
         code = result.error_code
         if code == ErrorCode.NONE:
+            if self.config.idempotent:
+                self._sequences.acknowledged(batch)
             batch.complete(result.base_offset, result.log_append_time_ms)
             self._release(batch)
         else:
@@ -424,11 +444,10 @@ class Producer:
     def _retry_or_fail(self, batch: ProducerBatch, code: int, message: str) -> None:
         config = self.config
         now = time.monotonic()
-        # With batches in flight behind a failed one, the broker refuses the later
-        # sequences until the earlier batch lands: retriable here.
-        retriable = code in RETRIABLE or (
-            code == ErrorCode.OUT_OF_ORDER_SEQUENCE and self._has_earlier(batch)
-        )
+        if config.idempotent:
+            retriable = self._sequences.retriable(batch, code, RETRIABLE)
+        else:
+            retriable = code in RETRIABLE
         if not retriable or batch.attempts > config.retries:
             self._fail(batch, error_for(code, f"{batch.tp[0]}-{batch.tp[1]}: {message}"))
         elif now - batch.created + config.retry_backoff_s > config.delivery_timeout_s:
@@ -440,11 +459,9 @@ class Producer:
             self._muted_until[batch.tp] = now + config.retry_backoff_s
             self._accumulator.requeue(batch)  # type: ignore[union-attr]
 
-    def _has_earlier(self, batch: ProducerBatch) -> bool:
-        queue = self._accumulator.queues.get(batch.tp)  # type: ignore[union-attr]
-        return bool(queue) and any(b.attempts and b.order < batch.order for b in queue)
-
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        if self.config.idempotent:
+            self._sequences.failed(batch)
         batch.fail(error)
         self._release(batch)
 

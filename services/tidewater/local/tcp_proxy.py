@@ -7,10 +7,13 @@ Modes:
   a reset link: the client notices at once).
 - BLACKHOLE: accept, read and discard, answer nothing (a partitioned network: the client
   notices only through its own timeouts).
+- ONE_WAY: forward the client's bytes, discard the target's (the target acts on requests whose
+  answers are lost: a fault between a server's action and its response).
 
-Switching to BLACKHOLE silences open connections too; switching back to PASS closes those, since
-bytes were lost in them, and the client reconnects. Bounded: at most `max_connections` at a
-time (more are closed on accept), reads of at most `chunk_bytes`, writes wait for the receiver.
+Switching to BLACKHOLE or ONE_WAY affects open connections too; switching back to PASS closes
+those, since bytes were lost in them, and the client reconnects. Bounded: at most
+`max_connections` at a time (more are closed on accept), reads of at most `chunk_bytes`, writes
+wait for the receiver.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class LinkMode(enum.Enum):
     PASS = "pass"
     DROP = "drop"
     BLACKHOLE = "blackhole"
+    ONE_WAY = "one-way"
 
 
 @dataclass(eq=False)
@@ -41,6 +45,8 @@ class _Connection:
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
     # Set once blackholed: from then on nothing more is forwarded either way.
     silenced: bool = False
+    # Set once one-way: from then on nothing more is forwarded to the client.
+    answers_lost: bool = False
     closed: bool = False
 
     def close(self) -> None:
@@ -91,10 +97,13 @@ class TcpProxy:
     def set_mode(self, mode: LinkMode) -> None:
         self._mode = mode
         for connection in list(self._connections):
-            if mode is LinkMode.DROP or (mode is LinkMode.PASS and connection.silenced):
+            lossy = connection.silenced or connection.answers_lost
+            if mode is LinkMode.DROP or (mode is LinkMode.PASS and lossy):
                 connection.close()
             elif mode is LinkMode.BLACKHOLE:
                 connection.silenced = True
+            elif mode is LinkMode.ONE_WAY:
+                connection.answers_lost = True
 
     async def stop(self) -> None:
         """Stop listening and close every connection."""
@@ -128,11 +137,16 @@ class TcpProxy:
             return
         handler = asyncio.current_task()
         assert handler is not None
-        connection = _Connection(handler, [writer], silenced=self._mode is LinkMode.BLACKHOLE)
+        connection = _Connection(
+            handler,
+            [writer],
+            silenced=self._mode is LinkMode.BLACKHOLE,
+            answers_lost=self._mode is LinkMode.ONE_WAY,
+        )
         self._connections.add(connection)
         try:
             if connection.silenced:
-                await self._pump(reader, None, connection)
+                await self._pump(reader, None, connection, answers=False)
                 return
             up_reader, up_writer = await asyncio.open_connection(
                 self._target_host, self._target_port
@@ -141,8 +155,8 @@ class TcpProxy:
             if connection.closed:  # dropped while connecting
                 return
             await asyncio.gather(
-                self._pump(reader, up_writer, connection),
-                self._pump(up_reader, writer, connection),
+                self._pump(reader, up_writer, connection, answers=False),
+                self._pump(up_reader, writer, connection, answers=True),
             )
         except OSError as e:
             # The target is down or one side reset: close both sides.
@@ -156,12 +170,19 @@ class TcpProxy:
         source: asyncio.StreamReader,
         sink: asyncio.StreamWriter | None,
         connection: _Connection,
+        answers: bool,
     ) -> None:
+        """Forward source to sink; `answers`: the target-to-client direction."""
+
+        def lost() -> bool:
+            return sink is None or connection.silenced or (answers and connection.answers_lost)
+
         while data := await source.read(self._chunk_bytes):
-            if connection.silenced or sink is None:
+            if lost():
                 self.discarded += len(data)
                 continue
+            assert sink is not None
             sink.write(data)
             await sink.drain()
-        if sink is not None and not connection.silenced and sink.can_write_eof():
+        if sink is not None and not lost() and sink.can_write_eof():
             sink.write_eof()

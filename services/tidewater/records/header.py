@@ -36,6 +36,9 @@ _LEADER_EPOCH = struct.Struct(">i")
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
+# The producer epoch is an int16; sequences are an int32 that wraps from SEQUENCE_MAX to 0.
+MAX_PRODUCER_EPOCH = 2**15 - 1
+SEQUENCE_MAX = 2**31 - 1
 NO_PARTITION_LEADER_EPOCH = -1
 
 

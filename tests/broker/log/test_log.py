@@ -10,7 +10,7 @@ import pytest
 
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.log import Log, UnexpectedAppendOffset, parse_partition_dir
+from tidewater.broker.log.log import FlushJob, Log, UnexpectedAppendOffset, parse_partition_dir
 from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
 from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
 
@@ -293,6 +293,36 @@ def test_roll_flushes_the_finished_segment(open_log: OpenLog, make_batch: MakeBa
     fill(log, make_batch, 1)
     assert len(log.segments) == 2
     assert log.recovery_point == 6 == log.segments[1].base_offset
+
+
+def test_a_roll_can_leave_its_flush_to_another_thread(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(segment_bytes=600)
+    jobs: list[FlushJob] = []
+    log.flush_in_background = lambda lg, job: jobs.append(job)
+    fill(log, make_batch, 3)
+    assert len(log.segments) == 2
+    assert log.recovery_point == 0  # the append did not wait for the fsync
+    (job,) = jobs
+    assert (job.offset, len(job.fds)) == (6, 1)
+    job.run()
+    log.finish_flush(job)
+    assert log.recovery_point == 6
+    assert bodies(read_all(log, split)) == [body(i) for i in range(3)]
+
+
+def test_a_flush_job_of_a_truncated_log_does_not_move_the_recovery_point(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log(segment_bytes=600)
+    jobs: list[FlushJob] = []
+    log.flush_in_background = lambda lg, job: jobs.append(job)
+    fill(log, make_batch, 3)
+    log.truncate_to(3)
+    jobs[0].run()
+    log.finish_flush(jobs[0])
+    assert log.recovery_point == 0 < log.log_end_offset == 3
 
 
 # -- truncation --------------------------------------------------------------------------

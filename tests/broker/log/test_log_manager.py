@@ -6,14 +6,17 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+from unittest.mock import patch
 
 import pytest
 
 from tidewater.broker.log.checkpoints import EpochEntry, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.log import FlushJob
 from tidewater.broker.log.manager import RECOVERY_POINT_CHECKPOINT, LogManager
 from tidewater.errors import StorageError, UnknownTopicOrPartition
 from tidewater.records.header import read_header
@@ -105,6 +108,7 @@ CRASHING_BROKER = """
 import os, sys
 from pathlib import Path
 from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.log import FlushJob
 from tidewater.broker.log.manager import LogManager
 from tidewater.records.batch import Record, build_batch
 
@@ -260,3 +264,24 @@ async def test_background_tasks_apply_retention_flush_ms_and_checkpoints(
         with contextlib.suppress(asyncio.CancelledError):
             await task
     assert task.cancelled()
+
+
+async def test_rolled_segments_are_flushed_off_the_event_loop(
+    managers: Callable[..., LogManager], make_batch: MakeBatch
+) -> None:
+    manager = managers()
+    lg = manager.get_or_create_log("rolling", 0, SMALL)
+    threads: set[str] = set()
+    run = FlushJob.run
+
+    def run_and_note(job: FlushJob) -> None:
+        threads.add(threading.current_thread().name)
+        run(job)
+
+    with patch.object(FlushJob, "run", run_and_note):
+        for i in range(5):
+            lg.append_as_leader(make_batch(2, body=bytes(400) + bytes([i])), leader_epoch=1)
+        assert len(lg.segments) == 3
+        assert lg.recovery_point == 0  # the appends did not wait for the fsyncs
+        await wait_for(lambda: lg.recovery_point == lg.segments[-1].base_offset)
+    assert threading.current_thread().name not in threads

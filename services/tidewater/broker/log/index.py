@@ -53,7 +53,8 @@ class _SparseIndex:
         self._keys = array(self.KEY_TYPE)
         self._values = array(self.VALUE_TYPE)
         self._pending = bytearray()
-        self._dirty = False
+        # Written since the last fsync.
+        self.dirty = False
         # Bytes of a torn trailing entry found on load: sanity_check reports them.
         self._loaded_remainder = 0
         try:
@@ -92,7 +93,7 @@ class _SparseIndex:
         finally:
             os.close(fd)
         self._pending.clear()
-        self._dirty = True
+        self.dirty = True
 
     def _truncate_entries(self, count: int) -> None:
         del self._keys[count:]
@@ -104,7 +105,7 @@ class _SparseIndex:
         finally:
             os.close(fd)
         self._loaded_remainder = 0
-        self._dirty = True
+        self.dirty = True
 
     def reset(self) -> None:
         """Drop every entry (and create the file if it is missing)."""
@@ -113,14 +114,14 @@ class _SparseIndex:
     def flush(self) -> None:
         """fsync the file if it changed since the last flush."""
         self.write_pending()
-        if not self._dirty:
+        if not self.dirty:
             return
         fd = os.open(self.path, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._dirty = False
+        self.dirty = False
 
     def delete(self) -> None:
         self._pending.clear()

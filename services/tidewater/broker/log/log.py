@@ -10,6 +10,7 @@ fsynced). The log is not thread-safe: the broker drives it from its event loop.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import re
@@ -107,6 +108,11 @@ class Log:
         # Directories whose entries (segment files, the log's own directory) changed since
         # they were last fsynced; the next flush syncs them.
         self._unsynced_dirs = unsynced_dirs
+        # Set by the LogManager: takes the flush of a rolled segment off the append path
+        # (Kafka flushes it on its scheduler). Unset, a roll flushes at once.
+        self.flush_in_background: Callable[[Log, FlushJob], None] | None = None
+        # Bumped by whatever makes a flush job in flight describe the wrong files.
+        self._generation = 0
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT)
         )
@@ -277,9 +283,12 @@ class Log:
         self._segments.append(segment)
         self._bases.append(base_offset)
         self._unsynced_dirs.add(self.dir)
-        # The finished segment will not change again: make it durable now (Kafka's flush on
+        # The finished segment will not change again: make it durable (Kafka's flush on
         # roll), which also moves the recovery point to the new segment.
-        self.flush(base_offset)
+        if self.flush_in_background is None:
+            self.flush(base_offset)
+        elif (job := self.flush_job(base_offset)) is not None:
+            self.flush_in_background(self, job)
         log.debug("%s: rolled a new segment at offset %d", self.name, base_offset)
         return segment
 
@@ -334,6 +343,7 @@ class Log:
         if offset < self.log_start_offset:
             self.truncate_fully_and_start_at(offset)
             return
+        self._generation += 1
         # Newest first, so that a crash midway leaves a shorter but whole log.
         while self._bases[-1] > offset:
             self._bases.pop()
@@ -353,6 +363,7 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at `offset`: log start = LEO = offset."""
+        self._generation += 1
         for segment in reversed(self._segments):
             segment.delete()
         self._segments = [LogSegment.create(self.dir, offset, self._time_ms())]
@@ -419,6 +430,33 @@ class Log:
         self.recovery_point = target
         self._last_flush_ms = self._time_ms()
 
+    def flush_job(self, offset: int) -> FlushJob | None:
+        """flush(offset) as a job for another thread; finish_flush() applies its outcome."""
+        target = min(offset, self.log_end_offset)
+        if target <= self.recovery_point:
+            return None
+        job = FlushJob(target, self._generation, [], [], sorted(self._unsynced_dirs))
+        for i in range(self._floor(self.recovery_point), len(self._segments)):
+            segment = self._segments[i]
+            if segment.base_offset >= target:
+                break
+            fds, paths = segment.unflushed_files()
+            job.fds += fds
+            job.index_paths += paths
+        return job
+
+    def finish_flush(self, job: FlushJob) -> None:
+        """A flush job ran: move the recovery point, unless the log changed under it."""
+        if job.generation != self._generation or job.offset <= self.recovery_point:
+            return
+        for i in range(self._floor(self.recovery_point), len(self._segments)):
+            segment = self._segments[i]
+            if segment.base_offset >= job.offset:
+                break
+            segment.mark_flushed()
+        self.recovery_point = job.offset
+        self._last_flush_ms = self._time_ms()
+
     def flush_if_due(self, now_ms: int) -> None:
         """flush.ms: flush when unflushed data has waited that long since the last flush."""
         flush_ms = self.config.flush_ms
@@ -432,6 +470,7 @@ class Log:
     def close(self) -> None:
         """Flush, then close every file."""
         self.flush()
+        self._generation += 1
         for segment in self._segments:
             segment.close()
 
@@ -440,10 +479,46 @@ class Log:
         that the next start removes rather than a half-deleted log."""
         for segment in self._segments:
             segment.close()
+        self._generation += 1
         doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
         os.rename(self.dir, doomed)
         fsync_dir(self.dir.parent)
         shutil.rmtree(doomed)
+
+
+@dataclass
+class FlushJob:
+    """The fsyncs that make a log durable below `offset`, runnable in a worker thread: it
+    holds its own descriptors of the segment files, and index files or directories deleted
+    meanwhile need no fsync. `generation` tells the log whether it still applies."""
+
+    offset: int
+    generation: int
+    fds: list[int]
+    index_paths: list[Path]
+    dirs: list[Path]
+
+    def run(self) -> None:
+        try:
+            for fd in self.fds:
+                os.fsync(fd)
+            for path in self.index_paths:
+                with contextlib.suppress(FileNotFoundError):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            for directory in self.dirs:
+                with contextlib.suppress(FileNotFoundError):
+                    fsync_dir(directory)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def _split_batches(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:

@@ -2,7 +2,9 @@
 
 Each log dir holds partition directories and a `recovery-point-offset-checkpoint`; a `.lock`
 file keeps a second broker out. Background work (retention, flush.ms, recovery point
-checkpoints) runs in `run_background_tasks` on the broker's event loop.
+checkpoints) runs in `run_background_tasks` on the broker's event loop; the fsyncs of rolled
+segments run in a worker thread, one after the other, so an append never waits for a disk
+flush of a whole segment.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from pathlib import Path
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, CorruptCheckpoint, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.log import DELETE_DIR_SUFFIX, Log, parse_partition_dir, wall_clock_ms
+from tidewater.broker.log.log import (
+    DELETE_DIR_SUFFIX,
+    FlushJob,
+    Log,
+    parse_partition_dir,
+    wall_clock_ms,
+)
 from tidewater.errors import StorageError, UnknownTopicOrPartition
 
 log = logging.getLogger(__name__)
@@ -43,6 +51,9 @@ class LogManager:
         self._partitions_in: dict[Path, set[TopicPartition]] = {d: set() for d in self.log_dirs}
         self._lock_fds: list[int] = []
         self._closed = False
+        # The last background flush; each waits for the one before, so recovery points only
+        # move over what is on disk.
+        self._flushing: asyncio.Task[None] | None = None
         try:
             for log_dir in self.log_dirs:
                 log_dir.mkdir(parents=True, exist_ok=True)
@@ -92,6 +103,7 @@ class LogManager:
         log.info("%s: loaded %d logs", log_dir, len(self._partitions_in[log_dir]))
 
     def _add(self, tp: TopicPartition, lg: Log) -> None:
+        lg.flush_in_background = self._flush_in_background
         self._logs[tp] = lg
         self._partitions_in[lg.dir.parent].add(tp)
 
@@ -129,6 +141,31 @@ class LogManager:
         return found
 
     # -- durability ----------------------------------------------------------------------
+
+    def _flush_in_background(self, lg: Log, job: FlushJob) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop to keep going: flush now
+            job.run()
+            lg.finish_flush(job)
+            return
+        self._flushing = loop.create_task(self._flush_after(self._flushing, lg, job))
+
+    @staticmethod
+    async def _flush_after(previous: asyncio.Task[None] | None, lg: Log, job: FlushJob) -> None:
+        try:
+            if previous is not None:
+                await asyncio.wait([previous])
+        except asyncio.CancelledError:
+            job.close()
+            raise
+        try:
+            await asyncio.to_thread(job.run)  # which closes the job's descriptors
+        except OSError:
+            # The segment stays unflushed: the next flush (flush.ms, shutdown) tries again.
+            log.exception("%s: flushing a rolled segment failed", lg.name)
+            return
+        lg.finish_flush(job)
 
     def checkpoint_recovery_points(self) -> None:
         """Write each log dir's recovery-point-offset-checkpoint."""

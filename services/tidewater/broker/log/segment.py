@@ -214,6 +214,22 @@ class LogSegment:
         self.offset_index.flush()
         self.time_index.flush()
 
+    def unflushed_files(self) -> tuple[list[int], list[Path]]:
+        """What flush() would fsync, for a flush in another thread: a duplicate of the log's
+        descriptor (its own, so closing the segment meanwhile does no harm) if the log changed,
+        and the index files that changed."""
+        indexes = (self.offset_index, self.time_index)
+        for index in indexes:
+            index.write_pending()
+        fds = [os.dup(self._fd)] if self._dirty else []
+        return fds, [index.path for index in indexes if index.dirty]
+
+    def mark_flushed(self) -> None:
+        """Another thread fsynced what unflushed_files() named, and nothing changed since."""
+        self._dirty = False
+        self.offset_index.dirty = False
+        self.time_index.dirty = False
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

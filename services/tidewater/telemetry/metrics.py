@@ -29,8 +29,6 @@ log = logging.getLogger(__name__)
 Attributes = Mapping[str, str | int]
 # What an observable instrument's read returns: one value, or one value per attribute set.
 Reading = float | Iterable[tuple[float, Attributes]]
-# How long a scrape waits for the event loop before that instrument is left out of it.
-LOOP_TIMEOUT_S = 5.0
 # Request latency buckets in ms: sub-millisecond appends up to the 30 s request timeout.
 LATENCY_BUCKETS_MS = (
     0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000,
@@ -100,17 +98,14 @@ class MetricsEndpoint:
             return [Observation(value, dict(attributes)) for value, attributes in reading]
 
         def callback(options: CallbackOptions) -> Iterable[Observation]:
-            return self._on_loop(observe)
+            # The SDK gives each callback what is left of the scrape's time: a stalled loop
+            # fails the scrape (Prometheus shows the target down) instead of hanging it.
+            return self._on_loop(observe, options.timeout_millis / 1000)
 
         return callback
 
-    def _on_loop(self, fn: Callable[[], list[Observation]]) -> list[Observation]:
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:
-            return fn()
+    def _on_loop(self, fn: Callable[[], list[Observation]], timeout_s: float) -> list[Observation]:
+        """Run fn on the event loop and wait for it: scrapes come on the HTTP server's thread."""
         future: concurrent.futures.Future[list[Observation]] = concurrent.futures.Future()
 
         def run() -> None:
@@ -120,7 +115,7 @@ class MetricsEndpoint:
                 future.set_exception(e)
 
         self._loop.call_soon_threadsafe(run)
-        return future.result(LOOP_TIMEOUT_S)
+        return future.result(timeout_s)
 
     def close(self) -> None:
         self._server.shutdown()

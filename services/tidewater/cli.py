@@ -5,25 +5,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
+import grpc
+
+from tidewater.broker.controller_client import ControllerUnavailable
+from tidewater.client.errors import ClientError
 from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.telemetry import tracing
+from tidewater.tools import bench, consume, produce, topics
+from tidewater.tools.options import key_value
+
+# What a command can fail with that the user must see as one line, not a traceback.
+USER_ERRORS = (TidewaterError, ClientError, ControllerUnavailable, OSError)
 
 
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (`tidewater: error: ...`), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tidewater", description=__doc__)
+    parser = _Parser(prog="tidewater", description=__doc__)
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     broker = commands.add_parser("broker", help="run a broker")
     broker.add_argument("--config", type=Path, help="TOML file with Kafka-named broker configs")
@@ -32,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     broker.add_argument("--log-dirs", help="log.dirs: comma-separated directories")
     broker.add_argument(
         "--set",
-        type=_key_value,
+        type=key_value,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -116,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
         "paths", nargs="+", type=Path, metavar="FILE", help="trace files or directories of *.jsonl"
     )
     report.add_argument("--html", type=Path, metavar="OUT", help="also write a page with charts")
+    for client_command in (topics, produce, consume, bench):
+        client_command.add_parser(commands)
     return parser
 
 
@@ -128,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         _setup_tracing(args)
+        if hasattr(args, "run"):
+            return asyncio.run(args.run(args))
         if args.command == "broker":
             return _broker(args)
         if args.command == "controller":
@@ -161,8 +176,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(run_demo(args.records, args.data_dir))
         if args.command == "trace":
             return _trace_report(args.paths, args.html)
-    except (TidewaterError, OSError) as e:
-        print(f"tidewater: {e}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except USER_ERRORS as e:
+        print(f"tidewater: {_one_line(str(e))}", file=sys.stderr)
+        return 1
+    except grpc.aio.AioRpcError as e:
+        print(f"tidewater: {e.code().name}: {_one_line(e.details() or '')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -179,6 +201,10 @@ def _setup_tracing(args: argparse.Namespace) -> None:
         )
     elif args.command == "metadata":
         tracing.setup("tidewater-metadata", args.trace_file)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _cluster(args: argparse.Namespace) -> int:

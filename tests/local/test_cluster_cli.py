@@ -1,5 +1,6 @@
 """`tidewater cluster up --detach | status | down`, run as a user would, with a round trip
-through the SDK in between, and a restart on the same data dir keeping the data."""
+through the SDK in between, and a restart on the same data dir keeping the data; the client
+commands (`topics`, `produce`, `consume`, `bench`) and their errors on one running cluster."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,9 +31,10 @@ COMMAND_TIMEOUT_S = 180
 TOPIC = "events"
 
 
-def tidewater(*args: str) -> subprocess.CompletedProcess[str]:
+def tidewater(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tidewater", *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
@@ -55,14 +58,18 @@ def recorded_pids(data_dir: Path) -> set[int]:
     return {document["supervisor_pid"], *(p["pid"] for p in document["processes"])}
 
 
+def kill_recorded(data_dir: Path) -> None:
+    for pid in recorded_pids(data_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Iterator[Path]:
     """The cluster's data dir; whatever it runs is killed at teardown, even after a failure."""
     data_dir = tmp_path / "cluster"
     yield data_dir
-    for pid in recorded_pids(data_dir):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    kill_recorded(data_dir)
 
 
 def status(data_dir: Path) -> list[dict[str, Any]]:
@@ -191,3 +198,229 @@ def test_status_and_down_without_a_cluster(tmp_path: Path) -> None:
     result = tidewater("cluster", "down", "--data-dir", str(tmp_path))
     assert result.returncode == 0
     assert "no cluster recorded" in result.stdout
+
+
+# -- the client commands, on one cluster for the module -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """A running local cluster; yields the `--data-dir` option that points commands at it.
+    `cluster down` at the end must succeed; whatever is left is killed."""
+    data_dir = tmp_path_factory.mktemp("client") / "cluster"
+    try:
+        up(data_dir)
+        yield ["--data-dir", str(data_dir)]
+        down(data_dir, recorded_pids(data_dir))
+    finally:
+        kill_recorded(data_dir)
+
+
+def ok(*args: str, stdin: str = "") -> str:
+    result = tidewater(*args, stdin=stdin)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def consume_json(cluster: list[str], *args: str) -> list[dict[str, Any]]:
+    out = ok("consume", "--format", "json", "--timeout-ms", "1000", *args, *cluster)
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_topics_produce_consume_round_trip(cluster: list[str], tmp_path: Path) -> None:
+    topic = "cli-events"
+    assert ok("topics", "create", "--topic", topic, "--partitions", "2", *cluster) == (
+        f"Created topic {topic}.\n"
+    )
+    assert topic in ok("topics", "list", *cluster).splitlines()
+    described = json.loads(ok("topics", "describe", "--topic", topic, "--json", *cluster))
+    partitions = described["topics"][0]["partitions"]
+    assert [p["partition"] for p in partitions] == [0, 1]
+    for p in partitions:
+        assert sorted(p["replicas"]) == [1, 2, 3]
+        assert sorted(p["isr"]) == [1, 2, 3]
+        assert p["leader"] in p["replicas"]
+        assert p["leader_epoch"] >= 0
+    text = ok("topics", "describe", "--topic", topic, *cluster)
+    assert f"Topic: {topic}\tPartitionCount: 2\tReplicationFactor: 3" in text
+
+    lines = [f"key-{i % 5}:value-{i}" for i in range(30)]
+    ok("produce", "--topic", topic, "--key-separator", ":", *cluster, stdin="\n".join(lines))
+    records = consume_json(cluster, "--topic", topic, "--from-beginning")
+    assert sorted((r["key"], r["value"]) for r in records) == sorted(
+        tuple(line.split(":")) for line in lines
+    )
+    # One key, one partition; each partition in offset order, keys in the order sent.
+    partition_of = {r["key"]: r["partition"] for r in records}
+    assert all(partition_of[r["key"]] == r["partition"] for r in records)
+    for partition in (0, 1):
+        offsets = [r["offset"] for r in records if r["partition"] == partition]
+        assert offsets == list(range(len(offsets)))
+
+    # From a file, to a chosen partition; read back raw from an offset and from a time.
+    before = int(time.time() * 1000)
+    source = tmp_path / "more.txt"
+    source.write_text("late-1\nlate-2\n")
+    ok(
+        "produce",
+        "--topic",
+        topic,
+        "--file",
+        str(source),
+        "--partition",
+        "1",
+        "--acks",
+        "1",
+        "--compression",
+        "zstd",
+        *cluster,
+    )
+    at_end = len([r for r in records if r["partition"] == 1])
+    raw = ok(
+        "consume",
+        "--topic",
+        topic,
+        "--partition",
+        "1",
+        "--offset",
+        str(at_end),
+        "--timeout-ms",
+        "1000",
+        *cluster,
+    )
+    assert raw == "late-1\nlate-2\n"
+    since = consume_json(cluster, "--topic", topic, "--from-timestamp", str(before))
+    assert [r["value"] for r in since] == ["late-1", "late-2"]
+    assert (
+        ok("consume", "--topic", topic, "--from-beginning", "--max-messages", "3", *cluster).count(
+            "\n"
+        )
+        == 3
+    )
+
+    assert ok("topics", "delete", "--topic", topic, *cluster) == f"Deleted topic {topic}.\n"
+    deadline = time.monotonic() + 30
+    while topic in ok("topics", "list", *cluster).splitlines():
+        assert time.monotonic() < deadline, "the deleted topic is still listed"
+        time.sleep(0.2)
+
+
+def test_bench_produce_and_consume(cluster: list[str]) -> None:
+    ok("topics", "create", "--topic", "cli-bench", "--partitions", "3", *cluster)
+    out = ok(
+        "bench",
+        "produce",
+        "--topic",
+        "cli-bench",
+        "--num-records",
+        "2000",
+        "--record-size",
+        "100",
+        "--throughput",
+        "-1",
+        "--acks",
+        "all",
+        *cluster,
+    )
+    assert out.startswith("2000 records sent, ")
+    for field in ("records/sec", "MiB/sec", "ms p50", "ms p95", "ms p99,", "ms p99.9", "ms max"):
+        assert field in out
+    out = ok("bench", "consume", "--topic", "cli-bench", "--num-records", "2000", *cluster)
+    assert out.startswith("2000 records consumed, ")
+    assert "records/sec" in out and "ms p99.9" in out
+
+
+def fails(*args: str, stdin: str = "", status: int = 1) -> str:
+    """The command exits with `status` and says why on one line of stderr."""
+    result = tidewater(*args, stdin=stdin)
+    assert result.returncode == status, result.stdout + result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("tidewater"), result.stderr
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def error_topics(cluster: list[str]) -> list[str]:
+    """cli-errors, and cli-small whose max.message.bytes is 1000."""
+    ok("topics", "create", "--topic", "cli-errors", *cluster)
+    ok("topics", "create", "--topic", "cli-small", "--config", "max.message.bytes=1000", *cluster)
+    return cluster
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "expected"),
+    [
+        (["produce", "--topic", "nope"], "x\n", "UNKNOWN_TOPIC_OR_PARTITION: topic 'nope'"),
+        (["consume", "--topic", "nope"], "", "UNKNOWN_TOPIC_OR_PARTITION: topic 'nope'"),
+        (["topics", "describe", "--topic", "nope"], "", "UNKNOWN_TOPIC_OR_PARTITION"),
+        (["topics", "delete", "--topic", "nope"], "", "UNKNOWN_TOPIC_OR_PARTITION"),
+        (["consume", "--topic", "cli-errors", "--partition", "5"], "", "not partition 5"),
+        (["produce", "--topic", "cli-errors"], "x" * 2_000_000, "MESSAGE_TOO_LARGE"),
+        (["produce", "--topic", "cli-small"], "x" * 2000, "MESSAGE_TOO_LARGE"),
+        (["produce", "--topic", "cli-errors", "--acks", "2"], "x", "INVALID_CONFIG: acks"),
+        (["produce", "--topic", "cli-errors", "--compression", "snappy"], "x", "INVALID_CONFIG"),
+        (["produce", "--topic", "cli-errors", "--key-separator", ":"], "nokey", "line 1 has no"),
+        (["topics", "create", "--topic", "t", "--partitions", "0"], "", "INVALID_PARTITIONS"),
+        (["topics", "create", "--topic", "t", "--replication-factor", "4"], "", "INVALID_REPLI"),
+        (["topics", "create", "--topic", "t", "--config", "retention.ms=x"], "", "INVALID_CONFIG"),
+        (["topics", "create", "--topic", "cli-errors"], "", "TOPIC_ALREADY_EXISTS"),
+        (["consume", "--topic", "cli-errors", "--offset", "-3"], "", "INVALID_CONFIG: --offset"),
+        (["consume", "--topic", "cli-errors", "--from-timestamp", "soon"], "", "INVALID_CONFIG"),
+        (
+            [
+                "bench",
+                "produce",
+                "--topic",
+                "cli-errors",
+                "--num-records",
+                "10",
+                "--record-size",
+                "0",
+                "--throughput",
+                "-1",
+            ],
+            "",
+            "--record-size",
+        ),
+        (["topics", "list", "--request-timeout-ms", "0"], "", "--request-timeout-ms"),
+    ],
+)
+def test_bad_input_is_one_clear_line(
+    cluster: list[str], args: list[str], stdin: str, expected: str
+) -> None:
+    for topic, configs in (
+        ("cli-errors", []),
+        ("cli-small", ["--config", "max.message.bytes=1000"]),
+    ):
+        if topic not in ok("topics", "list", *cluster).splitlines():
+            ok("topics", "create", "--topic", topic, *configs, *cluster)
+    assert expected in fails(*args, *cluster, stdin=stdin)
+
+
+def test_usage_errors_are_one_line() -> None:
+    assert "the following arguments are required: --topic" in fails("produce", status=2)
+    assert "invalid choice" in fails("topics", "frobnicate", status=2)
+
+
+def test_no_cluster_and_unanswering_metadata_addresses_fail_within_the_deadline(
+    tmp_path: Path,
+) -> None:
+    stderr = fails("topics", "list", "--data-dir", str(tmp_path))
+    assert "no cluster to talk to: pass --bootstrap" in stderr
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    assert "UNAVAILABLE" in fails("produce", "--topic", "t", "--bootstrap", f"127.0.0.1:{port}")
+    # Accepts connections and never answers: each command gives up at its request deadline.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        for command in (
+            ["topics", "list"],
+            ["consume", "--topic", "t"],
+            ["produce", "--topic", "t"],
+        ):
+            stderr = fails(*command, "--bootstrap", address, "--request-timeout-ms", "1000")
+            assert f"no metadata service answered within 1s: {address}: DEADLINE" in stderr
+    assert "HOST:PORT" in fails("topics", "list", "--bootstrap", "localhost")

@@ -1,14 +1,16 @@
 """Admin client: topics, partitions, reassignments and leader elections through the active
 controller (ControllerService, following NOT_CONTROLLER), and topic descriptions from a
-metadata service."""
+metadata service. Given only metadata addresses, it asks them where the active controller is,
+as a Kafka admin client needs only bootstrap servers."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tidewater.broker.controller_client import ControllerClient
+from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.client.errors import error_for
 from tidewater.client.metadata import ClusterMetadata
+from tidewater.errors import InvalidPartitions, InvalidReplicationFactor
 from tidewater.v1 import common_pb2, metadata_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -17,9 +19,21 @@ TopicPartition = tuple[str, int]
 
 
 class Admin:
-    def __init__(self, controllers: Sequence[str], bootstrap: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        controllers: Sequence[str],
+        bootstrap: Sequence[str] = (),
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        if not controllers and not bootstrap:
+            raise ValueError("Admin needs controller or metadata service addresses")
         self._controller = ControllerClient(controllers)
-        self._metadata = ClusterMetadata(list(bootstrap)) if bootstrap else None
+        self._metadata = (
+            ClusterMetadata(list(bootstrap), request_timeout_s=request_timeout_s)
+            if bootstrap
+            else None
+        )
+        self._timeout_s = request_timeout_s
 
     async def __aenter__(self) -> Admin:
         return self
@@ -33,7 +47,9 @@ class Admin:
             await self._metadata.close()
 
     async def _call(self, method: str, request: object) -> object:
-        response = await self._controller.call(method, request)
+        if not self._controller.configured:
+            await self._find_controller()
+        response = await self._controller.call(method, request, timeout_s=self._timeout_s)
         _raise_if(response.error_code, response.error_message)
         return response
 
@@ -48,6 +64,13 @@ class Admin:
     ) -> None:
         """Create a topic: `partitions` of `replication_factor` replicas, placed by the
         controller (rack aware), or explicit `assignments` (replicas of partition 0, 1, ...)."""
+        # On the wire 0 means "the controller's default": here it is a mistake.
+        if not assignments and partitions < 1:
+            raise InvalidPartitions(f"a topic needs at least 1 partition, got {partitions}")
+        if not assignments and replication_factor < 1:
+            raise InvalidReplicationFactor(
+                f"replication factor must be at least 1, got {replication_factor}"
+            )
         topic = cpb.CreatableTopic(
             name=name,
             num_partitions=0 if assignments else partitions,
@@ -113,7 +136,17 @@ class Admin:
             raise ValueError("describe_topics needs bootstrap (metadata service) addresses")
         return await self._metadata.describe(list(names))
 
+    async def _find_controller(self) -> None:
+        assert self._metadata is not None
+        await self._metadata.refresh()
+        if self._metadata.controller is None:
+            raise ControllerUnavailable(
+                "the metadata service knows no active controller yet; try again in a moment"
+            )
+        self._controller.addresses.append(self._metadata.controller)
+
 
 def _raise_if(code: int, message: str) -> None:
     if code != ErrorCode.NONE:
-        raise error_for(code, message)
+        # The controller's messages may start with the code's name: the error names it once.
+        raise error_for(code, message.removeprefix(f"{ErrorCode.Name(code)}: "))

@@ -103,6 +103,13 @@ class Consumer:
     async def poll(self, timeout_ms: int = 1000) -> list[ConsumerRecord]:
         """Records fetched from every assigned partition, waiting up to timeout_ms (long
         poll) for at least fetch_min_bytes."""
+        fetched = await self.poll_partitions(timeout_ms)
+        return [record for records in fetched.values() for record in records]
+
+    async def poll_partitions(
+        self, timeout_ms: int = 1000
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """poll(), with the records of each partition under its (topic, partition)."""
         if self._tracer is None:
             return await self._poll(timeout_ms)
         # The `poll` span is current while fetching: each Fetch carries it in its metadata.
@@ -114,11 +121,12 @@ class Consumer:
                 "messaging.operation.type": "receive",
             },
         ) as span:
-            records = await self._poll(timeout_ms)
-            span.set_attribute("messaging.batch.message_count", len(records))
-            return records
+            fetched = await self._poll(timeout_ms)
+            count = sum(len(records) for records in fetched.values())
+            span.set_attribute("messaging.batch.message_count", count)
+            return fetched
 
-    async def _poll(self, timeout_ms: int) -> list[ConsumerRecord]:
+    async def _poll(self, timeout_ms: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         await self._reset_missing_positions()
         by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
         for tp, position in self._positions.items():
@@ -129,12 +137,12 @@ class Consumer:
             by_leader.setdefault(leader[1], []).append((tp, leader[2]))
         if not by_leader:
             await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
-            return []
+            return {}
         wait_ms = min(timeout_ms, self.fetch_max_wait_ms)
         results = await asyncio.gather(
             *(self._fetch(address, tps, wait_ms) for address, tps in by_leader.items())
         )
-        return [record for records in results for record in records]
+        return {tp: records for fetched in results for tp, records in fetched.items()}
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while True:
@@ -205,7 +213,7 @@ class Consumer:
 
     async def _fetch(
         self, address: str, partitions: list[tuple[TopicPartition, int]], wait_ms: int
-    ) -> list[ConsumerRecord]:
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
         request = pb.FetchRequest(
             replica_id=-1,
@@ -233,8 +241,8 @@ class Consumer:
         except grpc.aio.AioRpcError:
             # The leader may be gone: look it up again and let the next poll retry.
             self.metadata.request_refresh()
-            return []
-        records: list[ConsumerRecord] = []
+            return {}
+        fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
         for result in response.partitions:
             tp = (result.topic, result.partition)
             if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -250,10 +258,11 @@ class Consumer:
                 continue
             self._high_watermarks[tp] = result.high_watermark
             position = self._positions[tp] or 0
+            records = fetched[tp] = []
             for record in decode_batches(result.record_batches):
                 # A batch may start before the position asked for.
                 if record.offset >= position:
                     records.append(record)
                     position = record.offset + 1
             self._positions[tp] = position
-        return records
+        return fetched

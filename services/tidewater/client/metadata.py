@@ -55,6 +55,8 @@ class ClusterMetadata:
         self.brokers: dict[int, str] = {}
         self.partitions: dict[TopicPartition, PartitionInfo] = {}
         self.topics: dict[str, TopicInfo] = {}
+        # The active controller's address as the metadata service last heard of it.
+        self.controller: str | None = None
         self._wanted: set[str] = set()
         self._current = 0
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -110,6 +112,9 @@ class ClusterMetadata:
         )
 
     def _apply(self, response: metadata_pb2.GetMetadataResponse) -> None:
+        endpoint = response.controller.endpoint
+        if response.controller.controller_id >= 0 and endpoint.host:
+            self.controller = f"{endpoint.host}:{endpoint.port}"
         self.brokers = {
             b.broker_id: f"{b.endpoint.host}:{b.endpoint.port}" for b in response.brokers
         }

@@ -15,6 +15,7 @@ from tidewater.client.admin import Admin
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import ClusterFile
+from tidewater.tools.bench import percentile
 
 TOPIC = "demo"
 PARTITIONS = 3
@@ -68,7 +69,7 @@ async def _produce(bootstrap: list[str], total: int) -> None:
     latencies.sort()
 
     def pct(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1e3
+        return percentile(latencies, p) * 1e3
 
     print(
         f"produced {total} records (acks=all, idempotent, zstd) in {elapsed:.2f} s: "

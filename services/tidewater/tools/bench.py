@@ -1,0 +1,166 @@
+"""`tidewater bench produce | consume`: the cluster's throughput and latency through the SDK,
+like kafka-producer-perf-test and kafka-consumer-perf-test."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import string
+import sys
+import time
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from tidewater.client.consumer import Consumer
+from tidewater.client.producer import Producer
+from tidewater.errors import InvalidConfig, RequestTimedOut
+from tidewater.tools.options import (
+    add_connection_options,
+    bootstrap,
+    partition_count,
+    request_timeout_s,
+)
+from tidewater.tools.produce import add_producer_options, producer_config
+
+MIB = 1024 * 1024
+PERCENTILES = (0.5, 0.95, 0.99, 0.999)
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="measure produce or consume throughput")
+    kinds = bench.add_subparsers(dest="kind", required=True)
+    produce = kinds.add_parser(
+        "produce", help="send records as fast as allowed; throughput and ack latency"
+    )
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--num-records", type=int, required=True)
+    produce.add_argument("--record-size", type=int, required=True, help="value bytes")
+    produce.add_argument(
+        "--throughput", type=float, required=True, help="records/s to aim at; -1: no limit"
+    )
+    add_producer_options(produce)
+    consume = kinds.add_parser(
+        "consume", help="read records from the beginning; throughput and poll latency"
+    )
+    consume.add_argument("--topic", required=True)
+    consume.add_argument("--num-records", type=int, required=True)
+    consume.add_argument(
+        "--timeout-ms", type=int, default=10000, help="give up after this long without a record"
+    )
+    for kind in (produce, consume):
+        add_connection_options(kind)
+        kind.set_defaults(run=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    request_timeout_s(args)
+    if args.num_records < 1:
+        raise InvalidConfig(f"--num-records must be at least 1, got {args.num_records}")
+    if args.kind == "produce":
+        return await _produce(args)
+    return await _consume(args)
+
+
+async def _produce(args: argparse.Namespace) -> int:
+    if args.record_size < 1:
+        raise InvalidConfig(f"--record-size must be at least 1, got {args.record_size}")
+    if args.throughput <= 0 and args.throughput != -1:
+        raise InvalidConfig(f"--throughput must be positive or -1, got {args.throughput:g}")
+    # Like Kafka's tool: one payload of random letters, sent again and again.
+    payload = "".join(random.choices(string.ascii_uppercase, k=args.record_size)).encode()
+    latencies: list[float] = []
+    failures: list[BaseException] = []
+    progress = tqdm(total=args.num_records, unit="rec", file=sys.stderr, disable=None)
+
+    def acked(sent: float, future: asyncio.Future[object]) -> None:
+        if future.exception() is not None:
+            failures.append(future.exception())  # type: ignore[arg-type]
+        else:
+            latencies.append(time.perf_counter() - sent)
+        progress.update()
+
+    async with Producer(bootstrap(args), **producer_config(args)) as producer:
+        await partition_count(producer.metadata, args.topic)
+        interval = 1 / args.throughput if args.throughput > 0 else 0.0
+        started = time.perf_counter()
+        for i in range(args.num_records):
+            if interval and (ahead := started + i * interval - time.perf_counter()) > 0.001:
+                await asyncio.sleep(ahead)
+            sent = time.perf_counter()
+            future = await producer.send(args.topic, payload)
+            future.add_done_callback(lambda f, sent=sent: acked(sent, f))
+            if failures:
+                break
+        await producer.flush()
+        elapsed = time.perf_counter() - started
+    progress.close()
+    if failures:
+        raise failures[0]
+    latencies.sort()
+    rate = len(latencies) / elapsed
+    print(
+        f"{len(latencies)} records sent, {rate:,.1f} records/sec "
+        f"({rate * args.record_size / MIB:.2f} MiB/sec), "
+        + _latency_summary(latencies)
+        + f" ({elapsed:.2f} s, acks={args.acks}, compression={args.compression})"
+    )
+    return 0
+
+
+async def _consume(args: argparse.Namespace) -> int:
+    if args.timeout_ms < 1:
+        raise InvalidConfig(f"--timeout-ms must be positive, got {args.timeout_ms}")
+    poll_latencies: list[float] = []
+    count = size = 0
+    progress = tqdm(total=args.num_records, unit="rec", file=sys.stderr, disable=None)
+    async with Consumer(
+        bootstrap(args),
+        auto_offset_reset="earliest",
+        request_timeout_ms=args.request_timeout_ms,
+    ) as consumer:
+        partitions = await partition_count(consumer.metadata, args.topic)
+        consumer.assign([(args.topic, p) for p in range(partitions)])
+        await consumer.seek_to_beginning()
+        started = last_record = time.perf_counter()
+        while count < args.num_records:
+            polled = time.perf_counter()
+            records = await consumer.poll(500)
+            now = time.perf_counter()
+            poll_latencies.append(now - polled)
+            if records:
+                last_record = now
+            elif (now - last_record) * 1000 > args.timeout_ms:
+                raise RequestTimedOut(
+                    f"read {count} of {args.num_records} records, then none for "
+                    f"{args.timeout_ms} ms"
+                )
+            count += len(records)
+            size += sum(len(r.value or b"") + len(r.key or b"") for r in records)
+            progress.update(len(records))
+        elapsed = time.perf_counter() - started
+    progress.close()
+    poll_latencies.sort()
+    print(
+        f"{count} records consumed, {count / elapsed:,.1f} records/sec "
+        f"({size / MIB / elapsed:.2f} MiB/sec, {size / MIB:.1f} MiB), {len(poll_latencies)} "
+        f"polls: " + _latency_summary(poll_latencies) + f" ({elapsed:.2f} s)"
+    )
+    return 0
+
+
+def _latency_summary(sorted_s: Sequence[float]) -> str:
+    """Average, max and percentiles in ms, from latencies in seconds sorted ascending."""
+    if not sorted_s:
+        return "no latencies"
+    parts = [f"{sum(sorted_s) / len(sorted_s) * 1e3:.1f} ms avg latency"]
+    for p in PERCENTILES:
+        parts.append(f"{percentile(sorted_s, p) * 1e3:.1f} ms p{p * 100:g}")
+    parts.append(f"{sorted_s[-1] * 1e3:.1f} ms max")
+    return ", ".join(parts)
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """The value below which a fraction p of the (ascending) values lie."""
+    return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]

@@ -1,0 +1,120 @@
+"""The options client commands share, and how they find the cluster.
+
+Like Kafka's `--bootstrap-server`: the metadata service addresses come from `--bootstrap`,
+else the TIDEWATER_BOOTSTRAP environment variable, else the `cluster.json` of the local
+cluster (`tidewater cluster up`) in `--data-dir` or the default data dir. Admin commands reach
+the active controller through the address the metadata service reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from tidewater.client.errors import ClientError, error_for
+from tidewater.client.metadata import ClusterMetadata
+from tidewater.errors import InvalidConfig
+from tidewater.v1.errors_pb2 import ErrorCode
+
+BOOTSTRAP_ENV = "TIDEWATER_BOOTSTRAP"
+DEFAULT_REQUEST_TIMEOUT_MS = 10_000
+
+
+class NoCluster(ClientError):
+    """No bootstrap address was given and no local cluster is recorded."""
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--bootstrap",
+        "--bootstrap-server",
+        metavar="HOST:PORT[,...]",
+        help=f"metadata service addresses (default: ${BOOTSTRAP_ENV}, else the local cluster)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="the local cluster whose cluster.json names the addresses (default: the user "
+        "data dir of `tidewater cluster up`)",
+    )
+    parser.add_argument(
+        "--request-timeout-ms",
+        type=int,
+        default=DEFAULT_REQUEST_TIMEOUT_MS,
+        help=f"deadline of each request to the cluster (default {DEFAULT_REQUEST_TIMEOUT_MS})",
+    )
+
+
+def bootstrap(args: argparse.Namespace) -> list[str]:
+    """The metadata service addresses to use, by the rules in this module's docstring."""
+    from tidewater.local.cluster import ClusterFile, default_data_dir
+
+    text = args.bootstrap or os.environ.get(BOOTSTRAP_ENV, "")
+    if text.strip():
+        return parse_addresses(text)
+    data_dir = args.data_dir or default_data_dir()
+    state = ClusterFile.read(data_dir)
+    if state is None or not state.find("metadata"):
+        raise NoCluster(
+            f"no cluster to talk to: pass --bootstrap HOST:PORT, set {BOOTSTRAP_ENV}, or "
+            f"start a local one with `tidewater cluster up` (none recorded in {data_dir})"
+        )
+    return [m.address for m in state.find("metadata")]
+
+
+def parse_addresses(text: str) -> list[str]:
+    addresses = [a.strip() for a in text.split(",") if a.strip()]
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidConfig(f"bootstrap address must be HOST:PORT, got {address!r}")
+    return addresses
+
+
+def request_timeout_s(args: argparse.Namespace) -> float:
+    if args.request_timeout_ms < 1:
+        raise InvalidConfig(f"--request-timeout-ms must be positive, got {args.request_timeout_ms}")
+    return args.request_timeout_ms / 1000
+
+
+async def partition_count(metadata: ClusterMetadata, topic: str) -> int:
+    """The topic's partition count; its error (UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC)
+    when the cluster does not have it."""
+    await metadata.refresh([topic])
+    info = metadata.topics.get(topic)
+    if info is None or info.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist")
+    if info.error_code != ErrorCode.NONE:
+        raise error_for(info.error_code, f"topic {topic!r}: {info.error_message}")
+    return info.num_partitions
+
+
+def partitions_arg(text: str) -> list[int]:
+    """`--partition 0,2`: a comma-separated list of partition indexes."""
+    try:
+        partitions = [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected partition numbers, got {text!r}") from None
+    if not partitions or min(partitions) < 0:
+        raise argparse.ArgumentTypeError(f"expected partition numbers >= 0, got {text!r}")
+    return partitions
+
+
+def check_partitions(topic: str, wanted: list[int] | None, count: int) -> list[int]:
+    if wanted is None:
+        return list(range(count))
+    missing = [p for p in wanted if p >= count]
+    if missing:
+        raise error_for(
+            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            f"topic {topic!r} has {count} partitions, not partition {missing[0]}",
+        )
+    return wanted

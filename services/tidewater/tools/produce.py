@@ -1,0 +1,136 @@
+"""`tidewater produce`: one record per input line (stdin or a file), like
+kafka-console-producer; with --key-separator each line is KEY<sep>VALUE."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from tidewater.client.producer import COMPRESSIONS, Producer
+from tidewater.errors import InvalidRequest
+from tidewater.tools.options import (
+    add_connection_options,
+    bootstrap,
+    check_partitions,
+    partition_count,
+    request_timeout_s,
+)
+
+READ_SIZE = 256 * 1024
+
+
+def acks_arg(text: str) -> int:
+    """Kafka's acks values: all (= -1), -1, 0, 1; anything else is left to the producer's
+    validation, which names the setting."""
+    if text == "all":
+        return -1
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"acks must be all, -1, 0 or 1, got {text!r}") from None
+
+
+def add_producer_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--acks", type=acks_arg, default=-1, help="all (default), 1 or 0")
+    parser.add_argument(
+        "--compression",
+        default="none",
+        help=f"{', '.join(c for c in COMPRESSIONS if c)} (default none)",
+    )
+    parser.add_argument("--linger-ms", type=int, default=5, help="default 5")
+    parser.add_argument("--batch-size", type=int, default=16384, help="bytes (default 16384)")
+
+
+def producer_config(args: argparse.Namespace) -> dict[str, object]:
+    """The SDK producer's settings; idempotence (the default) needs acks=all, so other acks
+    turn it off as Kafka's producer does when acks is set explicitly."""
+    return {
+        "acks": args.acks,
+        "compression": args.compression,
+        "linger_ms": args.linger_ms,
+        "batch_size": args.batch_size,
+        "request_timeout_ms": args.request_timeout_ms,
+        "enable_idempotence": args.acks == -1,
+    }
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    produce = commands.add_parser("produce", help="produce one record per line of stdin or a file")
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--file", type=Path, help="read lines from this file (default: stdin)")
+    produce.add_argument(
+        "--key-separator",
+        help="split each line at the first SEP into key and value (default: no key)",
+    )
+    produce.add_argument(
+        "--partition", type=int, help="send every record to this partition (default: by key)"
+    )
+    add_producer_options(produce)
+    add_connection_options(produce)
+    produce.set_defaults(run=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    request_timeout_s(args)
+    separator = args.key_separator.encode() if args.key_separator is not None else None
+    if separator == b"":
+        raise InvalidRequest("--key-separator must not be empty")
+    source = args.file.open("rb") if args.file is not None else sys.stdin.buffer
+    sent = 0
+    failures: list[BaseException] = []
+
+    def delivered(future: asyncio.Future[object]) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            failures.append(future.exception())  # type: ignore[arg-type]
+
+    try:
+        async with Producer(bootstrap(args), **producer_config(args)) as producer:
+            count = await partition_count(producer.metadata, args.topic)
+            if args.partition is not None:
+                check_partitions(args.topic, [args.partition], count)
+            async for number, line in _lines(source):
+                key, value = _split(line, separator, number)
+                future = await producer.send(args.topic, value, key=key, partition=args.partition)
+                future.add_done_callback(delivered)
+                sent += 1
+                if failures:
+                    break
+            await producer.flush()
+    finally:
+        if args.file is not None:
+            source.close()
+    if failures:
+        raise failures[0]
+    print(f"Produced {sent} records to {args.topic}.", file=sys.stderr)
+    return 0
+
+
+def _split(line: bytes, separator: bytes | None, number: int) -> tuple[bytes | None, bytes]:
+    if separator is None:
+        return None, line
+    key, sep, value = line.partition(separator)
+    if not sep:
+        raise InvalidRequest(f"line {number} has no key separator {separator.decode()!r}")
+    return key, value
+
+
+async def _lines(source: object) -> AsyncIterator[tuple[int, bytes]]:
+    """(line number, line without its newline). Reads in a thread, so the producer keeps
+    sending while a terminal waits for the next line."""
+    fd = source.fileno()  # type: ignore[attr-defined]
+    pending = b""
+    number = 0
+    while True:
+        chunk = await asyncio.to_thread(os.read, fd, READ_SIZE)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        for line in lines:
+            number += 1
+            yield number, line
+    if pending:
+        yield number + 1, pending

@@ -50,38 +50,49 @@ def read_spans(directory: Path) -> list[Span]:
     return spans
 
 
-async def produce_one(controllers: list[str], bootstrap: list[str], client_file: Path) -> None:
+async def produce(
+    controllers: list[str], bootstrap: list[str], client_file: Path, batches: int
+) -> None:
     async with Admin(controllers, bootstrap) as admin:
         await admin.create_topic(TOPIC, partitions=1, replication_factor=3)
     provider = TracerProvider(resource=Resource.create({"service.name": "tidewater-client"}))
     provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(client_file)))
     try:
         async with Producer(bootstrap, acks=-1, tracer_provider=provider) as producer:
-            await asyncio.wait_for(producer.send_and_wait(TOPIC, b"hello"), 60)
+            for _ in range(batches):  # one record, one batch, one trace each
+                await asyncio.wait_for(producer.send_and_wait(TOPIC, b"hello"), 60)
     finally:
         provider.shutdown()
+
+
+def record_produce(cluster_dir: Path, batches: int = 1) -> Path:
+    """`cluster up --trace`, `batches` acks=all produces from a traced client, `cluster down`;
+    returns the directory of every process's trace file."""
+    result = tidewater("cluster", "up", "--detach", "--trace", "--data-dir", str(cluster_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    state = ClusterFile.read(cluster_dir)
+    assert state is not None
+    traces = cluster_dir / "traces"
+    try:
+        asyncio.run(
+            produce(
+                [m.address for m in state.find("controller")],
+                [m.address for m in state.find("metadata")],
+                traces / "client.jsonl",
+                batches,
+            )
+        )
+    finally:
+        # Stopping flushes every process's spans to its file.
+        down = tidewater("cluster", "down", "--data-dir", str(cluster_dir))
+    assert down.returncode == 0, down.stdout + down.stderr
+    return traces
 
 
 def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
     data_dir: Path,  # noqa: F811
 ) -> None:
-    result = tidewater("cluster", "up", "--detach", "--trace", "--data-dir", str(data_dir))
-    assert result.returncode == 0, result.stdout + result.stderr
-    state = ClusterFile.read(data_dir)
-    assert state is not None
-    traces = data_dir / "traces"
-    try:
-        asyncio.run(
-            produce_one(
-                [m.address for m in state.find("controller")],
-                [m.address for m in state.find("metadata")],
-                traces / "client.jsonl",
-            )
-        )
-    finally:
-        # Stopping flushes every process's spans to its file.
-        down = tidewater("cluster", "down", "--data-dir", str(data_dir))
-    assert down.returncode == 0, down.stdout + down.stderr
+    traces = record_produce(data_dir)
     assert {p.name for p in traces.glob("*.jsonl")} >= {
         "client.jsonl",
         "metadata-1.jsonl",

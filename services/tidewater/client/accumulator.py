@@ -1,13 +1,16 @@
 """The producer's record accumulator: a queue of batches per partition, filled by send() and
-drained by the sender. Appending is the hot path: it only collects records and futures; the
-batch bytes are built once, when the batch is first sent."""
+drained by the sender. Appending is the hot path: it only collects records; the batch bytes are
+built once, when the batch is first sent, and one asyncio future per batch, not per record,
+signals the outcome."""
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 from tidewater.client.spans import BatchTrace
 from tidewater.records.batch import Record, build_batch
@@ -35,18 +38,57 @@ def estimate_size(key: bytes | None, value: bytes | None, headers: tuple) -> int
     return size
 
 
+class RecordFuture:
+    """The outcome of one send(): awaitable, with asyncio.Future's done(), cancelled(),
+    result(), exception() and add_done_callback(). Resolved with its batch (Kafka's
+    FutureRecordMetadata over the batch's result)."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: ProducerBatch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def done(self) -> bool:
+        return self._batch.done.done()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def exception(self) -> BaseException | None:
+        if not self._batch.done.done():
+            raise asyncio.InvalidStateError("the record is not acknowledged yet")
+        return self._batch.error
+
+    def result(self) -> RecordMetadata:
+        error = self.exception()
+        if error is not None:
+            raise error
+        return self._batch.metadata(self._index)
+
+    def add_done_callback(self, callback: Callable[[RecordFuture], object]) -> None:
+        self._batch.done.add_done_callback(lambda _: callback(self))
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        # Shielded: a cancelled waiter must not cancel the batch every record shares.
+        yield from asyncio.shield(self._batch.done).__await__()
+        return self.result()
+
+
 class ProducerBatch:
     """Records for one partition, sent as one record batch; retried with the same bytes unless
     renumbered (stamp) by an epoch bump."""
 
     __slots__ = (
         "attempts",
+        "base_offset",
         "base_sequence",
         "closed",
         "created",
         "data",
         "done",
-        "futures",
+        "error",
+        "log_append_time_ms",
         "now_ms",
         "order",
         "producer_epoch",
@@ -65,7 +107,6 @@ class ProducerBatch:
         self.created = created
         self.done: asyncio.Future[None] = done
         self.records: list[Record] = []
-        self.futures: list[asyncio.Future[RecordMetadata]] = []
         self.size = 0
         self.closed = False
         self.attempts = 0
@@ -75,6 +116,10 @@ class ProducerBatch:
         self.data: bytes | None = None
         # Set by the first build (the records' CreateTime when they carry none).
         self.now_ms = -1
+        # The outcome, once `done`: where the batch landed, or why it failed.
+        self.base_offset = -1
+        self.log_append_time_ms = -1
+        self.error: BaseException | None = None
         # Spans of this batch when the producer traces (tidewater.client.spans).
         self.trace: BatchTrace | None = None
 
@@ -105,30 +150,30 @@ class ProducerBatch:
         return self.data
 
     def complete(self, base_offset: int, log_append_time_ms: int) -> None:
-        topic, partition = self.tp
-        for i, (record, future) in enumerate(zip(self.records, self.futures, strict=True)):
-            if future.done():
-                continue
-            if log_append_time_ms >= 0:
-                timestamp = log_append_time_ms
-            elif record.timestamp_ms is None:
-                timestamp = self.now_ms
-            else:
-                timestamp = record.timestamp_ms
-            future.set_result(RecordMetadata(topic, partition, base_offset + i, timestamp))
+        if self.done.done():
+            return
+        self.base_offset = base_offset
+        self.log_append_time_ms = log_append_time_ms
         if self.trace is not None:
             self.trace.end(len(self.records), len(self.data or b""), base_offset, None)
-        if not self.done.done():
-            self.done.set_result(None)
+        self.done.set_result(None)
 
     def fail(self, error: BaseException) -> None:
-        for future in self.futures:
-            if not future.done():
-                future.set_exception(error)
+        if self.done.done():
+            return
+        self.error = error
         if self.trace is not None:
             self.trace.end(len(self.records), len(self.data or b""), None, error)
-        if not self.done.done():
-            self.done.set_result(None)
+        self.done.set_result(None)
+
+    def metadata(self, index: int) -> RecordMetadata:
+        """Where the record at `index` landed (the batch completed)."""
+        timestamp = self.log_append_time_ms
+        if timestamp < 0:
+            timestamp = self.records[index].timestamp_ms
+            if timestamp is None:
+                timestamp = self.now_ms
+        return RecordMetadata(*self.tp, self.base_offset + index, timestamp)
 
 
 class RecordAccumulator:
@@ -143,7 +188,7 @@ class RecordAccumulator:
 
     def append(
         self, tp: TopicPartition, record: Record, size: int, now: float
-    ) -> tuple[asyncio.Future[RecordMetadata], ProducerBatch]:
+    ) -> tuple[RecordFuture, ProducerBatch]:
         """Add a record to the partition's open batch (closed once full); returns the
         record's future and its batch."""
         queue = self.queues.get(tp)
@@ -156,9 +201,8 @@ class RecordAccumulator:
             batch = ProducerBatch(tp, next(self._order), now, self._loop.create_future())
             queue.append(batch)
             self.incomplete.add(batch)
-        future = self._loop.create_future()
+        future = RecordFuture(batch, len(batch.records))
         batch.records.append(record)
-        batch.futures.append(future)
         batch.size += size
         if batch.size >= self.batch_size:
             batch.closed = True

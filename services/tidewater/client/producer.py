@@ -18,6 +18,7 @@ from opentelemetry.trace import TracerProvider
 from tidewater.client.accumulator import (
     ProducerBatch,
     RecordAccumulator,
+    RecordFuture,
     RecordMetadata,
     TopicPartition,
     estimate_size,
@@ -48,7 +49,7 @@ from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
-__all__ = ["Producer", "RecordMetadata"]
+__all__ = ["Producer", "RecordFuture", "RecordMetadata"]
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class Producer:
         headers: Headers = (),
         partition: int | None = None,
         timestamp_ms: int | None = None,
-    ) -> asyncio.Future[RecordMetadata]:
+    ) -> RecordFuture:
         """Queue a record; waits up to max_block_ms for the topic's metadata and for buffer
         memory. The returned future resolves once the record is acknowledged."""
         if self._closed:

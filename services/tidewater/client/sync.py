@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from tidewater.client import admin, consumer, producer
@@ -71,7 +71,7 @@ class Producer(_Blocking):
         return asyncio.run_coroutine_threadsafe(_await(delivered), self._loop)
 
 
-async def _await(future: asyncio.Future[T]) -> T:
+async def _await(future: Awaitable[T]) -> T:
     return await future
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from tqdm import tqdm
 
 from tidewater.client.consumer import Consumer
-from tidewater.client.producer import Producer
+from tidewater.client.producer import Producer, RecordFuture
 from tidewater.errors import InvalidConfig, RequestTimedOut
 from tidewater.tools.options import (
     add_connection_options,
@@ -74,7 +74,7 @@ async def _produce(args: argparse.Namespace) -> int:
     failures: list[BaseException] = []
     progress = tqdm(total=args.num_records, unit="rec", file=sys.stderr, disable=None)
 
-    def acked(sent: float, future: asyncio.Future[object]) -> None:
+    def acked(sent: float, future: RecordFuture) -> None:
         if future.exception() is not None:
             failures.append(future.exception())  # type: ignore[arg-type]
         else:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from tidewater.client.producer import COMPRESSIONS, Producer
+from tidewater.client.producer import COMPRESSIONS, Producer, RecordFuture
 from tidewater.errors import InvalidRequest
 from tidewater.tools.options import (
     add_connection_options,
@@ -83,7 +83,7 @@ async def run(args: argparse.Namespace) -> int:
     sent = 0
     failures: list[BaseException] = []
 
-    def delivered(future: asyncio.Future[object]) -> None:
+    def delivered(future: RecordFuture) -> None:
         if not future.cancelled() and future.exception() is not None:
             failures.append(future.exception())  # type: ignore[arg-type]
 

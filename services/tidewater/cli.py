@@ -19,9 +19,10 @@ from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.telemetry import tracing
 from tidewater.tools import bench, consume, produce, topics
 from tidewater.tools.options import key_value
+from tidewater.tracereport import ReportError
 
 # What a command can fail with that the user must see as one line, not a traceback.
-USER_ERRORS = (TidewaterError, ClientError, ControllerUnavailable, OSError)
+USER_ERRORS = (TidewaterError, ClientError, ControllerUnavailable, ReportError, OSError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,24 +247,19 @@ def _broker(args: argparse.Namespace) -> int:
 
 
 def _trace_report(paths: list[Path], html_out: Path | None) -> int:
-    from tidewater.tracereport import ReportError
     from tidewater.tracereport.otlp_json import read_trace_files
     from tidewater.tracereport.page import render_html
     from tidewater.tracereport.stages import latency_report
     from tidewater.tracereport.text import render_text
 
-    try:
-        source = read_trace_files(paths)
-        report = latency_report(source.spans)
-        summary = render_text(report, source)
-        print(summary)
-        if not report.traces:
-            print("tidewater: no complete produce trace in these files", file=sys.stderr)
-            return 1
-        if html_out is not None:
-            html_out.write_text(render_html(report, summary), encoding="utf-8")
-            print(f"wrote {html_out}")
-    except ReportError as e:
-        print(f"tidewater: {e}", file=sys.stderr)
+    source = read_trace_files(paths)
+    report = latency_report(source.spans)
+    summary = render_text(report, source)
+    print(summary)
+    if not report.traces:
+        print("tidewater: no complete produce trace in these files", file=sys.stderr)
         return 1
+    if html_out is not None:
+        html_out.write_text(render_html(report, summary), encoding="utf-8")
+        print(f"wrote {html_out}")
     return 0

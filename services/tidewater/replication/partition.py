@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from tidewater.errors import (
     FencedLeaderEpoch,
@@ -106,8 +106,9 @@ class AlterIsrProposal:
     partition_epoch: int
 
 
-@dataclass(frozen=True)
-class FollowerFetch:
+# NamedTuples rather than frozen dataclasses: made for every partition of every fetch, where
+# a frozen dataclass's construction costs three times as much.
+class FollowerFetch(NamedTuple):
     """A follower's fetch of one partition, as the leader sees it."""
 
     replica_id: int
@@ -117,8 +118,7 @@ class FollowerFetch:
     current_leader_epoch: int
 
 
-@dataclass(frozen=True)
-class FollowerFetchOutcome:
+class FollowerFetchOutcome(NamedTuple):
     # (epoch, end offset) when the follower's log diverges from ours: it must truncate and
     # fetch again; no data is served.
     diverging_epoch: tuple[int, int] | None = None

@@ -3,12 +3,14 @@ away) stays one trace, each attempt's Produce a child of the batch's `send` span
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 from tidewater.client.producer import Producer
 from tidewater.telemetry import tracing
@@ -53,3 +55,28 @@ async def test_a_batch_retried_at_a_new_leader_stays_in_one_trace(cluster, spans
     in_trace = [s for s in finished if s.context.trace_id == send.context.trace_id]
     ids = {s.context.span_id for s in in_trace}
     assert all(s is send or (s.parent is not None and s.parent.span_id in ids) for s in in_trace)
+
+
+async def test_a_batch_the_sampler_drops_is_delivered_and_recorded_nowhere(cluster) -> None:
+    """Sampled out at the client (a ratio sampler's usual case): the decision travels with the
+    batch, so the tracing broker records nothing of it either."""
+    exporter = InMemorySpanExporter()
+    services = TracerProvider()
+    services.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(services)
+    try:
+        await cluster.create_topic("unsampled")
+        client = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+        client.add_span_processor(SimpleSpanProcessor(exporter))
+        async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
+            record = await asyncio.wait_for(producer.send_and_wait("unsampled", b"v"), 30)
+    finally:
+        tracing.shutdown()
+    assert record.offset == 0
+    finished = exporter.get_finished_spans()
+    assert not {s.name for s in finished} & {"send unsampled", "batch.wait", "Produce"}
+    assert "replication.wait" not in {s.name for s in finished}
+    # The only appends recorded are the followers', in their own fetches' traces.
+    fetches = {s.context.span_id for s in finished if s.name == "replica.fetch"}
+    for append in (s for s in finished if s.name == "log.append"):
+        assert append.parent is not None and append.parent.span_id in fetches

@@ -1,13 +1,18 @@
-"""One acks=all produce on a local cluster of real processes (`tidewater cluster up --trace`)
-gives one trace: the client's `send` and `batch.wait`, the leader's `Produce`, `log.append`
-and `replication.wait`, whose links lead to both followers' fetches. Asserted on the trace
-files by structure (ids, parents, links, resources), never by timing."""
+"""Traces of a local cluster of real processes (`tidewater cluster up --trace`), asserted on the
+trace files by structure (ids, parents, links, resources), never by timing: one acks=all
+produce is one trace (the client's `send` and `batch.wait`, the leader's `Produce`,
+`log.append` and `replication.wait`, whose links lead to both followers' fetches), and a
+killed leader's fencing is one controller trace down to the surviving brokers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +55,60 @@ def read_spans(directory: Path) -> list[Span]:
     return spans
 
 
-async def produce(
-    controllers: list[str], bootstrap: list[str], client_file: Path, batches: int
-) -> None:
-    async with Admin(controllers, bootstrap) as admin:
-        await admin.create_topic(TOPIC, partitions=1, replication_factor=3)
+class Spans:
+    """The spans of every trace file, indexed."""
+
+    def __init__(self, directory: Path) -> None:
+        self.all = read_spans(directory)
+        self.by_id = {s["spanId"]: s for s in self.all}
+        self.children: dict[str, list[Span]] = defaultdict(list)
+        for s in self.all:
+            if s.get("parentSpanId"):
+                self.children[s["parentSpanId"]].append(s)
+
+    def child(self, parent: Span, name: str) -> Span:
+        [found] = [c for c in self.children[parent["spanId"]] if c["name"] == name]
+        assert found["traceId"] == parent["traceId"]
+        return found
+
+    def served_by(self, fan_out: Span) -> set[int]:
+        """Brokers with a LeaderAndIsr server span under the fan-out, in its trace."""
+        return {
+            s["resource"]["tidewater.broker.id"]
+            for call in self.children[fan_out["spanId"]]
+            if call["name"].endswith("BrokerControl/LeaderAndIsr")
+            for s in self.children[call["spanId"]]
+            if s["kind"] == 2 and s["traceId"] == fan_out["traceId"]
+        }
+
+
+def run_traced(root: Path, work: Callable[[ClusterFile, Path], Awaitable[None]]) -> Path:
+    """`cluster up --trace`, `work`, `cluster down` (which flushes every process's spans);
+    returns the directory of every process's trace file."""
+    result = tidewater("cluster", "up", "--detach", "--trace", "--data-dir", str(root))
+    assert result.returncode == 0, result.stdout + result.stderr
+    state = ClusterFile.read(root)
+    assert state is not None
+    try:
+        asyncio.run(work(state, root / "traces"))
+    finally:
+        down = tidewater("cluster", "down", "--data-dir", str(root))
+    assert down.returncode == 0, down.stdout + down.stderr
+    return root / "traces"
+
+
+def admin(state: ClusterFile) -> Admin:
+    return Admin(
+        [m.address for m in state.find("controller")], [m.address for m in state.find("metadata")]
+    )
+
+
+async def produce(state: ClusterFile, traces: Path, batches: int) -> None:
+    async with admin(state) as client:
+        await client.create_topic(TOPIC, partitions=1, replication_factor=3)
     provider = TracerProvider(resource=Resource.create({"service.name": "tidewater-client"}))
-    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(client_file)))
+    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(traces / "client.jsonl")))
+    bootstrap = [m.address for m in state.find("metadata")]
     try:
         async with Producer(bootstrap, acks=-1, tracer_provider=provider) as producer:
             for _ in range(batches):  # one record, one batch, one trace each
@@ -66,33 +118,16 @@ async def produce(
 
 
 def record_produce(cluster_dir: Path, batches: int = 1) -> Path:
-    """`cluster up --trace`, `batches` acks=all produces from a traced client, `cluster down`;
-    returns the directory of every process's trace file."""
-    result = tidewater("cluster", "up", "--detach", "--trace", "--data-dir", str(cluster_dir))
-    assert result.returncode == 0, result.stdout + result.stderr
-    state = ClusterFile.read(cluster_dir)
-    assert state is not None
-    traces = cluster_dir / "traces"
-    try:
-        asyncio.run(
-            produce(
-                [m.address for m in state.find("controller")],
-                [m.address for m in state.find("metadata")],
-                traces / "client.jsonl",
-                batches,
-            )
-        )
-    finally:
-        # Stopping flushes every process's spans to its file.
-        down = tidewater("cluster", "down", "--data-dir", str(cluster_dir))
-    assert down.returncode == 0, down.stdout + down.stderr
-    return traces
+    """`batches` acks=all produces from a traced client on a traced cluster; returns the
+    directory of every process's trace file."""
+    return run_traced(cluster_dir, lambda state, traces: produce(state, traces, batches))
 
 
 def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
     data_dir: Path,  # noqa: F811
 ) -> None:
     traces = record_produce(data_dir)
+    spans = Spans(traces)
     assert {p.name for p in traces.glob("*.jsonl")} >= {
         "client.jsonl",
         "metadata-1.jsonl",
@@ -102,20 +137,10 @@ def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
         "broker-2.jsonl",
         "broker-3.jsonl",
     }
-    spans = read_spans(traces)
-    by_id = {s["spanId"]: s for s in spans}
-    children: dict[str, list[Span]] = defaultdict(list)
-    for s in spans:
-        if s.get("parentSpanId"):
-            children[s["parentSpanId"]].append(s)
-
-    def child(parent: Span, name: str) -> Span:
-        [found] = [c for c in children[parent["spanId"]] if c["name"] == name]
-        assert found["traceId"] == parent["traceId"]
-        return found
+    by_id, children, child = spans.by_id, spans.children, spans.child
 
     # The client: one batch, one `send` span (kind PRODUCER) with `batch.wait` under it.
-    [send] = [s for s in spans if s["name"] == f"send {TOPIC}"]
+    [send] = [s for s in spans.all if s["name"] == f"send {TOPIC}"]
     assert send["kind"] == 4 and not send.get("parentSpanId")
     assert send["resource"]["service.name"] == "tidewater-client"
     assert send["attrs"]["messaging.destination.name"] == TOPIC
@@ -135,7 +160,7 @@ def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
     assert wait["attrs"]["tidewater.hw"] >= 1
 
     # Every span of the trace is the client's or the leader's, and descends from `send`.
-    trace = [s for s in spans if s["traceId"] == send["traceId"]]
+    trace = [s for s in spans.all if s["traceId"] == send["traceId"]]
     assert {s["resource"].get("tidewater.broker.id", "client") for s in trace} == {
         "client",
         leader,
@@ -169,7 +194,7 @@ def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
     for follower in followers:
         appends = [
             s
-            for s in spans
+            for s in spans.all
             if s["name"] == "log.append"
             and s["resource"].get("tidewater.broker.id") == follower
             and s["attrs"].get("messaging.destination.name") == TOPIC
@@ -180,27 +205,57 @@ def test_one_acks_all_produce_is_one_trace_across_client_leader_and_followers(
     # The controller: its election, and the topic's creation electing leaders, whose
     # LeaderAndIsr fan-out reaches every broker through the RPC's trace context.
     # (The standby wins too, once `cluster down` stops the active controller.)
-    elections = [s for s in spans if s["name"] == "controller.election"]
+    elections = [s for s in spans.all if s["name"] == "controller.election"]
     assert elections
     for election in elections:
         assert election["resource"]["service.name"] == "tidewater-controller"
         assert election["attrs"]["tidewater.controller_epoch"] >= 1
     [create] = [
         s
-        for s in spans
+        for s in spans.all
         if s["name"] == "leader.election"
         and by_id[s["parentSpanId"]]["name"].endswith("ControllerService/CreateTopics")
     ]
     assert create["attrs"]["tidewater.partitions"] == 1
     fan_out = child(create, "leader_and_isr.send")
     assert fan_out["attrs"]["tidewater.brokers"] == 3
-    calls = [
-        c for c in children[fan_out["spanId"]] if c["name"].endswith("BrokerControl/LeaderAndIsr")
+    assert spans.served_by(fan_out) == {1, 2, 3}
+
+
+def test_a_killed_leaders_fencing_is_one_controller_trace_down_to_the_surviving_brokers(
+    data_dir: Path,  # noqa: F811
+) -> None:
+    killed: list[int] = []
+
+    async def leader_other_than(client: Admin, old: int) -> int:
+        """The partition's leader once the metadata service names one other than `old`."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            topics = (await client.describe_topics([TOPIC])).topics
+            leaders = [p.leader for t in topics for p in t.partitions]
+            if leaders and leaders[0] not in (old, -1):
+                return leaders[0]
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no leader other than {old} within 60 s")
+
+    async def kill_the_leader(state: ClusterFile, traces: Path) -> None:
+        async with admin(state) as client:
+            await client.create_topic(TOPIC, partitions=1, replication_factor=3)
+            leader = await leader_other_than(client, -1)
+            [process] = [m for m in state.find("broker") if m.id == leader]
+            os.kill(process.pid, signal.SIGKILL)
+            killed.append(leader)
+            await leader_other_than(client, leader)
+
+    spans = Spans(run_traced(data_dir, kill_the_leader))
+    [fence] = [
+        s
+        for s in spans.all
+        if s["name"] == "broker.fence" and s["attrs"]["tidewater.broker.id"] == killed[0]
     ]
-    served = {
-        s["resource"]["tidewater.broker.id"]
-        for call in calls
-        for s in children[call["spanId"]]
-        if s["kind"] == 2 and s["traceId"] == create["traceId"]
-    }
-    assert served == {1, 2, 3}
+    assert fence["resource"]["service.name"] == "tidewater-controller"
+    election = spans.child(fence, "leader.election")
+    assert election["attrs"]["tidewater.partitions"] == 1
+    assert election["attrs"]["tidewater.unclean"] == 0
+    fan_out = spans.child(election, "leader_and_isr.send")
+    assert spans.served_by(fan_out) == {1, 2, 3} - {killed[0]}

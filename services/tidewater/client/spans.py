@@ -34,6 +34,8 @@ class BatchTrace:
 
     def drained(self) -> None:
         """The batch leaves the accumulator for its first attempt."""
+        if not self.span.is_recording():
+            return  # sampled out: nothing of this batch is recorded
         wait = self.tracer.start_span(
             "batch.wait",
             context=trace.set_span_in_context(self.span),

@@ -1,7 +1,8 @@
 """The idempotent producer against faults between a leader's append and its answer, with real
 broker processes: answers lost on the way back, the leader killed -9 mid-stream, the
-producer's state forgotten by the broker. Each record ends up in the log exactly once, in
-send order per partition."""
+producer's state forgotten by the broker, batches expiring unanswered. Each record ends up in
+the log exactly once, in send order per partition; where the sequence cannot go on, the
+producer moves to a new epoch (KIP-360)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tidewater.client.consumer import Consumer
+from tidewater.client.errors import DeliveryTimeout
 from tidewater.client.producer import Producer, RecordMetadata
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.local.wait import eventually
@@ -184,3 +186,27 @@ async def test_a_producer_the_broker_forgot_bumps_its_epoch_and_goes_on(
     assert again.offset == after.offset + 1
     numbering = [stored[m.offset] for m in (after, again)]
     assert [(h.producer_epoch, h.base_sequence) for h in numbering] == [(1, 0), (1, 1)]
+
+
+async def test_batches_that_expired_unanswered_move_the_partition_to_a_new_epoch(
+    process_cluster: Any, proxies: dict[int, TcpProxy], tmp_path: Path
+) -> None:
+    await process_cluster.create_topic("expiring")
+    tp = ("expiring", 0)
+    async with Producer(
+        process_cluster.bootstrap, request_timeout_ms=300, delivery_timeout_ms=600, **PRODUCER
+    ) as producer:
+        before = await producer.send_and_wait("expiring", b"before", partition=0)
+        proxies[1].set_mode(LinkMode.ONE_WAY)
+        lost = [await producer.send("expiring", b"lost", partition=0) for _ in range(3)]
+        await producer.flush()
+        # Written by the leader, never acknowledged: the producer cannot tell.
+        assert all(isinstance(f.exception(), DeliveryTimeout) for f in lost)
+        await eventually(lambda: log_end(tmp_path, 1, tp) == before.offset + 4, DEADLINE_S)
+        proxies[1].set_mode(LinkMode.PASS)
+        after = await producer.send_and_wait("expiring", b"after", partition=0)
+
+    # Its sequence after the lost ones is unknown to the producer, so it starts epoch 1 at 0.
+    stored = {h.base_offset: h for h in batches_on_disk(tmp_path, 1, tp)}
+    assert after.offset == before.offset + 4
+    assert (stored[after.offset].producer_epoch, stored[after.offset].base_sequence) == (1, 0)

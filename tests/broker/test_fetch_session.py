@@ -106,6 +106,7 @@ def test_partitions_that_got_records_go_to_the_end_of_the_session() -> None:
     c = cache()
     session_id = open_session(c, 0, 1, 2)
     context = c.context(request(session=(session_id, 1)), 0)
+    context.served.append(("t", 0))
     context.respond([answer(0, hw=3, records=b"batch")])
     assert names(c.context(request(session=(session_id, 2)), 0).partitions) == [1, 2, 0]
 

@@ -66,6 +66,8 @@ class FetchContext:
     partitions: list[pb.FetchPartition]
     named: frozenset[TopicPartition] = frozenset()
     incremental: bool = False
+    # Partitions the last read got records of (reading a result's bytes back would copy them).
+    served: list[TopicPartition] = field(default_factory=list)
 
     @property
     def session_id(self) -> int:
@@ -97,7 +99,8 @@ class FetchContext:
                 failed = result.error_code != ErrorCode.NONE
                 cached.high_watermark = -1 if failed else result.high_watermark
                 cached.log_start_offset = -1 if failed else result.log_start_offset
-                if result.record_batches or result.records:
+            for tp in self.served:
+                if tp in partitions:
                     partitions[tp] = partitions.pop(tp)
         return results
 

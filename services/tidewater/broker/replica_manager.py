@@ -486,7 +486,10 @@ class ReplicaManager:
         response = pb.FetchResponse(
             correlation_id=request.correlation_id, session_id=context.session_id
         )
-        response.partitions.extend(context.respond(results))
+        for result in context.respond(results):
+            # add() + CopyFrom, not extend(): upb's extend copies a result holding a MiB of
+            # records some 50 times slower (about 9 ms per MiB).
+            response.partitions.add().CopyFrom(result)
         return response
 
     @staticmethod
@@ -573,6 +576,7 @@ class ReplicaManager:
         results: FetchPartitionResults = []
         total = 0
         failed = False
+        context.served.clear()
         for fp in context.partitions:
             tp = (fp.topic, fp.partition)
             if tp in answered:
@@ -607,6 +611,8 @@ class ReplicaManager:
                 log_end_offset=read.log_end_offset if for_follower else -1,
             )
             total += len(read.data)
+            if read.data:
+                context.served.append(tp)
             if as_records:
                 result.records.extend(_to_proto_records(read.data, fp.fetch_offset))
             else:

@@ -494,15 +494,15 @@ class _BrokerLink:
             acks=config.acks,
             timeout_ms=int(config.request_timeout_s * 1000),
             correlation_id=correlation_id,
-            partitions=[
-                pb.PartitionProduceData(topic=b.tp[0], partition=b.tp[1], record_batch=b.data)
-                for b in batches
-            ],
         )
-        if self.producer._tracer is not None:
-            for data, batch in zip(request.partitions, batches, strict=True):
-                if batch.trace is not None:
-                    data.trace_context.update(batch.trace.carrier)
+        for batch in batches:
+            # add() and field assignment: passing built messages to a constructor makes upb
+            # copy the batch bytes again, slowly for MiB batches.
+            data = request.partitions.add(
+                topic=batch.tp[0], partition=batch.tp[1], record_batch=batch.data
+            )
+            if batch.trace is not None:
+                data.trace_context.update(batch.trace.carrier)
         self._in_flight[correlation_id] = (batches, time.monotonic())
         if self._task is None or self._task.done():
             self._outbox = asyncio.Queue()

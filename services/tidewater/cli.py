@@ -196,7 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _setup_tracing(args: argparse.Namespace) -> None:
     """Brokers set theirs up in _broker(): their id may come from --config."""
-    if args.command == "controller":
+    if hasattr(args, "run"):  # the client tools: topics, produce, consume, bench
+        tracing.setup("tidewater-client", args.trace_file)
+    elif args.command == "controller":
         tracing.setup(
             "tidewater-controller", args.trace_file, {"tidewater.controller.id": args.controller_id}
         )

@@ -10,6 +10,8 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -44,14 +46,17 @@ def attributes(entry: dict[str, Any]) -> dict[str, Any]:
 
 def read_spans(directory: Path) -> list[Span]:
     """Every span of every *.jsonl file, each with its process's resource as `resource`."""
+    return [span for path in sorted(directory.glob("*.jsonl")) for span in read_spans_of(path)]
+
+
+def read_spans_of(path: Path) -> list[Span]:
     spans = []
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            for resource_spans in json.loads(line)["resourceSpans"]:
-                resource = attributes(resource_spans["resource"])
-                for scope in resource_spans["scopeSpans"]:
-                    for span in scope["spans"]:
-                        spans.append({**span, "resource": resource, "attrs": attributes(span)})
+    for line in path.read_text().splitlines():
+        for resource_spans in json.loads(line)["resourceSpans"]:
+            resource = attributes(resource_spans["resource"])
+            for scope in resource_spans["scopeSpans"]:
+                for span in scope["spans"]:
+                    spans.append({**span, "resource": resource, "attrs": attributes(span)})
     return spans
 
 
@@ -246,8 +251,21 @@ def test_a_killed_leaders_fencing_is_one_controller_trace_down_to_the_surviving_
             os.kill(process.pid, signal.SIGKILL)
             killed.append(leader)
             await leader_other_than(client, leader)
+        # The CLI's producer traces too, to the new leader.
+        command = [sys.executable, "-m", "tidewater", "produce", "--topic", TOPIC]
+        command += ["--bootstrap", state.find("metadata")[0].address]
+        command += ["--trace-file", str(traces / "cli.jsonl")]
+        produced = subprocess.run(
+            command,
+            input="after the failover\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert produced.returncode == 0, produced.stderr
 
-    spans = Spans(run_traced(data_dir, kill_the_leader))
+    traces = run_traced(data_dir, kill_the_leader)
+    spans = Spans(traces)
     [fence] = [
         s
         for s in spans.all
@@ -259,3 +277,9 @@ def test_a_killed_leaders_fencing_is_one_controller_trace_down_to_the_surviving_
     assert election["attrs"]["tidewater.unclean"] == 0
     fan_out = spans.child(election, "leader_and_isr.send")
     assert spans.served_by(fan_out) == {1, 2, 3} - {killed[0]}
+
+    [send] = [s for s in spans.all if s["name"] == f"send {TOPIC}"]
+    assert send["resource"]["service.name"] == "tidewater-client"
+    assert send["spanId"] in {s["spanId"] for s in read_spans_of(traces / "cli.jsonl")}
+    [produce] = [s for s in spans.children[send["spanId"]] if s["name"] == "Produce"]
+    assert produce["resource"]["tidewater.broker.id"] != killed[0]

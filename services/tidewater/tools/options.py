@@ -51,6 +51,11 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_REQUEST_TIMEOUT_MS,
         help=f"deadline of each request to the cluster (default {DEFAULT_REQUEST_TIMEOUT_MS})",
     )
+    parser.add_argument(
+        "--trace-file",
+        type=Path,
+        help="append this client's spans here as OTLP/JSON lines (see also the OTEL_* variables)",
+    )
 
 
 def bootstrap(args: argparse.Namespace) -> list[str]:

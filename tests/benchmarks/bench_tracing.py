@@ -1,0 +1,116 @@
+"""What tracing costs: SDK produce throughput (acks=all, RF=3, 3 partitions, 100-byte values)
+on a local cluster of real processes (`cluster up`: etcd, 2 controllers, a metadata service,
+3 brokers) with tracing off, on at 1% sampling (parentbased_traceidratio 0.01) and on at
+100%, every process and the producer writing trace files. The modes take turns, a fresh
+cluster each run, so a busy neighbour on the shared machine hits all of them alike; each mode's
+median counts. Goals (issue 6): >= 0.98 x off at 1%, >= 0.85 x off at 100%.
+
+Run: .venv/bin/python tests/benchmarks/bench_tracing.py [--records N] [--rounds R]"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from tidewater.client.admin import Admin
+from tidewater.client.producer import Producer
+from tidewater.local.cluster import LocalCluster
+
+TOPIC = "bench"
+PARTITIONS = 3
+VALUE = bytes(100)
+MODES: dict[str, float | None] = {"off": None, "1%": 0.01, "100%": 1.0}
+GOALS = {"1%": 0.98, "100%": 0.85}
+
+
+async def produce(bootstrap: list[str], records: int, provider: TracerProvider | None) -> float:
+    """Records/s of `records` sends after a warm-up, acks=all, flushed."""
+    async with Producer(bootstrap, acks=-1, linger_ms=5, tracer_provider=provider) as producer:
+        for _ in range(records // 10):
+            await producer.send(TOPIC, VALUE)
+        await producer.flush()
+        start = time.perf_counter()
+        futures = [await producer.send(TOPIC, VALUE) for _ in range(records)]
+        await producer.flush()
+        elapsed = time.perf_counter() - start
+    failed = [f for f in futures if f.exception() is not None]
+    if failed:
+        raise RuntimeError(f"{len(failed)} records failed: {failed[0].exception()}")
+    return records / elapsed
+
+
+async def create_topic(cluster: LocalCluster) -> None:
+    state = cluster.record()
+    async with Admin([m.address for m in state.find("controller")]) as admin:
+        await admin.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
+
+
+def run_once(work: Path, mode: str, records: int) -> float:
+    ratio = MODES[mode]
+    if ratio is None:
+        os.environ.pop("OTEL_TRACES_SAMPLER", None)
+        os.environ.pop("OTEL_TRACES_SAMPLER_ARG", None)
+    else:
+        # The cluster's processes inherit the sampler.
+        os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+        os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
+    cluster = LocalCluster(work, brokers=3, trace=ratio is not None)
+    provider = None
+    try:
+        state = cluster.start()
+        asyncio.run(create_topic(cluster))
+        if ratio is not None:
+            provider = TracerProvider(
+                resource=Resource.create({"service.name": "tidewater-client"}),
+                sampler=ParentBased(TraceIdRatioBased(ratio)),
+            )
+            provider.add_span_processor(
+                BatchSpanProcessor(FileSpanExporter(work / "traces" / "client.jsonl"))
+            )
+        bootstrap = [m.address for m in state.find("metadata")]
+        return asyncio.run(produce(bootstrap, records, provider))
+    finally:
+        if provider is not None:
+            provider.shutdown()
+        cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory(prefix="tidewater-bench-tracing-") as tmp:
+        for round_ in range(args.rounds):
+            # Rotate the order, so no mode always runs first or last.
+            order = list(MODES)[round_ % len(MODES) :] + list(MODES)[: round_ % len(MODES)]
+            for mode in order:
+                rate = run_once(Path(tmp) / f"{round_}-{mode.rstrip('%')}", mode, args.records)
+                rates[mode].append(rate)
+                print(f"round {round_ + 1} tracing {mode:>4}: {rate:10,.0f} records/s", flush=True)
+    off = statistics.median(rates["off"])
+    summary = [f"off {off:,.0f} records/s"]
+    for mode, goal in GOALS.items():
+        ratio = statistics.median(rates[mode]) / off
+        verdict = "met" if ratio >= goal else "MISSED"
+        summary.append(f"{mode} {ratio:.3f}x (goal >= {goal}: {verdict})")
+    print(
+        f"tracing cost, {args.records:,} records x {args.rounds} rounds, medians: "
+        + "; ".join(summary)
+    )
+
+
+if __name__ == "__main__":
+    main()

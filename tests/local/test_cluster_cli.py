@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import pty
 import signal
 import socket
 import subprocess
@@ -395,6 +396,32 @@ def test_bad_input_is_one_clear_line(
         if topic not in ok("topics", "list", *cluster).splitlines():
             ok("topics", "create", "--topic", topic, *configs, *cluster)
     assert expected in fails(*args, *cluster, stdin=stdin)
+
+
+def test_ctrl_c_stops_a_produce_waiting_on_a_terminal(error_topics: list[str]) -> None:
+    """Typed lines are sent at once; Ctrl-C while the next line is awaited delivers what was
+    typed and exits (130) without waiting for another line."""
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidewater", "produce", "--topic", "cli-errors", *error_topics],
+        stdin=secondary,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        os.write(primary, b"typed-line\n")
+        deadline = time.monotonic() + 60
+        while "typed-line" not in ok("consume", "--topic", "cli-errors", "--from-beginning",
+                                     "--timeout-ms", "500", *error_topics):  # fmt: skip
+            assert time.monotonic() < deadline, "the typed line was not produced"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        assert b"Traceback" not in proc.stderr.read()  # type: ignore[union-attr]
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(primary)
+        os.close(secondary)
 
 
 def test_usage_errors_are_one_line() -> None:

@@ -7,8 +7,10 @@ import argparse
 import asyncio
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import BinaryIO
 
 from tidewater.client.producer import COMPRESSIONS, Producer, RecordFuture
 from tidewater.errors import InvalidRequest
@@ -118,16 +120,24 @@ def _split(line: bytes, separator: bytes | None, number: int) -> tuple[bytes | N
     return key, value
 
 
-async def _lines(source: object) -> AsyncIterator[tuple[int, bytes]]:
-    """(line number, line without its newline). Reads in a thread, so the producer keeps
-    sending while a terminal waits for the next line."""
-    fd = source.fileno()  # type: ignore[attr-defined]
+async def _lines(source: BinaryIO) -> AsyncIterator[tuple[int, bytes]]:
+    """(line number, line without its newline). A daemon thread reads, so the producer keeps
+    sending while a terminal waits for the next line, and Ctrl-C does not wait for one."""
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[bytes] = asyncio.Queue(maxsize=4)
+    fd = source.fileno()
+
+    def read() -> None:
+        while True:
+            chunk = os.read(fd, READ_SIZE)
+            asyncio.run_coroutine_threadsafe(chunks.put(chunk), loop).result()
+            if not chunk:
+                return
+
+    threading.Thread(target=read, name="stdin-reader", daemon=True).start()
     pending = b""
     number = 0
-    while True:
-        chunk = await asyncio.to_thread(os.read, fd, READ_SIZE)
-        if not chunk:
-            break
+    while chunk := await chunks.get():
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
             number += 1

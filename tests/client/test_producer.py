@@ -82,6 +82,17 @@ async def test_oversized_record_is_refused(cluster: Any) -> None:
             await producer.send("big", bytes(2000))
 
 
+async def test_producer_id_waits_out_a_controller_election(cluster: Any) -> None:
+    await cluster.create_topic("pid")
+    # Two InitProducerIds in a row find no active controller behind the broker (the broker
+    # asks three times per call): retriable, so the producer backs off and asks again.
+    cluster.controller.refuse_producer_ids = 6
+    async with Producer(cluster.bootstrap, retry_backoff_ms=10) as producer:
+        metadata = await (await producer.send("pid", b"x", partition=0))
+    assert cluster.controller.refuse_producer_ids == 0
+    assert metadata.offset == 0
+
+
 async def test_buffer_exhausted_after_max_block(cluster: Any) -> None:
     await cluster.create_topic("full")
     # A leader that never answers in time: broker 1 is stopped after the metadata says it leads.

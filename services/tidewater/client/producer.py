@@ -183,7 +183,7 @@ class Producer:
             lambda topic, p: self.metadata.leader((topic, p)) is not None,
         )
         if self.config.idempotent:
-            await self._init_producer_id()
+            await self._first_producer_id()
         self._sender = loop.create_task(self._run())
 
     async def send(
@@ -303,6 +303,19 @@ class Producer:
         self._accumulator.incomplete.discard(batch)
         self._used_memory -= batch.size
         self._memory_freed.set()
+
+    async def _first_producer_id(self) -> None:
+        """InitProducerId, retried on retriable errors (a controller election right after
+        the cluster starts) for up to max_block_ms, as Kafka's producer waits for its id."""
+        deadline = time.monotonic() + self.config.max_block_s
+        while True:
+            try:
+                return await self._init_producer_id()
+            except TidewaterError as e:
+                if e.code not in RETRIABLE or time.monotonic() >= deadline:
+                    raise
+                log.info("no producer id yet, retrying: %s", e)
+            await asyncio.sleep(self.config.retry_backoff_s)
 
     async def _init_producer_id(self) -> None:
         await self.metadata.refresh()

@@ -97,6 +97,8 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     isr_changes: list[tuple[str, int, list[int]]] = field(default_factory=list)
     host: ServiceHost | None = None
     next_producer_id: int = 0
+    # AllocateProducerIds calls to answer NOT_CONTROLLER, as during a controller election.
+    refuse_producer_ids: int = 0
 
     async def start(self) -> str:
         """Serve ControllerService (AlterIsr) on 127.0.0.1; returns the address."""
@@ -174,6 +176,9 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> controller_pb2.AllocateProducerIdsResponse:
         """Blocks from a counter: unique within this stand-in's life, as the tests need."""
+        if self.refuse_producer_ids > 0:
+            self.refuse_producer_ids -= 1
+            return controller_pb2.AllocateProducerIdsResponse(error_code=ErrorCode.NOT_CONTROLLER)
         first = self.next_producer_id
         self.next_producer_id += PRODUCER_ID_BLOCK
         return controller_pb2.AllocateProducerIdsResponse(

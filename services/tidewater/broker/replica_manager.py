@@ -474,6 +474,8 @@ class ReplicaManager:
             results = await op.done
             if fetch_trace is not None:
                 fetch_trace.waited(start_ns)
+        if fetch_trace is not None:
+            fetch_trace.answered(size)
         if self.request_metrics is not None:
             self.request_metrics.fetched(
                 follower, started, local_done, time.perf_counter_ns(), size

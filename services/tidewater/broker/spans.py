@@ -220,11 +220,12 @@ class FetchTrace(_Traced):
     def waited(self, start_ns: int) -> None:
         tracing.record("fetch.wait", start_ns, self.context)
 
+    def answered(self, size: int) -> None:
+        """The bytes of the read answered (counted by the read: reading the response's bytes
+        fields again would copy them)."""
+        self.span.set_attribute("tidewater.bytes", size)
+
     def end(self, response: pb.FetchResponse) -> None:
-        self.span.set_attribute(
-            "tidewater.bytes",
-            sum(len(p.record_batches) for p in response.partitions),
-        )
         end_with_error(self.span, response.error_code, response.error_message)
 
 

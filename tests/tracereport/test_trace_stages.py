@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -172,8 +173,16 @@ def test_last_follower_to_ack_is_counted_most_often_first() -> None:
     assert latency_report(spans).last_to_ack == [(3, 3), (2, 2), (4, 1)]
 
 
+def moved_leader(trace: str) -> list[Span]:
+    """A retried batch whose first leader failed it and whose second leader's file is absent."""
+    spans = without(produce(trace, attempts=((3, 5),), replication=None), "log.append")
+    failed = next(s for s in spans if s.name == "Produce")
+    return [s for s in spans if s is not failed] + [replace(failed, status_code=2)]
+
+
 def test_partial_traces_are_skipped_and_counted_by_reason() -> None:
     spans = [
+        *moved_leader("moved-leader"),
         *produce("whole"),
         *[
             s
@@ -192,10 +201,11 @@ def test_partial_traces_are_skipped_and_counted_by_reason() -> None:
         Skip.NO_SEND: 1,
         Skip.NO_BATCH_WAIT: 1,
         Skip.NO_PRODUCE: 2,
+        Skip.NO_ACKED_PRODUCE: 1,
         Skip.NO_APPEND: 1,
         Skip.NO_REPLICATION_WAIT: 1,
     }
-    assert report.skipped_total == 6
+    assert report.skipped_total == 7
 
 
 def test_failed_sends_and_other_traces_are_not_latencies() -> None:

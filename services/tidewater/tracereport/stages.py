@@ -51,6 +51,7 @@ class Skip(StrEnum):
     NO_SEND = "no client send span (the client's trace file missing?)"
     NO_BATCH_WAIT = "no batch.wait span under send"
     NO_PRODUCE = "no leader Produce span (the leader's trace file missing?)"
+    NO_ACKED_PRODUCE = "only failed Produce attempts (the acking leader's trace file missing?)"
     NO_APPEND = "no log.append span under Produce"
     NO_REPLICATION_WAIT = "acks=all but no replication.wait span under Produce"
 
@@ -144,6 +145,8 @@ def produce_trace(spans: Sequence[Span]) -> ProduceTrace | FailedSend | Skip | N
     if not attempts:
         return Skip.NO_PRODUCE
     produce = max(attempts, key=lambda s: s.start_ns)
+    if produce.status_code == STATUS_ERROR:  # the send succeeded: its last attempt is elsewhere
+        return Skip.NO_ACKED_PRODUCE
     append = _child(children, produce, "log.append")
     if append is None:
         return Skip.NO_APPEND

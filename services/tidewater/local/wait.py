@@ -18,26 +18,31 @@ SETTLING = (grpc.aio.AioRpcError, TidewaterError)
 POLL_INTERVAL_S = 0.05
 
 
-async def eventually(condition: Callable[[], Any], timeout_s: float) -> None:
+async def eventually(
+    condition: Callable[[], Any], timeout_s: float, poll_interval_s: float = POLL_INTERVAL_S
+) -> None:
     """Wait until `condition()` (maybe async) is truthy; AssertionError after timeout_s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     last_error: BaseException | None = None
-
-    async def poll() -> None:
-        nonlocal last_error
-        while True:
-            try:
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
                 result = condition()
                 if await result if inspect.isawaitable(result) else result:
                     return
-            except SETTLING as e:
-                last_error = e
-            await asyncio.sleep(POLL_INTERVAL_S)
-
-    try:
-        async with asyncio.timeout(timeout_s):
-            await poll()
-    except TimeoutError:
-        raise AssertionError(
-            f"not true within {timeout_s} s: {getattr(condition, '__name__', condition)}"
-            + (f" (last error: {last_error})" if last_error else "")
-        ) from None
+        except TimeoutError:
+            break
+        except SETTLING as e:
+            last_error = e
+        # The deadline is checked here too, not only by the timeout's cancellation: a condition
+        # may turn that cancellation into an error of its own (an RPC ending CANCELLED), which
+        # is "settling" and would otherwise poll on with no deadline left.
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        await asyncio.sleep(min(poll_interval_s, remaining))
+    raise AssertionError(
+        f"not true within {timeout_s} s: {getattr(condition, '__name__', condition)}"
+        + (f" (last error: {last_error})" if last_error else "")
+    )

@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import re
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,6 +46,7 @@ from tidewater.broker.controller_client import ControllerClient
 from tidewater.controller.store import PARTITIONS_PER_TXN, ControllerStore
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.process import ManagedProcess, broker_args, controller_args
+from tidewater.local.wait import eventually
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -84,20 +84,6 @@ Events = list[tuple[float, str]]
 
 
 # -- waiting and logs --------------------------------------------------------------------------
-
-
-async def until(
-    condition: Callable[[], Any], timeout_s: float, what: str, poll_s: float = POLL_S
-) -> None:
-    """Poll `condition` (plain or awaitable) until true; TimeoutError after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if await result if inspect.isawaitable(result) else result:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s} s")
-        await asyncio.sleep(poll_s)
 
 
 def log_size(path: Path) -> int:
@@ -310,7 +296,7 @@ async def running_cluster(
         async def all_alive() -> bool:
             return await cluster.alive_brokers() == set(BROKERS)
 
-        await until(all_alive, SETUP_TIMEOUT_S, "all brokers alive")
+        await eventually(all_alive, SETUP_TIMEOUT_S, POLL_S)
         yield cluster
 
 
@@ -342,12 +328,11 @@ async def settle(cluster: Cluster, marks: dict[Path, int]) -> int:
     assignment = await cluster.assignment()
     elections = 0
     while True:
-        await until(
-            lambda: cluster.settled(marks, assignment),
-            SETUP_TIMEOUT_S,
-            "cluster settled",
-            SETTLE_POLL_S,
-        )
+
+        async def cluster_settled() -> bool:
+            return await cluster.settled(marks, assignment)
+
+        await eventually(cluster_settled, SETUP_TIMEOUT_S, SETTLE_POLL_S)
         states = await cluster.partitions()
         if all(states[p]["leader"] == replicas[0] for p, replicas in assignment.items()):
             return elections
@@ -436,7 +421,7 @@ async def wait_until_applied(
     wanted = {(p, int(states[p]["leader_epoch"])) for p in led}
     applied: dict[int, Applied] = {}
 
-    def done() -> bool:
+    def survivors_applied_the_new_epochs() -> bool:
         accepted = accepted_lines(log_events(controller_log, marks[controller_log]))
         for broker_id in survivors:
             broker = cluster.brokers[broker_id]
@@ -451,7 +436,7 @@ async def wait_until_applied(
             applied[broker_id] = Applied(min(stamps), max(stamps), after[0])
         return True
 
-    await until(done, FAILOVER_TIMEOUT_S, "surviving brokers applied the new leader epochs")
+    await eventually(survivors_applied_the_new_epochs, FAILOVER_TIMEOUT_S, POLL_S)
     return applied
 
 
@@ -551,11 +536,12 @@ async def controller_failover(
         cl.controllers[old_id].kill()
         broker_killed_at = time.time()
         cl.brokers[victim].kill()
-        deadline = time.monotonic() + FAILOVER_TIMEOUT_S
-        while (new_id := await cl.active_controller()) in (old_id, None):
-            if time.monotonic() > deadline:
-                raise TimeoutError("no new active controller")
-            await asyncio.sleep(POLL_S)
+
+        async def new_active_controller() -> int | None:
+            active = await cl.active_controller()
+            return None if active == old_id else active
+
+        new_id = await eventually(new_active_controller, FAILOVER_TIMEOUT_S, POLL_S)
         new_active_at = time.time()
         _, all_at, states = await wait_for_new_leaders(cl, victim, led)
         new_log = cl.controllers[new_id].log_file

@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.header import Compression, read_header
 from tidewater.v1 import broker_pb2 as pb
@@ -475,12 +476,7 @@ async def test_retention_moves_the_log_start_offset(start_broker: Callable[..., 
         )
         return response.partitions[0].offset
 
-    async def wait_for_retention() -> int:
-        while (start := await earliest()) == 0:
-            await asyncio.sleep(0.02)
-        return start
-
-    start = await asyncio.wait_for(wait_for_retention(), 20)
+    start = await eventually(earliest, 20, 0.02)  # the first offset once retention moved it
     fetched = await client.service.Fetch(fetch_request(start))
     assert next(decode_batches(fetched.partitions[0].record_batches)).offset == start
     assert (await client.service.Fetch(fetch_request(0))).partitions[0].error_code == (

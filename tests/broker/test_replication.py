@@ -3,7 +3,6 @@ stand-in controller answering ISR proposals."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -11,6 +10,7 @@ import pytest
 
 from tidewater.broker.server import BrokerServer
 from tidewater.local.standin_controller import StandinController
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -19,14 +19,8 @@ TOPIC = "replicated"
 TP = (TOPIC, 0)
 
 
-async def eventually(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    """Wait until condition() holds, failing after timeout_s."""
-
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(poll(), timeout_s)
+WAIT_S = 20.0
+POLL_S = 0.01
 
 
 @pytest.fixture
@@ -88,7 +82,7 @@ async def test_acks_all_replicates_to_every_replica(cluster: Any) -> None:
     leader = servers[1].replica_manager.partitions[TP]
     assert leader.state.high_watermark == 90
     followers = [servers[b].replica_manager.partitions[TP] for b in (2, 3)]
-    await eventually(lambda: all(f.state.high_watermark == 90 for f in followers))
+    await eventually(lambda: all(f.state.high_watermark == 90 for f in followers), WAIT_S, POLL_S)
     expected = log_bytes(servers[1], 90)
     assert all(log_bytes(servers[b], 90) == expected for b in (2, 3))
 
@@ -110,9 +104,11 @@ async def test_stopped_follower_leaves_and_rejoins_the_isr(
     server, _ = await start_broker(3, controllers=servers[1].replica_manager.config.controllers[0])
     controller.brokers[3] = server.address
     await controller.elect(TOPIC, 0, leader=1)
-    await eventually(lambda: controller.states[TP].isr == [1, 2, 3])
+    await eventually(lambda: controller.states[TP].isr == [1, 2, 3], WAIT_S, POLL_S)
     hw = servers[1].replica_manager.partitions[TP].state.high_watermark
-    await eventually(lambda: server.replica_manager.partitions[TP].log.log_end_offset == hw)
+    await eventually(
+        lambda: server.replica_manager.partitions[TP].log.log_end_offset == hw, WAIT_S, POLL_S
+    )
     assert log_bytes(server, hw) == log_bytes(servers[1], hw)
 
 
@@ -122,7 +118,7 @@ async def test_acks_all_refused_when_isr_below_min_insync(cluster: Any) -> None:
         await servers[b].stop(grace_s=0)
         del controller.brokers[b]
     assert (await produce(clients[1], b"makes them lag", acks=1)).error_code == ErrorCode.NONE
-    await eventually(lambda: controller.states[TP].isr == [1])
+    await eventually(lambda: controller.states[TP].isr == [1], WAIT_S, POLL_S)
     result = await produce(clients[1], b"refused")
     assert result.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
     assert (await produce(clients[1], b"acks=1 still works", acks=1)).error_code == ErrorCode.NONE
@@ -134,7 +130,9 @@ async def test_followers_replicate_through_fetch_sessions_and_survive_losing_the
     _, servers, clients = cluster
     assert (await produce(clients[1], b"first")).error_code == ErrorCode.NONE
     sessions = servers[1].replica_manager.fetch_sessions.sessions
-    await eventually(lambda: sorted(s.replica_id for s in sessions.values()) == [2, 3])
+    await eventually(
+        lambda: sorted(s.replica_id for s in sessions.values()) == [2, 3], WAIT_S, POLL_S
+    )
     assert all(list(s.partitions) == [TP] for s in sessions.values())
     # The leader forgets them (a restart, an eviction): followers get
     # FETCH_SESSION_ID_NOT_FOUND, open new sessions and go on replicating.
@@ -142,7 +140,7 @@ async def test_followers_replicate_through_fetch_sessions_and_survive_losing_the
     sessions.clear()
     for i in range(5):
         assert (await produce(clients[1], f"after-{i}".encode())).error_code == ErrorCode.NONE
-    await eventually(lambda: len(sessions) == 2 and not old & set(sessions))
+    await eventually(lambda: len(sessions) == 2 and not old & set(sessions), WAIT_S, POLL_S)
     followers = [servers[b].replica_manager.partitions[TP] for b in (2, 3)]
-    await eventually(lambda: all(f.state.high_watermark == 18 for f in followers))
+    await eventually(lambda: all(f.state.high_watermark == 18 for f in followers), WAIT_S, POLL_S)
     assert all(log_bytes(servers[b], 18) == log_bytes(servers[1], 18) for b in (2, 3))

@@ -4,11 +4,9 @@ follower paused with SIGSTOP. The test plays the controller (StandinController).
 from __future__ import annotations
 
 import asyncio
-import inspect
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -17,6 +15,7 @@ from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2 as pb
@@ -30,16 +29,6 @@ SETTINGS = {
     "replica.fetch.backoff.ms": "100",
     "replica.fetch.wait.max.ms": "200",
 }
-
-
-async def eventually(condition: Callable[[], Any], timeout_s: float = 30.0) -> None:
-    """Wait until condition() (a bool or an awaitable of one) holds, failing after timeout_s."""
-
-    async def poll() -> None:
-        while not (await result if inspect.isawaitable(result := condition()) else result):
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout_s)
 
 
 class Cluster:

@@ -104,7 +104,7 @@ async def cluster(make_cluster: Callable[..., Awaitable[Cluster]]) -> Cluster:
     return await make_cluster()
 
 
-Eventually = Callable[[Callable[[], Any], float], Awaitable[None]]
+Eventually = Callable[[Callable[[], Any], float], Awaitable[Any]]
 
 
 @pytest.fixture(name="eventually")

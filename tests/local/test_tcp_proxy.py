@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.local.wait import eventually
 
 DEADLINE_S = 5.0
+POLL_S = 0.01
 
 
 class EchoServer:
@@ -89,17 +91,6 @@ async def assert_closed_by_peer(reader: asyncio.StreamReader) -> None:
         raise AssertionError(f"connection still open after {DEADLINE_S} s") from None
 
 
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.01)
-
-    try:
-        await asyncio.wait_for(poll(), DEADLINE_S)
-    except TimeoutError:
-        raise AssertionError(f"not within {DEADLINE_S} s: {what}") from None
-
-
 async def test_pass_forwards_both_ways_with_backpressure(proxy: TcpProxy) -> None:
     reader, writer = await connect(proxy)
     payload = bytes(range(256)) * 32768  # 8 MiB: more than the socket buffers hold
@@ -144,7 +135,7 @@ async def test_blackhole_accepts_swallows_and_answers_nothing(
     reader, writer = await connect(proxy)
     writer.write(b"into the void")
     await writer.drain()
-    await wait_until(lambda: proxy.discarded == len(b"into the void"), "bytes swallowed")
+    await eventually(lambda: proxy.discarded == len(b"into the void"), DEADLINE_S, POLL_S)
     assert echo.connections == 0
 
     await assert_healing_reconnects(proxy, reader)
@@ -158,7 +149,7 @@ async def test_blackhole_silences_open_connections(proxy: TcpProxy, echo: EchoSe
     writer.write(b"second")
     await writer.drain()
 
-    await wait_until(lambda: proxy.discarded == len(b"second"), "bytes swallowed")
+    await eventually(lambda: proxy.discarded == len(b"second"), DEADLINE_S, POLL_S)
     assert echo.received == len(b"first")
     writer.close()
 
@@ -171,8 +162,8 @@ async def test_one_way_forwards_requests_and_loses_the_answers(
     proxy.set_mode(LinkMode.ONE_WAY)
     writer.write(b"acted on")
     # The target gets the bytes and answers; the client hears nothing.
-    await wait_until(lambda: echo.received == len(b"firstacted on"), "request delivered")
-    await wait_until(lambda: proxy.discarded == len(b"acted on"), "answer swallowed")
+    await eventually(lambda: echo.received == len(b"firstacted on"), DEADLINE_S, POLL_S)
+    await eventually(lambda: proxy.discarded == len(b"acted on"), DEADLINE_S, POLL_S)
 
     await assert_healing_reconnects(proxy, reader)
 

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from test_cluster_cli import data_dir, tidewater  # noqa: F401 - data_dir is a f
 from tidewater.client.admin import Admin
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import ClusterFile
+from tidewater.local.wait import eventually
 
 pytestmark = pytest.mark.timeout(300)
 TOPIC = "traced"
@@ -234,14 +234,13 @@ def test_a_killed_leaders_fencing_is_one_controller_trace_down_to_the_surviving_
 
     async def leader_other_than(client: Admin, old: int) -> int:
         """The partition's leader once the metadata service names one other than `old`."""
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        async def new_leader() -> int | None:
             topics = (await client.describe_topics([TOPIC])).topics
             leaders = [p.leader for t in topics for p in t.partitions]
-            if leaders and leaders[0] not in (old, -1):
-                return leaders[0]
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"no leader other than {old} within 60 s")
+            return leaders[0] if leaders and leaders[0] not in (old, -1) else None
+
+        return await eventually(new_leader, 60, 0.1)
 
     async def kill_the_leader(state: ClusterFile, traces: Path) -> None:
         async with admin(state) as client:

@@ -20,20 +20,20 @@ def cancelled_rpc_error() -> grpc.aio.AioRpcError:
     )
 
 
-async def test_returns_once_a_sync_or_async_condition_holds() -> None:
+async def test_returns_the_value_once_a_sync_or_async_condition_holds() -> None:
     polls: list[int] = []
 
-    def third_time() -> bool:
+    def third_time() -> str:
         polls.append(1)
-        return len(polls) == 3
+        return "third" if len(polls) == 3 else ""
 
-    await eventually(third_time, HANG_GUARD_S, poll_interval_s=0)
+    assert await eventually(third_time, HANG_GUARD_S, poll_interval_s=0) == "third"
     assert len(polls) == 3
 
-    async def true_now() -> bool:
-        return True
+    async def offset_now() -> int:
+        return 7
 
-    await eventually(true_now, HANG_GUARD_S)
+    assert await eventually(offset_now, HANG_GUARD_S) == 7
 
 
 async def test_settling_errors_are_retried_and_named_when_the_deadline_passes() -> None:

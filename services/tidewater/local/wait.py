@@ -20,8 +20,9 @@ POLL_INTERVAL_S = 0.05
 
 async def eventually(
     condition: Callable[[], Any], timeout_s: float, poll_interval_s: float = POLL_INTERVAL_S
-) -> None:
-    """Wait until `condition()` (maybe async) is truthy; AssertionError after timeout_s."""
+) -> Any:
+    """Wait until `condition()` (maybe async) is truthy and return that value; AssertionError
+    after timeout_s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last_error: BaseException | None = None
@@ -29,8 +30,10 @@ async def eventually(
         try:
             async with asyncio.timeout_at(deadline):
                 result = condition()
-                if await result if inspect.isawaitable(result) else result:
-                    return
+                if inspect.isawaitable(result):
+                    result = await result
+                if result:
+                    return result
         except TimeoutError:
             break
         except SETTLING as e:

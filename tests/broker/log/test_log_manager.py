@@ -19,6 +19,7 @@ from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob
 from tidewater.broker.log.manager import RECOVERY_POINT_CHECKPOINT, LogManager
 from tidewater.errors import StorageError, UnknownTopicOrPartition
+from tidewater.local.wait import eventually
 from tidewater.records.header import read_header
 
 if TYPE_CHECKING:
@@ -221,10 +222,8 @@ def test_a_thousand_partitions_hold_one_file_descriptor_each(
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-async def wait_for(condition: Callable[[], bool], timeout_s: float = 10) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.005)
+WAIT_S = 10
+POLL_S = 0.005
 
 
 async def test_background_tasks_apply_retention_flush_ms_and_checkpoints(
@@ -247,17 +246,19 @@ async def test_background_tasks_apply_retention_flush_ms_and_checkpoints(
         )
     )
     try:
-        await wait_for(lambda: retained.log_start_offset > 0)
+        await eventually(lambda: retained.log_start_offset > 0, WAIT_S, POLL_S)
         assert len(retained.segments) == 1
-        await wait_for(lambda: all(c.exists() for c in checkpoints))
+        await eventually(lambda: all(c.exists() for c in checkpoints), WAIT_S, POLL_S)
         assert flushed.recovery_point == 0  # flush.ms has not passed on the test clock
         clock.now += 1000
-        await wait_for(lambda: flushed.recovery_point == 2)
-        await wait_for(
+        await eventually(lambda: flushed.recovery_point == 2, WAIT_S, POLL_S)
+        await eventually(
             lambda: (
                 OffsetCheckpoint(flushed.dir.parent / RECOVERY_POINT_CHECKPOINT).read()
                 == {("flushy", 0): 2}
-            )
+            ),
+            WAIT_S,
+            POLL_S,
         )
     finally:
         task.cancel()
@@ -283,5 +284,5 @@ async def test_rolled_segments_are_flushed_off_the_event_loop(
             lg.append_as_leader(make_batch(2, body=bytes(400) + bytes([i])), leader_epoch=1)
         assert len(lg.segments) == 3
         assert lg.recovery_point == 0  # the appends did not wait for the fsyncs
-        await wait_for(lambda: lg.recovery_point == lg.segments[-1].base_offset)
+        await eventually(lambda: lg.recovery_point == lg.segments[-1].base_offset, WAIT_S, POLL_S)
     assert threading.current_thread().name not in threads

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
+from tidewater.local.fetch import consumer_fetch
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
@@ -45,22 +46,15 @@ def fetch_request(
     fmt: int = pb.RECORD_FORMAT_BATCHES,
     max_bytes: int = 1 << 24,
 ) -> pb.FetchRequest:
-    return pb.FetchRequest(
-        replica_id=-1,
+    return consumer_fetch(
+        topic,
+        0,
+        offset,
+        leader_epoch=epoch,
         max_wait_ms=max_wait_ms,
         min_bytes=1,
         max_bytes=max_bytes,
         record_format=fmt,
-        partitions=[
-            pb.FetchPartition(
-                topic=topic,
-                partition=0,
-                fetch_offset=offset,
-                current_leader_epoch=epoch,
-                last_fetched_epoch=-1,
-                log_start_offset=-1,
-            )
-        ],
     )
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.server import BrokerServer
+from tidewater.local.fetch import consumer_fetch
 from tidewater.local.standin_controller import leader_and_isr_request
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import Compression, read_header
@@ -127,22 +128,7 @@ def test_every_batch_is_stored_intact_or_rejected_by_name(
         )
         assert result.error_message
         return
-    fetched = broker.Fetch(
-        pb.FetchRequest(
-            replica_id=-1,
-            max_bytes=1,
-            partitions=[
-                pb.FetchPartition(
-                    topic=TOPIC,
-                    partition=0,
-                    fetch_offset=result.base_offset,
-                    current_leader_epoch=-1,
-                    last_fetched_epoch=-1,
-                    log_start_offset=-1,
-                )
-            ],
-        )
-    )
+    fetched = broker.Fetch(consumer_fetch(TOPIC, 0, result.base_offset, max_bytes=1))
     served = fetched.partitions[0].record_batches
     header = read_header(served)
     assert header.base_offset == result.base_offset

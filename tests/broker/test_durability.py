@@ -7,6 +7,7 @@ from pathlib import Path
 
 import grpc
 
+from tidewater.local.fetch import consumer_fetch, read_served
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import make_leader
 from tidewater.records.batch import Record, build_batch, decode_batches
@@ -36,41 +37,6 @@ async def produce(stub: broker_pb2_grpc.BrokerServiceStub, batch: bytes) -> int:
     result = response.partitions[0]
     assert result.error_code == ErrorCode.NONE, result.error_message
     return result.base_offset
-
-
-def consumer_fetch(offset: int, max_bytes: int) -> pb.FetchRequest:
-    return pb.FetchRequest(
-        replica_id=-1,
-        max_bytes=max_bytes,
-        partitions=[
-            pb.FetchPartition(
-                topic=TOPIC,
-                partition=0,
-                fetch_offset=offset,
-                current_leader_epoch=-1,
-                last_fetched_epoch=-1,
-                log_start_offset=-1,
-            )
-        ],
-    )
-
-
-async def fetch_all(stub: broker_pb2_grpc.BrokerServiceStub) -> bytes:
-    """Every batch from offset 0 up to the HW, as served."""
-    served = b""
-    offset = 0
-    while True:
-        response = await stub.Fetch(consumer_fetch(offset, 1 << 20))
-        result = response.partitions[0]
-        assert result.error_code == ErrorCode.NONE, result.error_message
-        if not result.record_batches:
-            return served
-        served += result.record_batches
-        pos = 0
-        while pos < len(result.record_batches):
-            header = read_header(result.record_batches, pos)
-            offset = header.next_offset
-            pos += header.size
 
 
 def batches(count: int) -> list[bytes]:
@@ -105,7 +71,7 @@ async def test_kill_9_after_acks_loses_nothing(
     restarted = broker_processes(1, listen=address, **SMALL_SEGMENTS)
     restarted.start()
     stub = await lead(address, 2)
-    served = split(await fetch_all(stub))
+    served = split(await read_served(stub, TOPIC, 0))
     assert [offset for offset, _ in served] == acked
     assert [body for _, body in served] == [b[17:] for b in sent]
 
@@ -128,7 +94,7 @@ async def test_torn_tail_is_truncated_on_restart(
     restarted = broker_processes(1, listen=address)
     restarted.start()
     stub = await lead(address, 2)
-    served = split(await fetch_all(stub))
+    served = split(await read_served(stub, TOPIC, 0))
     assert [offset for offset, _ in served] == acked[:-1]
     assert [body for _, body in served] == [b[17:] for b in sent[:-1]]
     assert await produce(stub, sent[-1]) == acked[-1]
@@ -156,10 +122,10 @@ async def test_deleted_indexes_are_rebuilt(
     restarted = broker_processes(1, listen=address, **settings)
     restarted.start()
     stub = await lead(address, 2)
-    assert [offset for offset, _ in split(await fetch_all(stub))] == acked
+    assert [offset for offset, _ in split(await read_served(stub, TOPIC, 0))] == acked
     # Reads starting inside the log go through the rebuilt index.
     for offset in (acked[17] + 3, acked[45]):
-        response = await stub.Fetch(consumer_fetch(offset, 1))
+        response = await stub.Fetch(consumer_fetch(TOPIC, 0, offset, max_bytes=1))
         records = list(decode_batches(response.partitions[0].record_batches))
         assert any(r.offset == offset for r in records)
     assert all(index.exists() for index in indexes if "00000000000000000000" in index.name)
@@ -177,4 +143,4 @@ async def test_sigterm_shuts_down_cleanly_and_keeps_data(
     restarted = broker_processes(1, listen=address)
     restarted.start()
     stub = await lead(address, 2)
-    assert [offset for offset, _ in split(await fetch_all(stub))] == acked
+    assert [offset for offset, _ in split(await read_served(stub, TOPIC, 0))] == acked

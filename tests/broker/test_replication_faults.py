@@ -13,6 +13,7 @@ import pytest
 
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
+from tidewater.local.fetch import read_served
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
@@ -121,34 +122,10 @@ async def produce(cluster: Cluster, value: bytes) -> int | None:
 
 
 async def consume_all(cluster: Cluster, up_to: int) -> list[tuple[int, bytes]]:
+    """What the leader serves a consumer from offset 0 until `up_to`: (offset, value)."""
     leader = cluster.controller.states[TP].leader
-    records: list[tuple[int, bytes]] = []
-    offset = 0
-    while offset < up_to:
-        response = await cluster.stub(leader).Fetch(
-            pb.FetchRequest(
-                replica_id=-1,
-                max_bytes=1 << 20,
-                partitions=[
-                    pb.FetchPartition(
-                        topic=TOPIC,
-                        partition=0,
-                        fetch_offset=offset,
-                        current_leader_epoch=-1,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                    )
-                ],
-            ),
-            timeout=5,
-        )
-        result = response.partitions[0]
-        assert result.error_code == ErrorCode.NONE, result.error_message
-        for record in decode_batches(result.record_batches):
-            if record.offset >= offset:
-                records.append((record.offset, record.value or b""))
-                offset = record.offset + 1
-    return records
+    served = await read_served(cluster.stub(leader), TOPIC, 0, up_to=up_to, timeout_s=5)
+    return [(record.offset, record.value or b"") for record in decode_batches(served)]
 
 
 def log_bytes(tmp_path: Path, broker_id: int, up_to: int) -> bytes:

@@ -18,6 +18,7 @@ import pytest
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
 from tidewater.local.etcd import EtcdProcess, free_port
+from tidewater.local.fetch import consumer_fetch, read_served
 from tidewater.local.process import ManagedProcess, broker_args, controller_args
 from tidewater.local.scrape import Scrape, scrape
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
@@ -343,26 +344,10 @@ class Cluster:
 
     async def read(self, broker_id: int, topic: str, partition: int) -> dict[bytes, int]:
         """Every committed record a consumer can read from that broker: value → offset."""
-        response = await self.broker_stub(broker_id).Fetch(
-            pb.FetchRequest(
-                replica_id=-1,
-                max_bytes=1 << 22,
-                partitions=[
-                    pb.FetchPartition(
-                        topic=topic,
-                        partition=partition,
-                        fetch_offset=0,
-                        current_leader_epoch=-1,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                    )
-                ],
-            ),
-            timeout=RPC_TIMEOUT_S,
+        served = await read_served(
+            self.broker_stub(broker_id), topic, partition, timeout_s=RPC_TIMEOUT_S
         )
-        result = response.partitions[0]
-        assert result.error_code == ErrorCode.NONE, result.error_message
-        return {r.value: r.offset for r in decode_batches(result.record_batches)}
+        return {r.value: r.offset for r in decode_batches(served)}
 
     async def replica_sees(
         self, broker_id: int, topic: str, partition: int, leader: int, leader_epoch: int
@@ -371,20 +356,7 @@ class Cluster:
         consumer fetch naming its epoch (an older or newer one is refused), a follower refuses
         it and names the leader and epoch it follows."""
         response = await self.broker_stub(broker_id).Fetch(
-            pb.FetchRequest(
-                replica_id=-1,
-                max_bytes=1,
-                partitions=[
-                    pb.FetchPartition(
-                        topic=topic,
-                        partition=partition,
-                        fetch_offset=0,
-                        current_leader_epoch=leader_epoch,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                    )
-                ],
-            ),
+            consumer_fetch(topic, partition, 0, leader_epoch=leader_epoch, max_bytes=1),
             timeout=RPC_TIMEOUT_S,
         )
         result = response.partitions[0]

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
-from tidewater.local.fetch import consumer_fetch
+from tidewater.local.fetch import consumer_fetch, list_offsets
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
@@ -155,20 +155,7 @@ async def test_list_offsets(leader: Any) -> None:
         await produce_ok(leader, build_batch([Record(value=b"x", timestamp_ms=ts)] * 2))
 
     async def offset(spec: int, ts: int = 0) -> tuple[int, int]:
-        response = await leader.service.ListOffsets(
-            pb.ListOffsetsRequest(
-                replica_id=-1,
-                partitions=[
-                    pb.ListOffsetsPartition(
-                        topic=TOPIC,
-                        partition=0,
-                        current_leader_epoch=-1,
-                        spec=spec,
-                        timestamp_ms=ts,
-                    )
-                ],
-            )
-        )
+        response = await leader.service.ListOffsets(list_offsets(TOPIC, 0, spec, timestamp_ms=ts))
         result = response.partitions[0]
         assert result.error_code == ErrorCode.NONE
         return result.offset, result.timestamp_ms
@@ -455,19 +442,7 @@ async def test_retention_moves_the_log_start_offset(start_broker: Callable[..., 
         await produce_ok(client, batch_of([bytes(300) + str(i).encode()]))
 
     async def earliest() -> int:
-        response = await client.service.ListOffsets(
-            pb.ListOffsetsRequest(
-                replica_id=-1,
-                partitions=[
-                    pb.ListOffsetsPartition(
-                        topic=TOPIC,
-                        partition=0,
-                        current_leader_epoch=-1,
-                        spec=pb.OFFSET_SPEC_EARLIEST,
-                    )
-                ],
-            )
-        )
+        response = await client.service.ListOffsets(list_offsets(TOPIC, 0, pb.OFFSET_SPEC_EARLIEST))
         return response.partitions[0].offset
 
     start = await eventually(earliest, 20, 0.02)  # the first offset once retention moved it

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from tidewater.broker.producer_state import SNAPSHOT_SUFFIX
+from tidewater.local.fetch import list_offsets
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
 from tidewater.records.batch import Record, build_batch
@@ -78,17 +79,7 @@ class Cluster:
         response = await self.call(
             broker_id,
             "ListOffsets",
-            pb.ListOffsetsRequest(
-                replica_id=broker_id,
-                partitions=[
-                    pb.ListOffsetsPartition(
-                        topic=TOPIC,
-                        partition=0,
-                        current_leader_epoch=-1,
-                        spec=pb.OFFSET_SPEC_LATEST,
-                    )
-                ],
-            ),
+            list_offsets(TOPIC, 0, pb.OFFSET_SPEC_LATEST, replica_id=broker_id),
         )
         return response.partitions[0].offset
 

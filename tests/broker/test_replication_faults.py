@@ -13,7 +13,7 @@ import pytest
 
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
-from tidewater.local.fetch import read_served
+from tidewater.local.fetch import list_offsets, read_served
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
@@ -66,17 +66,7 @@ class Cluster:
         found = []
         for replica_id in (-1, broker_id):
             response = await stub.ListOffsets(
-                pb.ListOffsetsRequest(
-                    replica_id=replica_id,
-                    partitions=[
-                        pb.ListOffsetsPartition(
-                            topic=TOPIC,
-                            partition=0,
-                            current_leader_epoch=-1,
-                            spec=pb.OFFSET_SPEC_LATEST,
-                        )
-                    ],
-                ),
+                list_offsets(TOPIC, 0, pb.OFFSET_SPEC_LATEST, replica_id=replica_id),
                 timeout=5,
             )
             found.append(response.partitions[0].offset)

@@ -1,5 +1,6 @@
-"""Consumer fetches in raw protobuf, for tests and tools that check what one broker serves byte
-for byte or which error it names (a user reads through tidewater.client.Consumer)."""
+"""Consumer fetches and offset look-ups in raw protobuf, for tests and tools that check what one
+broker serves byte for byte or which error it names (a user reads through
+tidewater.client.Consumer)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ def consumer_fetch(
                 current_leader_epoch=leader_epoch,
                 last_fetched_epoch=-1,
                 log_start_offset=-1,
+            )
+        ],
+    )
+
+
+def list_offsets(
+    topic: str, partition: int, spec: int, *, replica_id: int = -1, timestamp_ms: int = 0
+) -> pb.ListOffsetsRequest:
+    """A ListOffsets of one partition: a consumer's (replica_id -1, bounded by the HW) or a
+    replica's (its broker id, up to the LEO)."""
+    return pb.ListOffsetsRequest(
+        replica_id=replica_id,
+        partitions=[
+            pb.ListOffsetsPartition(
+                topic=topic,
+                partition=partition,
+                current_leader_epoch=-1,
+                spec=spec,  # type: ignore[arg-type]
+                timestamp_ms=timestamp_ms,
             )
         ],
     )

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from tidewater.broker.server import BrokerServer
+from tidewater.local.fetch import log_bytes as stored
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
-from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -45,17 +46,7 @@ async def cluster(start_broker: Callable[..., Awaitable[Any]]) -> AsyncIterator[
 
 
 def log_bytes(server: BrokerServer, up_to: int) -> bytes:
-    log = server.replica_manager.partitions[TP].log
-    data = b""
-    while True:
-        chunk = bytes(log.read(len(data) and _next_offset(data), 1 << 20, up_to))
-        if not chunk:
-            return data
-        data += chunk
-
-
-def _next_offset(data: bytes) -> int:
-    return list(decode_batches(data))[-1].offset + 1
+    return stored(server.replica_manager.partitions[TP].log, up_to)
 
 
 async def produce(client: Any, value: bytes, acks: int = -1) -> pb.PartitionProduceResponse:

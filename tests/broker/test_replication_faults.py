@@ -14,6 +14,7 @@ import pytest
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.local.fetch import list_offsets, read_served
+from tidewater.local.fetch import log_bytes as stored
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
@@ -121,13 +122,7 @@ async def consume_all(cluster: Cluster, up_to: int) -> list[tuple[int, bytes]]:
 def log_bytes(tmp_path: Path, broker_id: int, up_to: int) -> bytes:
     log = Log.open(tmp_path / f"broker-{broker_id}" / f"{TOPIC}-0", LogConfig())
     try:
-        data = b""
-        offset = 0
-        while offset < up_to:
-            chunk = bytes(log.read(offset, 1 << 20, up_to))
-            data += chunk
-            offset = list(decode_batches(chunk))[-1].offset + 1
-        return data
+        return stored(log, up_to)
     finally:
         log.close()
 

@@ -1,9 +1,10 @@
-"""Consumer fetches and offset look-ups in raw protobuf, for tests and tools that check what one
-broker serves byte for byte or which error it names (a user reads through
-tidewater.client.Consumer)."""
+"""Consumer fetches and offset look-ups in raw protobuf, and a log's bytes as stored, for tests
+and tools that check what one broker serves or keeps byte for byte or which error it names (a
+user reads through tidewater.client.Consumer)."""
 
 from __future__ import annotations
 
+from tidewater.broker.log.log import Log
 from tidewater.records.header import read_header
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
@@ -85,9 +86,25 @@ async def read_served(
         if not batches:
             break
         served += batches
-        pos = 0
-        while pos < len(batches):
-            header = read_header(batches, pos)
-            offset = header.next_offset
-            pos += header.size
+        offset = next_offset(batches)
     return bytes(served)
+
+
+def log_bytes(log: Log, up_to: int) -> bytes:
+    """Every batch of a broker's log from offset 0 to the one holding `up_to - 1`, as stored."""
+    stored = bytearray()
+    offset = 0
+    while offset < up_to and (batches := log.read(offset, READ_MAX_BYTES, up_to)):
+        stored += batches
+        offset = next_offset(batches)
+    return bytes(stored)
+
+
+def next_offset(batches: bytes | memoryview) -> int:
+    """The offset after the last of these whole batches."""
+    pos = 0
+    while True:
+        header = read_header(batches, pos)
+        pos += header.size
+        if pos >= len(batches):
+            return header.next_offset

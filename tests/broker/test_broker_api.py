@@ -353,6 +353,44 @@ async def test_not_leader_after_becoming_follower(leader: Any) -> None:
     assert fetched.partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
+async def test_concurrent_produces_to_a_partition_append_in_arrival_order(
+    start_broker: Callable[..., Any],
+) -> None:
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    values = [b"v%d" % i for i in range(8)]
+    # Each append waits for the one before it to be written (off the event loop).
+    responses = await asyncio.gather(
+        *(server.replica_manager.produce(produce_request(batch_of([v]))) for v in values)
+    )
+    assert [r.partitions[0].base_offset for r in responses] == list(range(8))
+    fetched = await client.service.Fetch(fetch_request(0))
+    records = decode_batches(fetched.partitions[0].record_batches)
+    assert [r.value for r in records] == values
+
+
+@pytest.mark.parametrize("delete", [False, True])
+async def test_a_produce_waiting_for_its_turn_is_refused_once_the_replica_stops(
+    start_broker: Callable[..., Any], delete: bool
+) -> None:
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    rm = server.replica_manager
+    first = asyncio.create_task(rm.produce(produce_request(batch_of([b"a"]))))
+    second = asyncio.create_task(rm.produce(produce_request(batch_of([b"b"]))))
+    await asyncio.sleep(0)  # the first is being written; the second waits for its turn
+    stopped = await rm.stop_replica(
+        pb.StopReplicaRequest(
+            controller_epoch=1,
+            partitions=[pb.StopReplicaPartition(topic=TOPIC, partition=0, delete_partition=delete)],
+        )
+    )
+    assert stopped.error_code == ErrorCode.NONE, stopped.error_message
+    written, refused = (await first).partitions[0], (await second).partitions[0]
+    assert (written.error_code, written.base_offset) == (ErrorCode.NONE, 0)
+    assert refused.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
 async def test_fetch_offset_out_of_range_and_epoch_fencing(leader: Any) -> None:
     await produce_ok(leader, batch_of([b"x", b"y"]))
 

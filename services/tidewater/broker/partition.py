@@ -4,6 +4,7 @@ log (the fetcher appends and truncates through this class for that reason)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import AppendInfo, Log
 from tidewater.broker.producer_state import ProducerStateManager, batch_headers
 from tidewater.broker.topic_config import TopicConfig
+from tidewater.errors import NotLeaderOrFollower
 from tidewater.records.header import BatchHeader, read_header
 from tidewater.replication.partition import Partition, ReplicationConfig
 
@@ -40,6 +42,10 @@ class HostedPartition:
         self.log = log
         self.config = config
         self.producer_state = ProducerStateManager(log.dir)
+        self._leader_appends = asyncio.Lock()
+        # Set when the broker stops hosting the partition: a produce still waiting for its
+        # turn must not append after that.
+        self.stopped = False
         self._rebuild_producer_state()
         # The log start the producer state was last trimmed to (retention moves it).
         self._producers_trimmed_to = 0
@@ -64,25 +70,39 @@ class HostedPartition:
         self.config = config
         self.state.config = replication_config(config, replica_lag_time_max_ms)
 
-    def append_as_leader(self, batch: bytearray, acks: int, now_ms: int) -> tuple[AppendInfo, bool]:
+    async def append_as_leader(
+        self, batch: bytearray, acks: int, now_ms: int
+    ) -> tuple[AppendInfo, bool]:
         """Append a validated batch as leader; returns the append and whether the HW moved.
         A retry of an idempotent batch already in the log is not appended again: the answer
-        carries the original offsets (Kafka's, with no timestamp)."""
-        self.state.check_append(acks)
-        header = read_header(batch)
-        if header.producer_id >= 0:
-            if self.log.log_start_offset > self._producers_trimmed_to:
-                self._producers_trimmed_to = self.log.log_start_offset
-                self.producer_state.evict_before(self._producers_trimmed_to)
-            duplicate = self.producer_state.check(header)
-            if duplicate is not None:
-                return AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0), False
-        active_segment = self._active_segment_base()
-        info = self.log.append_as_leader(batch, self.state.leader_epoch)
-        if header.producer_id >= 0:
-            self.producer_state.update(header, info.first_offset)
-        self._snapshot_if_rolled(active_segment)
-        return info, self.state.after_leader_append(now_ms)
+        carries the original offsets (Kafka's, with no timestamp). Appends wait their turn:
+        each checks leadership and duplicates only after the one before it is in the log."""
+        async with self._leader_appends:
+            if self.stopped:
+                raise NotLeaderOrFollower(f"{self.state.name} is no longer hosted here")
+            self.state.check_append(acks)
+            header = read_header(batch)
+            if header.producer_id >= 0:
+                if self.log.log_start_offset > self._producers_trimmed_to:
+                    self._producers_trimmed_to = self.log.log_start_offset
+                    self.producer_state.evict_before(self._producers_trimmed_to)
+                duplicate = self.producer_state.check(header)
+                if duplicate is not None:
+                    info = AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0)
+                    return info, False
+            active_segment = self._active_segment_base()
+            high_watermark_moved = False
+
+            def appended(info: AppendInfo) -> None:
+                # Runs as the batch enters the log, before anything else changes it.
+                nonlocal high_watermark_moved
+                if header.producer_id >= 0:
+                    self.producer_state.update(header, info.first_offset)
+                self._snapshot_if_rolled(active_segment)
+                high_watermark_moved = self.state.after_leader_append(now_ms)
+
+            info = await self.log.append_batch_off_loop(batch, self.state.leader_epoch, appended)
+            return info, high_watermark_moved
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append what the leader sent and replay it into the producer state, so this replica

@@ -245,6 +245,7 @@ class ReplicaManager:
             self.fetcher_manager.remove_partitions([tp])
             partition = self.partitions.pop(tp, None)
             if partition is not None:
+                partition.stopped = True
                 # Leadership is gone: waiting produces and fetches answer now.
                 self._partition_changed(tp)
             if sp.delete_partition and self.log_manager.get_log(*tp) is not None:
@@ -306,7 +307,7 @@ class ReplicaManager:
         self, request: pb.ProduceRequest, traces: list[ProduceTrace] | None
     ) -> pb.ProduceResponse:
         started = time.perf_counter_ns()
-        response, waiting, appended = self._append_all(request, traces)
+        response, waiting, appended = await self._append_all(request, traces)
         local_done = time.perf_counter_ns()
         if waiting:
             waits = (
@@ -323,7 +324,7 @@ class ReplicaManager:
             self.request_metrics.produced(started, local_done, time.perf_counter_ns(), appended)
         return response
 
-    def _append_all(
+    async def _append_all(
         self, request: pb.ProduceRequest, traces: list[ProduceTrace] | None
     ) -> tuple[pb.ProduceResponse, dict[TopicPartition, int], int]:
         """Append each partition's batch; returns the response so far, the offsets acks=all
@@ -342,7 +343,7 @@ class ReplicaManager:
                 partition = self._leader_partition(tp)
                 batch = self._batch_of(data, partition.config.log.max_message_bytes)
                 start_ns = time.time_ns() if traces is not None else 0
-                info, _ = partition.append_as_leader(batch, request.acks, self.time_ms())
+                info, _ = await partition.append_as_leader(batch, request.acks, self.time_ms())
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
                 continue

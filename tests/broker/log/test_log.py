@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -10,7 +11,13 @@ import pytest
 
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.log import FlushJob, Log, UnexpectedAppendOffset, parse_partition_dir
+from tidewater.broker.log.log import (
+    AppendInfo,
+    FlushJob,
+    Log,
+    UnexpectedAppendOffset,
+    parse_partition_dir,
+)
 from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
 from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
 
@@ -205,6 +212,86 @@ def test_topic_and_partition_come_from_the_directory_name(tmp_path: Path) -> Non
     log = Log.open(tmp_path / "my-topic-7", LogConfig())
     assert (log.topic, log.partition, log.name) == ("my-topic", 7, "my-topic-7")
     log.close()
+
+
+# -- appends written off the event loop ---------------------------------------------------
+
+
+async def test_a_batch_written_off_the_loop_is_in_the_log_when_the_append_returns(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log(segment_bytes=1000)
+    seen: list[tuple[AppendInfo, int]] = []
+
+    def appended(info: AppendInfo) -> None:
+        seen.append((info, log.log_end_offset))
+
+    infos = [
+        await log.append_batch_off_loop(make_batch(3, body=body(i)), 4, appended) for i in range(10)
+    ]
+    assert [(i.first_offset, i.last_offset) for i in infos] == [
+        (3 * n, 3 * n + 2) for n in range(10)
+    ]
+    assert seen == [(info, info.last_offset + 1) for info in infos]
+    assert len(log.segments) > 2
+    assert bodies(read_all(log, split)) == [body(i) for i in range(10)]
+    assert {read_header(b).partition_leader_epoch for b in read_all(log, split)} == {4}
+
+
+async def test_other_changes_to_the_log_take_in_a_write_under_way_first(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 2)  # offsets 0-5
+    appended: list[AppendInfo] = []
+    append = asyncio.create_task(
+        log.append_batch_off_loop(make_batch(3, body=body(2)), 1, appended.append)
+    )
+    await asyncio.sleep(0)  # the append has handed its batch to a writer thread
+    assert log.log_end_offset == 6
+    log.truncate_to(7)  # inside the batch being written: it goes again, whole
+    assert [(i.first_offset, i.last_offset) for i in appended] == [(6, 8)]
+    assert (await append).first_offset == 6
+    assert log.log_end_offset == 6
+    log.append_as_leader(make_batch(1, body=body(3)), leader_epoch=1)
+    assert bodies(read_all(log, split)) == [body(0), body(1), body(3)]
+
+
+async def test_closing_the_log_waits_for_a_write_under_way(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log()
+    append = asyncio.create_task(
+        log.append_batch_off_loop(make_batch(2, body=body(0)), 1, lambda _: None)
+    )
+    await asyncio.sleep(0)
+    log.close()
+    assert (await append).last_offset == 1
+    reopened = open_log()
+    assert reopened.log_end_offset == 2
+    assert bodies(read_all(reopened, split)) == [body(0)]
+
+
+async def test_a_failed_write_off_the_loop_leaves_the_log_as_it_was(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 1)
+    segment = log.segments[-1]
+
+    def fail(data: bytes) -> None:
+        raise StorageError("disk full")
+
+    monkeypatch.setattr(segment, "write", fail)
+    appended: list[AppendInfo] = []
+    with pytest.raises(StorageError, match="disk full"):
+        await log.append_batch_off_loop(make_batch(3), 1, appended.append)
+    assert appended == []
+    assert log.log_end_offset == 3
+    monkeypatch.undo()
+    info = await log.append_batch_off_loop(make_batch(2, body=body(1)), 1, appended.append)
+    assert (info.first_offset, info.last_offset) == (3, 4)
+    assert bodies(read_all(log, split)) == [body(0), body(1)]
 
 
 # -- follower appends --------------------------------------------------------------------

@@ -4,11 +4,13 @@ segments named by their 20-digit base offset, plus the partition's leader epoch 
 Appends go to the last (active) segment, which rolls on segment.bytes, segment.ms or a full
 index. Reads serve whole stored batches without decoding them. Loading recovers what a crash
 may have left half-written after the recovery point (the offset up to which everything was
-fsynced). The log is not thread-safe: the broker drives it from its event loop.
+fsynced). The log is not thread-safe: the broker drives it from its event loop, and only the
+bytes of a produced batch are written by a worker thread, which the log takes in on the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import contextlib
 import logging
@@ -18,6 +20,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +61,9 @@ DELETE_DIR_SUFFIX = "-delete"
 _STRAY_SUFFIXES = (".deleted", ".cleaned", TEMP_SUFFIX)
 _SEGMENT_FILE = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)")
 _PARTITION = re.compile(r"[0-9]+")
+# Threads that copy produced batches into the page cache, off the event loop; each log has at
+# most one write in flight.
+_WRITERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="log-writer")
 
 
 def wall_clock_ms() -> int:
@@ -83,6 +89,17 @@ class AppendInfo:
     max_timestamp: int
     offset_of_max_timestamp: int
     size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingWrite:
+    """A batch that a worker thread is writing to the end of `segment`."""
+
+    segment: LogSegment
+    header: BatchHeader
+    write: Future[None]
+    appended: asyncio.Future[AppendInfo]
+    on_appended: Callable[[AppendInfo], None]
 
 
 class Log:
@@ -113,6 +130,7 @@ class Log:
         self.flush_in_background: Callable[[Log, FlushJob], None] | None = None
         # Bumped by whatever makes a flush job in flight describe the wrong files.
         self._generation = 0
+        self._pending_write: _PendingWrite | None = None
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT)
         )
@@ -182,6 +200,58 @@ class Log:
     def append_as_leader(self, batches: bytearray, leader_epoch: int) -> AppendInfo:
         """Append validated batches, assigning offsets from the LEO: each batch's base offset
         and partition leader epoch are patched in place (outside the CRC)."""
+        self._take_in_pending_write()
+        return self._append(batches, self._assign_offsets(batches, leader_epoch))
+
+    async def append_batch_off_loop(
+        self, batch: bytearray, leader_epoch: int, on_appended: Callable[[AppendInfo], None]
+    ) -> AppendInfo:
+        """append_as_leader for one batch, with the file write on a worker thread: copying
+        the bytes into the OS page cache is the largest cost of a produce, and the event loop
+        serves other requests meanwhile. The log itself changes only on the loop, when the
+        write is done: the LEO moves, the batch is indexed, then `on_appended` runs, before
+        any other change to the log (which waits for the write). Callers append one batch at
+        a time per log."""
+        self._take_in_pending_write()
+        (header,) = headers = self._assign_offsets(batch, leader_epoch)
+        now = self._time_ms()
+        self._assign_epochs(headers)
+        segment = self._segments[-1]
+        if self._should_roll(segment, 0, header, now):
+            segment = self._roll(header.base_offset, now)
+        loop = asyncio.get_running_loop()
+        write = _WRITERS.submit(segment.write, batch)
+        pending = _PendingWrite(segment, header, write, loop.create_future(), on_appended)
+        self._pending_write = pending
+        write.add_done_callback(lambda _: loop.call_soon_threadsafe(self._take_in_write, pending))
+        return await asyncio.shield(pending.appended)
+
+    def _take_in_write(self, pending: _PendingWrite) -> None:
+        if self._pending_write is pending:
+            self._take_in_pending_write()
+
+    def _take_in_pending_write(self) -> None:
+        """Take in the batch a worker thread is writing, waiting for the write if need be:
+        every other change to the log must see it."""
+        pending, self._pending_write = self._pending_write, None
+        if pending is None:
+            return
+        try:
+            pending.write.result()
+        except StorageError as e:
+            pending.appended.set_exception(e)
+            return
+        except OSError as e:  # the files were closed under the write
+            pending.appended.set_exception(StorageError(f"{self.name}: write failed: {e}"))
+            return
+        pending.segment.take_in([pending.header], self.config.index_interval_bytes)
+        info = self._appended([pending.header], pending.header.size)
+        # The appender resumes only after on_appended, which may not leave it waiting.
+        pending.appended.set_result(info)
+        pending.on_appended(info)
+
+    def _assign_offsets(self, batches: bytearray, leader_epoch: int) -> list[BatchHeader]:
+        """Patch each batch's base offset, counting from the LEO, and the leader epoch."""
         headers = _split_batches(batches)
         for header in headers:
             if header.size > self.config.segment_bytes:
@@ -198,11 +268,12 @@ class Log:
             assigned.append(header)
             offset = header.next_offset
             position += header.size
-        return self._append(batches, assigned)
+        return assigned
 
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append batches copied from the leader, offsets already assigned: the first must
         start at our LEO and each must start after the previous one ends."""
+        self._take_in_pending_write()
         headers = _split_batches(batches)
         view = memoryview(batches)
         expected = self.log_end_offset
@@ -230,10 +301,7 @@ class Log:
         self, data: bytes | bytearray | memoryview, headers: Sequence[BatchHeader]
     ) -> AppendInfo:
         now = self._time_ms()
-        cache = self.leader_epoch_cache
-        for header in headers:
-            if header.partition_leader_epoch > cache.latest_epoch:
-                cache.assign(header.partition_leader_epoch, header.base_offset)
+        self._assign_epochs(headers)
         view = memoryview(data)
         interval = self.config.index_interval_bytes
         segment = self._segments[-1]
@@ -249,14 +317,23 @@ class Log:
             group.append(header)
             position += header.size
         segment.append(view[group_start:position], group, interval)
+        return self._appended(headers, position)
 
+    def _assign_epochs(self, headers: Sequence[BatchHeader]) -> None:
+        cache = self.leader_epoch_cache
+        for header in headers:
+            if header.partition_leader_epoch > cache.latest_epoch:
+                cache.assign(header.partition_leader_epoch, header.base_offset)
+
+    def _appended(self, headers: Sequence[BatchHeader], size_bytes: int) -> AppendInfo:
+        """What an append added, once in the log; flush.messages may flush it."""
         top = max(headers, key=lambda h: h.max_timestamp)
         info = AppendInfo(
             first_offset=headers[0].base_offset,
             last_offset=headers[-1].last_offset,
             max_timestamp=top.max_timestamp,
             offset_of_max_timestamp=top.last_offset,
-            size_bytes=position,
+            size_bytes=size_bytes,
         )
         unflushed = self.log_end_offset - self.recovery_point
         if self.config.flush_messages is not None and unflushed >= self.config.flush_messages:
@@ -336,6 +413,7 @@ class Log:
     def truncate_to(self, offset: int) -> None:
         """Drop every record at or after `offset` (a follower whose log diverged). Batches
         are whole: the LEO becomes the start of the batch holding `offset`."""
+        self._take_in_pending_write()
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= self.log_end_offset:
@@ -364,6 +442,7 @@ class Log:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at `offset`: log start = LEO = offset."""
         self._generation += 1
+        self._take_in_pending_write()
         for segment in reversed(self._segments):
             segment.delete()
         self._segments = [LogSegment.create(self.dir, offset, self._time_ms())]
@@ -380,6 +459,7 @@ class Log:
         """Delete the oldest segments that retention.ms or retention.bytes let go (never the
         active one); the log start offset moves to the first kept segment. Returns how many
         segments went."""
+        self._take_in_pending_write()
         candidates = self._segments[:-1]
         deletable = 0
         retention_ms = self.config.retention_ms
@@ -469,6 +549,7 @@ class Log:
 
     def close(self) -> None:
         """Flush, then close every file."""
+        self._take_in_pending_write()
         self.flush()
         self._generation += 1
         for segment in self._segments:
@@ -477,6 +558,7 @@ class Log:
     def delete(self) -> None:
         """Remove the log from disk: renamed away first, so a crash midway leaves a directory
         that the next start removes rather than a half-deleted log."""
+        self._take_in_pending_write()
         for segment in self._segments:
             segment.close()
         self._generation += 1

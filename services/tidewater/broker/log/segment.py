@@ -150,6 +150,13 @@ class LogSegment:
         index_interval_bytes: int,
     ) -> None:
         """Append whole batches (`headers` describe `data`, in order) and index them."""
+        self.write(data)
+        self.take_in(headers, index_interval_bytes)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Write whole batches after the end of the segment, which does not count them until
+        take_in(). Touches nothing but the file, so a worker thread may run it while nothing
+        else changes the segment."""
         position = self._size
         view = memoryview(data)
         try:
@@ -161,6 +168,9 @@ class LogSegment:
             # Leave no partial batch behind for the next append to build on.
             os.ftruncate(self._fd, self._size)
             raise StorageError(f"{self.log_path}: write failed: {e}") from e
+
+    def take_in(self, headers: Sequence[BatchHeader], index_interval_bytes: int) -> None:
+        """Count and index the batches that write() put after the end of the segment."""
         position = self._size
         for header in headers:
             self._track(position, header, index_interval_bytes)

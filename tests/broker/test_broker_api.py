@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -389,6 +390,31 @@ async def test_a_produce_waiting_for_its_turn_is_refused_once_the_replica_stops(
     written, refused = (await first).partitions[0], (await second).partitions[0]
     assert (written.error_code, written.base_offset) == (ErrorCode.NONE, 0)
     assert refused.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_a_new_leader_epoch_starts_after_a_batch_still_being_written(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    rm = server.replica_manager
+    log = rm.partitions[(TOPIC, 0)].log
+    segment = log.segments[-1]
+    write, written = segment.write, threading.Event()
+
+    def slow_write(data: bytes) -> None:
+        written.wait(10)
+        write(data)
+
+    monkeypatch.setattr(segment, "write", slow_write)
+    produce = asyncio.create_task(rm.produce(produce_request(batch_of([b"a"]))))
+    await asyncio.sleep(0)  # the batch is being written, slowly
+    threading.Timer(0.2, written.set).start()
+    await rm.become_leader_or_follower(
+        leader_and_isr_request(TOPIC, 0, leader=1, leader_epoch=2, replicas=[1])
+    )
+    assert (await produce).partitions[0].base_offset == 0
+    assert [tuple(e) for e in log.leader_epoch_cache.epoch_entries] == [(1, 0), (2, 1)]
 
 
 async def test_fetch_offset_out_of_range_and_epoch_fencing(leader: Any) -> None:

@@ -178,6 +178,8 @@ class ReplicaManager:
                 hosted = self._create_partition(tp, config)
             else:
                 hosted.reconfigure(config, self.config.replica_lag_time_max_ms)
+            # The new role starts at the LEO, which must include a batch still being written.
+            hosted.log.take_in_pending_write()
             state = LeaderAndIsr(
                 leader=ps.leader,
                 leader_epoch=ps.leader_epoch,

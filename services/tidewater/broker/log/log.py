@@ -200,7 +200,7 @@ class Log:
     def append_as_leader(self, batches: bytearray, leader_epoch: int) -> AppendInfo:
         """Append validated batches, assigning offsets from the LEO: each batch's base offset
         and partition leader epoch are patched in place (outside the CRC)."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         return self._append(batches, self._assign_offsets(batches, leader_epoch))
 
     async def append_batch_off_loop(
@@ -212,7 +212,7 @@ class Log:
         write is done: the LEO moves, the batch is indexed, then `on_appended` runs, before
         any other change to the log (which waits for the write). Callers append one batch at
         a time per log."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         (header,) = headers = self._assign_offsets(batch, leader_epoch)
         now = self._time_ms()
         self._assign_epochs(headers)
@@ -228,11 +228,12 @@ class Log:
 
     def _take_in_write(self, pending: _PendingWrite) -> None:
         if self._pending_write is pending:
-            self._take_in_pending_write()
+            self.take_in_pending_write()
 
-    def _take_in_pending_write(self) -> None:
+    def take_in_pending_write(self) -> None:
         """Take in the batch a worker thread is writing, waiting for the write if need be:
-        every other change to the log must see it."""
+        every other change to the log must see it, and so must a change of the partition's
+        role (a new leader epoch starts at the LEO)."""
         pending, self._pending_write = self._pending_write, None
         if pending is None:
             return
@@ -273,7 +274,7 @@ class Log:
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append batches copied from the leader, offsets already assigned: the first must
         start at our LEO and each must start after the previous one ends."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         headers = _split_batches(batches)
         view = memoryview(batches)
         expected = self.log_end_offset
@@ -413,7 +414,7 @@ class Log:
     def truncate_to(self, offset: int) -> None:
         """Drop every record at or after `offset` (a follower whose log diverged). Batches
         are whole: the LEO becomes the start of the batch holding `offset`."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= self.log_end_offset:
@@ -442,7 +443,7 @@ class Log:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at `offset`: log start = LEO = offset."""
         self._generation += 1
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         for segment in reversed(self._segments):
             segment.delete()
         self._segments = [LogSegment.create(self.dir, offset, self._time_ms())]
@@ -459,7 +460,7 @@ class Log:
         """Delete the oldest segments that retention.ms or retention.bytes let go (never the
         active one); the log start offset moves to the first kept segment. Returns how many
         segments went."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         candidates = self._segments[:-1]
         deletable = 0
         retention_ms = self.config.retention_ms
@@ -549,7 +550,7 @@ class Log:
 
     def close(self) -> None:
         """Flush, then close every file."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         self.flush()
         self._generation += 1
         for segment in self._segments:
@@ -558,7 +559,7 @@ class Log:
     def delete(self) -> None:
         """Remove the log from disk: renamed away first, so a crash midway leaves a directory
         that the next start removes rather than a half-deleted log."""
-        self._take_in_pending_write()
+        self.take_in_pending_write()
         for segment in self._segments:
             segment.close()
         self._generation += 1

@@ -8,6 +8,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tidewater.stats import percentile
 from tidewater.tracereport.otlp_json import Span
 from tidewater.tracereport.stages import (
     STAGES,
@@ -15,7 +16,6 @@ from tidewater.tracereport.stages import (
     ProduceTrace,
     Skip,
     latency_report,
-    percentile,
     produce_trace,
 )
 

@@ -15,7 +15,7 @@ from tidewater.client.admin import Admin
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import ClusterFile
-from tidewater.tools.bench import percentile
+from tidewater.stats import percentile
 
 TOPIC = "demo"
 PARTITIONS = 3

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer, RecordFuture
 from tidewater.errors import InvalidConfig, RequestTimedOut
+from tidewater.stats import percentile
 from tidewater.tools.options import (
     add_connection_options,
     bootstrap,
@@ -159,8 +160,3 @@ def _latency_summary(sorted_s: Sequence[float]) -> str:
         parts.append(f"{percentile(sorted_s, p) * 1e3:.1f} ms p{p * 100:g}")
     parts.append(f"{sorted_s[-1] * 1e3:.1f} ms max")
     return ", ".join(parts)
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """The value below which a fraction p of the (ascending) values lie."""
-    return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tidewater.stats import percentile
 from tidewater.tracereport.otlp_json import AttributeValue, Span
 
 STAGES = ("queueing", "network", "append", "replication", "response")
@@ -93,11 +94,6 @@ class LatencyReport:
     @property
     def skipped_total(self) -> int:
         return sum(self.skipped.values())
-
-
-def percentile(sorted_values: Sequence[int], q: float) -> int:
-    """Nearest-rank percentile: always a value that was observed."""
-    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
 def latency_report(spans: Iterable[Span]) -> LatencyReport:

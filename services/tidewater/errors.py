@@ -19,8 +19,14 @@ class TidewaterError(Exception):
     def code_name(self) -> str:
         return ErrorCode.Name(self.code)
 
+    @property
+    def message(self) -> str:
+        """The explanation without the code's name: what a response's error_message carries
+        beside its error_code, so that a client naming the code does not repeat it."""
+        return str(self.args[0])
+
     def __str__(self) -> str:
-        return f"{self.code_name}: {self.args[0]}"
+        return f"{self.code_name}: {self.message}"
 
 
 class CorruptMessage(TidewaterError):

@@ -41,7 +41,7 @@ class ProducerIdManager:
             )
         except TidewaterError as e:
             return pb.InitProducerIdResponse(
-                error_code=e.code, error_message=str(e), producer_id=-1, producer_epoch=-1
+                error_code=e.code, error_message=e.message, producer_id=-1, producer_epoch=-1
             )
         return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 

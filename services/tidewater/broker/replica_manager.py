@@ -126,7 +126,7 @@ class ReplicaManager:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
-            return pb.LeaderAndIsrResponse(error_code=e.code, error_message=str(e))
+            return pb.LeaderAndIsrResponse(error_code=e.code, error_message=e.message)
         self.controller_epoch = request.controller_epoch
         configs = {tc.topic: dict(tc.configs) for tc in request.topic_configs}
         leaders = {
@@ -142,7 +142,7 @@ class ReplicaManager:
                     topic=ps.topic,
                     partition=ps.partition,
                     error_code=error.code if error else ErrorCode.NONE,
-                    error_message=str(error) if error else "",
+                    error_message=error.message if error else "",
                 )
             )
         return response
@@ -239,7 +239,7 @@ class ReplicaManager:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
-            return pb.StopReplicaResponse(error_code=e.code, error_message=str(e))
+            return pb.StopReplicaResponse(error_code=e.code, error_message=e.message)
         self.controller_epoch = request.controller_epoch
         response = pb.StopReplicaResponse()
         for sp in request.partitions:
@@ -265,7 +265,7 @@ class ReplicaManager:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
-            return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=str(e))
+            return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=e.message)
         self.controller_epoch = request.controller_epoch
         self.usable_brokers = {b.broker_id for b in request.live_brokers}
         return cluster_pb2.UpdateMetadataResponse()
@@ -415,7 +415,7 @@ class ReplicaManager:
             topic=data.topic,
             partition=data.partition,
             error_code=error.code,
-            error_message=str(error),
+            error_message=error.message,
             base_offset=-1,
             log_append_time_ms=-1,
             log_start_offset=-1,
@@ -446,7 +446,7 @@ class ReplicaManager:
             context = self.fetch_sessions.context(request, self.time_ms())
         except TidewaterError as e:
             return pb.FetchResponse(
-                correlation_id=request.correlation_id, error_code=e.code, error_message=str(e)
+                correlation_id=request.correlation_id, error_code=e.code, error_message=e.message
             )
         # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
         follower = self._from_follower(request)
@@ -561,7 +561,7 @@ class ReplicaManager:
             topic=fp.topic,
             partition=fp.partition,
             error_code=error.code,
-            error_message=str(error),
+            error_message=error.message,
             high_watermark=-1,
             log_start_offset=-1,
             log_end_offset=-1,
@@ -640,7 +640,7 @@ class ReplicaManager:
                 self._find_offset(partition, lp, request.replica_id, result)
             except TidewaterError as e:
                 result.error_code = e.code
-                result.error_message = str(e)
+                result.error_message = e.message
             response.partitions.append(result)
         return response
 
@@ -688,7 +688,7 @@ class ReplicaManager:
                 )
             except TidewaterError as e:
                 result.error_code = e.code
-                result.error_message = str(e)
+                result.error_message = e.message
             response.partitions.append(result)
         return response
 

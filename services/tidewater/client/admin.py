@@ -148,5 +148,4 @@ class Admin:
 
 def _raise_if(code: int, message: str) -> None:
     if code != ErrorCode.NONE:
-        # The controller's messages may start with the code's name: the error names it once.
-        raise error_for(code, message.removeprefix(f"{ErrorCode.Name(code)}: "))
+        raise error_for(code, message)

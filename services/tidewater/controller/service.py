@@ -63,7 +63,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             await self._c.submit(event)
         except TidewaterError as e:
             response.error_code = e.code
-            response.error_message = str(e)
+            response.error_message = e.message
         await self._fill_controller(response.controller)
         return response
 
@@ -190,7 +190,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     )
                 except TidewaterError as e:
                     result.error_code = e.code
-                    result.error_message = str(e)
+                    result.error_message = e.message
             committed = {c.tp for c in await self._c.commit(valid)}
             for c in valid:
                 if c.tp not in committed:
@@ -255,7 +255,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     )
                 except TidewaterError as e:
                     result.error_code = e.code
-                    result.error_message = str(e)
+                    result.error_message = e.message
 
         return await self._answer(response, event)
 
@@ -362,7 +362,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     await self._create_partitions(topic, request.validate_only)
                 except TidewaterError as e:
                     result.error_code = e.code
-                    result.error_message = str(e)
+                    result.error_message = e.message
 
         return await self._answer(response, event)
 
@@ -419,7 +419,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                         changes.append(unclean_leader_change(model, tp, self._c.epoch))
                 except TidewaterError as e:
                     result.error_code = e.code
-                    result.error_message = str(e)
+                    result.error_message = e.message
             committed = {c.tp for c in await self._c.commit_and_send(changes)}
             for result in response.partitions:
                 tp = (result.topic, result.partition)
@@ -448,7 +448,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     await self._c.reassign(tp, None if p.cancel else tuple(p.replicas))
                 except TidewaterError as e:
                     result.error_code = e.code
-                    result.error_message = str(e)
+                    result.error_message = e.message
 
         return await self._answer(response, event)
 

@@ -47,7 +47,7 @@ class MetadataControl(metadata_pb2_grpc.MetadataControlServicer):
             self._cache.apply(request)
         except TidewaterError as e:
             log.info("refused UpdateMetadata: %s", e)
-            return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=str(e))
+            return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=e.message)
         if not had_view:
             log.info(
                 "first cluster view applied (controller %d, epoch %d)",

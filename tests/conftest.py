@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from tidewater.broker.config import BrokerConfig
+from tidewater.broker.log import log as log_module
 from tidewater.broker.server import BrokerServer
 from tidewater.local.process import ManagedProcess, broker_args
 from tidewater.rpc.server import CHANNEL_OPTIONS
@@ -70,3 +71,9 @@ def broker_processes(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     yield make
     for proc in started:
         proc.kill()
+
+
+@pytest.fixture
+def off_loop_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Produced batches go to a writer thread however small (normally only large ones do)."""
+    monkeypatch.setattr(log_module, "OFF_LOOP_WRITE_BYTES", 0)

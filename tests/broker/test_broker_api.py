@@ -355,6 +355,7 @@ async def test_not_leader_after_becoming_follower(leader: Any) -> None:
     assert fetched.partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
+@pytest.mark.usefixtures("off_loop_writes")
 async def test_concurrent_produces_to_a_partition_append_in_arrival_order(
     start_broker: Callable[..., Any],
 ) -> None:
@@ -371,6 +372,7 @@ async def test_concurrent_produces_to_a_partition_append_in_arrival_order(
     assert [r.value for r in records] == values
 
 
+@pytest.mark.usefixtures("off_loop_writes")
 @pytest.mark.parametrize("delete", [False, True])
 async def test_a_produce_waiting_for_its_turn_is_refused_once_the_replica_stops(
     start_broker: Callable[..., Any], delete: bool
@@ -393,6 +395,7 @@ async def test_a_produce_waiting_for_its_turn_is_refused_once_the_replica_stops(
     assert refused.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
+@pytest.mark.usefixtures("off_loop_writes")
 async def test_a_new_leader_epoch_starts_after_a_batch_still_being_written(
     start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -217,6 +217,27 @@ def test_topic_and_partition_come_from_the_directory_name(tmp_path: Path) -> Non
 # -- appends written off the event loop ---------------------------------------------------
 
 
+async def test_a_small_batch_is_in_the_log_before_the_loop_runs_anything_else(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    log = open_log()
+    fill(log, make_batch, 1)  # offsets 0-2
+    appended: list[tuple[AppendInfo, int]] = []
+    append = asyncio.create_task(
+        log.append_batch_off_loop(
+            make_batch(3, body=body(1)), 2, lambda info: appended.append((info, log.log_end_offset))
+        )
+    )
+    await asyncio.sleep(0)  # one turn of the loop: the append's first and only step
+    assert append.done()
+    info = append.result()
+    assert (info.first_offset, info.last_offset) == (3, 5)
+    assert appended == [(info, 6)]
+    assert bodies(read_all(log, split)) == [body(0), body(1)]
+    assert read_header(read_all(log, split)[-1]).partition_leader_epoch == 2
+
+
+@pytest.mark.usefixtures("off_loop_writes")
 async def test_a_batch_written_off_the_loop_is_in_the_log_when_the_append_returns(
     open_log: OpenLog, make_batch: MakeBatch, split: Split
 ) -> None:
@@ -238,6 +259,7 @@ async def test_a_batch_written_off_the_loop_is_in_the_log_when_the_append_return
     assert {read_header(b).partition_leader_epoch for b in read_all(log, split)} == {4}
 
 
+@pytest.mark.usefixtures("off_loop_writes")
 async def test_other_changes_to_the_log_take_in_a_write_under_way_first(
     open_log: OpenLog, make_batch: MakeBatch, split: Split
 ) -> None:
@@ -257,6 +279,7 @@ async def test_other_changes_to_the_log_take_in_a_write_under_way_first(
     assert bodies(read_all(log, split)) == [body(0), body(1), body(3)]
 
 
+@pytest.mark.usefixtures("off_loop_writes")
 async def test_closing_the_log_waits_for_a_write_under_way(
     open_log: OpenLog, make_batch: MakeBatch, split: Split
 ) -> None:
@@ -272,6 +295,7 @@ async def test_closing_the_log_waits_for_a_write_under_way(
     assert bodies(read_all(reopened, split)) == [body(0)]
 
 
+@pytest.mark.usefixtures("off_loop_writes")
 async def test_a_failed_write_off_the_loop_leaves_the_log_as_it_was(
     open_log: OpenLog, make_batch: MakeBatch, split: Split, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -39,6 +40,37 @@ REPLICATE = f"/{SERVICE}/Replicate"
 ACK = b"ok"
 WARMUP = 20
 CALL_TIMEOUT_S = 60.0
+# The broker's default cache.drop.behind.bytes, and how often its log applies it.
+DROP_BEHIND_BYTES = 64 * 1024 * 1024
+DROP_STEP = 4 * 1024 * 1024
+
+
+class AppendFile:
+    """An append-only file written unbuffered (the OS flushes when it likes, the log's default
+    flush policy) that keeps about `drop_behind` bytes of its tail in the page cache, as the
+    log does by default (cache.drop.behind.bytes); -1 leaves the page cache to the OS. The
+    same few lines as the log's, repeated so that references import no Tidewater code."""
+
+    def __init__(self, path: Path, drop_behind: int = DROP_BEHIND_BYTES) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._drop_behind = drop_behind
+        self._size = self._drop_from = self._dropped_to = 0
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(self._fd, view)
+            view = view[written:]
+            self._size += written
+        end = self._size - self._drop_behind
+        if self._drop_behind >= 0 and end - self._dropped_to >= DROP_STEP:
+            os.posix_fadvise(
+                self._fd, self._drop_from, end - self._drop_from, os.POSIX_FADV_DONTNEED
+            )
+            self._drop_from, self._dropped_to = self._dropped_to, end
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 # -- servers -----------------------------------------------------------------------------
@@ -72,16 +104,18 @@ def echo_handlers() -> dict[str, grpc.RpcMethodHandler]:
 
 
 def follower_handlers(out: Path) -> dict[str, grpc.RpcMethodHandler]:
-    """Appends every message to a file (unbuffered: each write reaches the OS, which flushes
-    it when it likes, like the log's default policy) and acks it."""
+    """Appends every message to an AppendFile and acks it."""
 
     async def replicate(
         requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        with out.open("ab", buffering=0) as f:
+        f = AppendFile(out)
+        try:
             async for request in requests:
                 f.write(request)
                 yield ACK
+        finally:
+            f.close()
 
     return {"Replicate": grpc.stream_stream_rpc_method_handler(replicate)}
 

@@ -2,7 +2,7 @@
 bare grpc.aio echo server receiving the same bytes, measured in the same run.
 
     .venv/bin/python tests/benchmarks/bench_broker_produce.py [--seconds 3] [--rounds 3]
-        [--in-flight 4]
+        [--in-flight 4] [--drop-behind BYTES]
 
 All servers run as child processes; the client sends identical pre-serialized ProduceRequest
 bytes to each, so client cost is the same and only the server side differs. A second
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import grpc
-from bare_grpc import SERVICE, serve
+from bare_grpc import DROP_BEHIND_BYTES, SERVICE, AppendFile, serve
 from bench_replication import cpu_seconds, drain_writeback
 
 from tidewater.local.process import ManagedProcess, broker_args
@@ -40,10 +40,10 @@ PRODUCE = "/tidewater.v1.BrokerService/Produce"
 RECEIVE = f"/{SERVICE}/Receive"
 
 
-def receive_handlers(append_to: Path | None) -> dict[str, grpc.RpcMethodHandler]:
+def receive_handlers(append_to: Path | None, drop_behind: int) -> dict[str, grpc.RpcMethodHandler]:
     """No Tidewater code: takes the bytes and answers a few bytes. With `append_to`, first
-    appends them to that file, unbuffered, as the log does (the OS flushes when it likes)."""
-    out = append_to.open("ab", buffering=0) if append_to else None
+    appends them to that file with the log's page cache policy (an AppendFile)."""
+    out = AppendFile(append_to, drop_behind) if append_to else None
 
     async def receive(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if out is not None:
@@ -53,8 +53,10 @@ def receive_handlers(append_to: Path | None) -> dict[str, grpc.RpcMethodHandler]
     return {"Receive": grpc.unary_unary_rpc_method_handler(receive)}
 
 
-def start_reference(ready: Path, append_to: Path | None = None) -> subprocess.Popen[bytes]:
-    args = [sys.executable, __file__, "--reference", str(ready)]
+def start_reference(
+    ready: Path, drop_behind: int, append_to: Path | None = None
+) -> subprocess.Popen[bytes]:
+    args = [sys.executable, __file__, "--reference", str(ready), "--drop-behind", str(drop_behind)]
     if append_to is not None:
         args += ["--append-to", str(append_to)]
     return subprocess.Popen(args)
@@ -96,7 +98,7 @@ async def drive(
         return sent / elapsed / 1e6, cpu_ms / (sent / 2**20)
 
 
-async def main(seconds: float, rounds: int, in_flight: int) -> None:
+async def main(seconds: float, rounds: int, in_flight: int, drop_behind: int) -> None:
     # 1000 records of 1 KiB: just under the default max.message.bytes (1048588).
     batch = build_batch([Record(value=os.urandom(1024)) for _ in range(1000)])
     payload = pb.ProduceRequest(
@@ -104,7 +106,8 @@ async def main(seconds: float, rounds: int, in_flight: int) -> None:
     ).SerializeToString()
     print(
         f"batch size {len(batch) / 2**20:.2f} MiB, {in_flight} in flight, "
-        f"{rounds} rounds of {seconds} s per server; MB/s [server CPU ms per MiB]"
+        f"{rounds} rounds of {seconds} s per server, cache.drop.behind.bytes={drop_behind}; "
+        "MB/s [server CPU ms per MiB]"
     )
     print("round   bare echo          echo + file append   tidewater produce   ratio  ratio")
     print("                                                                      echo   append")
@@ -112,10 +115,13 @@ async def main(seconds: float, rounds: int, in_flight: int) -> None:
     floor_ratios: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        echo = start_reference(root / "echo.ready")
-        appender = start_reference(root / "append.ready", root / "append.out")
+        echo = start_reference(root / "echo.ready", drop_behind)
+        appender = start_reference(root / "append.ready", drop_behind, root / "append.out")
         references = [(echo, root / "echo.ready"), (appender, root / "append.ready")]
-        broker = ManagedProcess("broker-1", broker_args(1, root / "b1", "127.0.0.1:0", {}), root)
+        settings = {"log.cache.drop.behind.bytes": str(drop_behind)}
+        broker = ManagedProcess(
+            "broker-1", broker_args(1, root / "b1", "127.0.0.1:0", settings), root
+        )
         try:
             address = broker.start()
             async with grpc.aio.insecure_channel(address) as channel:
@@ -158,8 +164,14 @@ if __name__ == "__main__":
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--reference", type=Path, help="run a reference server (ready file)")
     parser.add_argument("--append-to", type=Path)
+    parser.add_argument(
+        "--drop-behind",
+        type=int,
+        default=DROP_BEHIND_BYTES,
+        help="cache.drop.behind.bytes for the broker and the file reference (-1: Kafka's policy)",
+    )
     args = parser.parse_args()
     if args.reference:
-        asyncio.run(serve(receive_handlers(args.append_to), args.reference))
+        asyncio.run(serve(receive_handlers(args.append_to, args.drop_behind), args.reference))
     else:
-        asyncio.run(main(args.seconds, args.rounds, args.in_flight))
+        asyncio.run(main(args.seconds, args.rounds, args.in_flight, args.drop_behind))

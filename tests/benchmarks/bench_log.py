@@ -1,12 +1,13 @@
 """Log append and sequential read throughput as a ratio of a plain file, in the same run.
 
     .venv/bin/python tests/benchmarks/bench_log.py [--megabytes 768] [--rounds 3]
+        [--drop-behind BYTES]
 
 Appends 1 MiB batches of 1 KiB records with Log.append_as_leader, against os.write of the
-same bytes to a plain file; both leave flushing to the OS (the log's default policy; the total
-stays under one segment, so no roll fsyncs). Then reads everything back sequentially with
-Log.read(offset, 1 MiB), against os.pread of 1 MiB chunks of the plain file. Each round runs
-both, alternating; the best round of each counts.
+same bytes to a plain file; both leave flushing to the OS and keep the same page cache window
+(cache.drop.behind.bytes; the total stays under one segment, so no roll fsyncs). Then reads
+everything back sequentially with Log.read(offset, 1 MiB), against os.pread of 1 MiB chunks
+of the plain file. Each round runs both, alternating; the best round of each counts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bare_grpc import DROP_BEHIND_BYTES, AppendFile
+
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.records.batch import Record, build_batch
@@ -25,8 +28,8 @@ from tidewater.records.header import read_header
 CHUNK = 1 << 20
 
 
-def log_append(directory: Path, batch: bytes, count: int) -> tuple[float, Log]:
-    log = Log.open(directory / "bench-0", LogConfig())
+def log_append(directory: Path, batch: bytes, count: int, drop_behind: int) -> tuple[float, Log]:
+    log = Log.open(directory / "bench-0", LogConfig(cache_drop_behind_bytes=drop_behind))
     buf = bytearray(batch)
     started = time.perf_counter()
     for _ in range(count):
@@ -34,14 +37,14 @@ def log_append(directory: Path, batch: bytes, count: int) -> tuple[float, Log]:
     return time.perf_counter() - started, log
 
 
-def file_append(directory: Path, batch: bytes, count: int) -> tuple[float, Path]:
+def file_append(directory: Path, batch: bytes, count: int, drop_behind: int) -> tuple[float, Path]:
     path = directory / "plain.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = AppendFile(path, drop_behind)
     started = time.perf_counter()
     for _ in range(count):
-        os.write(fd, batch)
+        out.write(batch)
     elapsed = time.perf_counter() - started
-    os.close(fd)
+    out.close()
     return elapsed, path
 
 
@@ -70,20 +73,20 @@ def file_read(path: Path) -> tuple[float, int]:
     return elapsed, total
 
 
-def main(megabytes: int, rounds: int) -> None:
+def main(megabytes: int, rounds: int, drop_behind: int) -> None:
     batch = build_batch([Record(value=os.urandom(1024)) for _ in range(1000)])
     count = megabytes * 2**20 // len(batch)
     size_mb = count * len(batch) / 1e6
     best = {"log append": 0.0, "file append": 0.0, "log read": 0.0, "file read": 0.0}
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
-            elapsed, path = file_append(Path(tmp), batch, count)
+            elapsed, path = file_append(Path(tmp), batch, count, drop_behind)
             best["file append"] = max(best["file append"], size_mb / elapsed)
             elapsed, total = file_read(path)
             assert total == count * len(batch)
             best["file read"] = max(best["file read"], size_mb / elapsed)
             path.unlink()
-            elapsed, log = log_append(Path(tmp), batch, count)
+            elapsed, log = log_append(Path(tmp), batch, count, drop_behind)
             best["log append"] = max(best["log append"], size_mb / elapsed)
             elapsed, total = log_read(log)
             assert total == count * len(batch)
@@ -107,5 +110,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--megabytes", type=int, default=768)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--drop-behind", type=int, default=DROP_BEHIND_BYTES, help="-1: Kafka's")
     args = parser.parse_args()
-    main(args.megabytes, args.rounds)
+    main(args.megabytes, args.rounds, args.drop_behind)

@@ -406,9 +406,9 @@ async def test_a_new_leader_epoch_starts_after_a_batch_still_being_written(
     segment = log.segments[-1]
     write, written = segment.write, threading.Event()
 
-    def slow_write(data: bytes) -> None:
+    def slow_write(data: bytes, drop_behind_bytes: int) -> None:
         written.wait(10)
-        write(data)
+        write(data, drop_behind_bytes)
 
     monkeypatch.setattr(segment, "write", slow_write)
     produce = asyncio.create_task(rm.produce(produce_request(batch_of([b"a"]))))

@@ -31,6 +31,7 @@ TOPIC_DEFAULT_NAMES = {
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
     "message.max.bytes": "max.message.bytes",
+    "log.cache.drop.behind.bytes": "cache.drop.behind.bytes",
     "min.insync.replicas": "min.insync.replicas",
 }
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import mmap
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -303,7 +305,7 @@ async def test_a_failed_write_off_the_loop_leaves_the_log_as_it_was(
     fill(log, make_batch, 1)
     segment = log.segments[-1]
 
-    def fail(data: bytes) -> None:
+    def fail(data: bytes, drop_behind_bytes: int) -> None:
         raise StorageError("disk full")
 
     monkeypatch.setattr(segment, "write", fail)
@@ -609,6 +611,41 @@ def test_without_flush_settings_only_rolls_and_close_flush(
     assert log.recovery_point == 0
     log.close()
     assert log.recovery_point == 15
+
+
+# -- page cache --------------------------------------------------------------------------
+
+MIB = 1 << 20
+
+
+def cached_pages(path: Path) -> list[bool]:
+    """Which pages of the file the OS page cache holds (mincore on a private mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    with path.open("rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapping:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        if libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        del address  # no export of the mapping may outlive it
+    return [bool(b & 1) for b in vec]
+
+
+@pytest.mark.parametrize("drop_behind", [4 * MIB, -1])
+def test_drop_behind_keeps_only_the_segment_tail_in_the_page_cache(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path, drop_behind: int
+) -> None:
+    log = open_log(cache_drop_behind_bytes=drop_behind)
+    for i in range(16):
+        log.append_as_leader(make_batch(1, body=body(i, MIB)), leader_epoch=1)
+        log.flush()  # the OS drops only pages already written back
+    cached = cached_pages(log_dir / segment_files(log_dir)[0])
+    newest_mib = cached[-MIB // mmap.PAGESIZE :]
+    older = cached[: 8 * MIB // mmap.PAGESIZE]
+    assert all(newest_mib)
+    assert not any(older) if drop_behind >= 0 else all(older)
+    assert bodies(read_all(log, split)) == [body(i, MIB) for i in range(16)]
 
 
 # -- timestamps --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ def test_defaults_are_kafkas() -> None:
     assert config.flush_messages is None
     assert config.flush_ms is None
     assert config.max_message_bytes == 1048588
+    assert config.cache_drop_behind_bytes == 64 * 1024 * 1024  # not Kafka's: see LogConfig
 
 
 def test_from_properties_reads_kafka_names() -> None:
@@ -31,6 +32,7 @@ def test_from_properties_reads_kafka_names() -> None:
             "flush.messages": "1",
             "flush.ms": "1000",
             "max.message.bytes": "500",
+            "cache.drop.behind.bytes": "-1",
         }
     )
     assert config == LogConfig(
@@ -43,6 +45,7 @@ def test_from_properties_reads_kafka_names() -> None:
         flush_messages=1,
         flush_ms=1000,
         max_message_bytes=500,
+        cache_drop_behind_bytes=-1,
     )
 
 

@@ -36,13 +36,17 @@ _SETTINGS = {
     "flush.messages": _Setting("flush_messages", 1, optional=True),
     "flush.ms": _Setting("flush_ms", 0, optional=True),
     "max.message.bytes": _Setting("max_message_bytes", 0, INT32_MAX),
+    "cache.drop.behind.bytes": _Setting("cache_drop_behind_bytes", -1),
 }
 
 
 @dataclass(frozen=True)
 class LogConfig:
     """-1 retention means unbounded; None flush settings leave flushing to the OS (Kafka's way:
-    durability comes from replication, and recovery handles what the OS had not written)."""
+    durability comes from replication, and recovery handles what the OS had not written).
+    cache.drop.behind.bytes (not Kafka's) keeps that much of each segment's tail in the OS page
+    cache and lets the OS drop what is older, so a broker's memory stays bounded and new
+    writes reuse warm pages; -1 leaves the page cache to the OS, as Kafka does."""
 
     segment_bytes: int = 1 << 30
     segment_ms: int = 7 * _DAY_MS
@@ -53,6 +57,7 @@ class LogConfig:
     flush_messages: int | None = None
     flush_ms: int | None = None
     max_message_bytes: int = 1048588
+    cache_drop_behind_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         for name, setting in _SETTINGS.items():

@@ -227,7 +227,7 @@ class Log:
         if self._should_roll(segment, 0, header, now):
             segment = self._roll(header.base_offset, now)
         loop = asyncio.get_running_loop()
-        write = _WRITERS.submit(segment.write, batch)
+        write = _WRITERS.submit(segment.write, batch, self.config.cache_drop_behind_bytes)
         pending = _PendingWrite(segment, header, write, loop.create_future(), on_appended)
         self._pending_write = pending
         write.add_done_callback(lambda _: loop.call_soon_threadsafe(self._take_in_write, pending))
@@ -312,19 +312,20 @@ class Log:
         self._assign_epochs(headers)
         view = memoryview(data)
         interval = self.config.index_interval_bytes
+        drop_behind = self.config.cache_drop_behind_bytes
         segment = self._segments[-1]
         group: list[BatchHeader] = []
         group_start = position = 0
         for header in headers:
             if self._should_roll(segment, position - group_start, header, now):
                 if group:
-                    segment.append(view[group_start:position], group, interval)
+                    segment.append(view[group_start:position], group, interval, drop_behind)
                 segment = self._roll(header.base_offset, now)
                 group = []
                 group_start = position
             group.append(header)
             position += header.size
-        segment.append(view[group_start:position], group, interval)
+        segment.append(view[group_start:position], group, interval, drop_behind)
         return self._appended(headers, position)
 
     def _assign_epochs(self, headers: Sequence[BatchHeader]) -> None:

@@ -35,6 +35,8 @@ INT32_MAX = 2**31 - 1
 _TRUST_ALL = 2**63  # above any offset: verify no CRC
 _HEADER_READAHEAD = 16 * 1024
 _BATCH_READAHEAD = 4 * 1024 * 1024
+# Drop-behind asks the OS once per this many bytes written: one syscall per several MiB.
+_DROP_STEP = 4 * 1024 * 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -91,6 +93,10 @@ class LogSegment:
         self._max_timestamp = NO_TIMESTAMP
         self._offset_of_max_timestamp = base_offset
         self._bytes_since_last_index_entry = 0
+        # Drop-behind: pages before _dropped_to were let go; those from _drop_from on may
+        # still have been dirty then, so the next call asks again.
+        self._drop_from = 0
+        self._dropped_to = 0
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, now_ms: int) -> LogSegment:
@@ -148,15 +154,17 @@ class LogSegment:
         data: bytes | bytearray | memoryview,
         headers: Sequence[BatchHeader],
         index_interval_bytes: int,
+        drop_behind_bytes: int = -1,
     ) -> None:
         """Append whole batches (`headers` describe `data`, in order) and index them."""
-        self.write(data)
+        self.write(data, drop_behind_bytes)
         self.take_in(headers, index_interval_bytes)
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview, drop_behind_bytes: int = -1) -> None:
         """Write whole batches after the end of the segment, which does not count them until
         take_in(). Touches nothing but the file, so a worker thread may run it while nothing
-        else changes the segment."""
+        else changes the segment. With `drop_behind_bytes` >= 0, the OS keeps only about that
+        many bytes of the segment's tail in its page cache (cache.drop.behind.bytes)."""
         position = self._size
         view = memoryview(data)
         try:
@@ -168,6 +176,16 @@ class LogSegment:
             # Leave no partial batch behind for the next append to build on.
             os.ftruncate(self._fd, self._size)
             raise StorageError(f"{self.log_path}: write failed: {e}") from e
+        if drop_behind_bytes >= 0:
+            self._drop_behind(position - drop_behind_bytes)
+
+    def _drop_behind(self, end: int) -> None:
+        """Let the page cache forget the file before `end`. DONTNEED starts writeback of dirty
+        pages but drops only clean ones, so each call repeats the previous call's range."""
+        if end - self._dropped_to < _DROP_STEP:
+            return
+        os.posix_fadvise(self._fd, self._drop_from, end - self._drop_from, os.POSIX_FADV_DONTNEED)
+        self._drop_from, self._dropped_to = self._dropped_to, end
 
     def take_in(self, headers: Sequence[BatchHeader], index_interval_bytes: int) -> None:
         """Count and index the batches that write() put after the end of the segment."""
@@ -204,6 +222,8 @@ class LogSegment:
         truncated = self._size - position
         os.ftruncate(self._fd, position)
         self._size = position
+        self._drop_from = min(self._drop_from, position)
+        self._dropped_to = min(self._dropped_to, position)
         self._dirty = True
         self.offset_index.truncate_to(header.base_offset)
         self.time_index.truncate_to(header.base_offset)

@@ -151,6 +151,26 @@ async def test_long_poll_returns_empty_after_max_wait(leader: Any) -> None:
     assert response.partitions[0].record_batches == b""
 
 
+async def test_a_follower_long_poll_with_a_diverging_epoch_is_answered_at_once(
+    start_broker: Callable[..., Any],
+) -> None:
+    _, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    await produce_ok(client, batch_of([b"a", b"b"]))  # epoch 1: offsets 0-1
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=3, replicas=[1, 2], isr=[1])
+    await produce_ok(client, batch_of([b"c", b"d", b"e"]))  # epoch 3: offsets 2-4
+    # A follower whose log ends at 5 in epoch 2, which this leader never had: its history
+    # agrees up to where epoch 1 ends.
+    fetch = pb.FetchRequest(replica_id=2, max_wait_ms=60_000, min_bytes=1, max_bytes=1 << 20)
+    fetch.partitions.add(
+        topic=TOPIC, partition=0, fetch_offset=5, current_leader_epoch=3, last_fetched_epoch=2
+    )
+    response = await asyncio.wait_for(client.service.Fetch(fetch), 20)
+    result = response.partitions[0]
+    assert result.error_code == ErrorCode.NONE
+    assert (result.diverging_epoch.epoch, result.diverging_epoch.end_offset) == (1, 2)
+
+
 async def test_list_offsets(leader: Any) -> None:
     for ts in (1000, 2000, 3000):
         await produce_ok(leader, build_batch([Record(value=b"x", timestamp_ms=ts)] * 2))

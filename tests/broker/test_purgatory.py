@@ -1,9 +1,13 @@
-"""The purgatory with a hand-driven timer: completion, expiry, and no leaks."""
+"""The purgatory with a hand-driven timer: completion, expiry, and no leaks; the delayed
+fetch's reads."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
+from tidewater.broker.delayed import DelayedFetch
 from tidewater.broker.purgatory import DelayedOperation, Purgatory
 
 
@@ -115,3 +119,59 @@ def test_watch_waits_for_a_change_without_trying_first() -> None:
     assert op.result is None and purgatory.watched == 1
     assert purgatory.check_and_complete("a") == 1
     assert op.result == "done"
+
+
+class FetchedLog:
+    """What a delayed fetch reads: `readable` bytes past its offset, and each read it made;
+    one fetch of it waits in a purgatory with a hand-driven timer."""
+
+    def __init__(self, min_bytes: int) -> None:
+        self.readable = 0
+        self.high_watermark = 0
+        self.reads: list[int] = []
+        self.error: Exception | None = None
+        self.timers = FakeTimers()
+        self.purgatory = Purgatory("Fetch", self.timers.schedule)
+        self.fetch: DelayedFetch[str] = DelayedFetch(
+            500, min_bytes, self.read, lambda: self.readable > 0
+        )
+        self.purgatory.watch(self.fetch, ["p"])
+
+    def read(self) -> tuple[str, int, bool]:
+        if self.error is not None:
+            raise self.error
+        self.reads.append(self.readable)
+        return f"{self.readable} bytes, HW {self.high_watermark}", self.readable, False
+
+    def changed(self) -> int:
+        return self.purgatory.check_and_complete("p")
+
+
+async def test_a_delayed_fetch_reads_only_once_something_is_readable() -> None:
+    log = FetchedLog(min_bytes=10)
+    log.high_watermark = 5
+    assert log.changed() == 0  # the HW moved: nothing to read
+    assert log.reads == []
+    log.readable = 4
+    assert log.changed() == 0  # fewer than min_bytes
+    log.readable = 12
+    assert log.changed() == 1
+    assert log.reads == [4, 12]
+    assert log.fetch.done.result() == "12 bytes, HW 5"  # the read that completed it
+
+
+async def test_an_expired_delayed_fetch_answers_with_a_read_at_expiry() -> None:
+    log = FetchedLog(min_bytes=1)
+    log.high_watermark = 7
+    log.changed()
+    log.timers.fire_all()
+    assert log.fetch.done.result() == "0 bytes, HW 7"
+    assert log.purgatory.watched == 0
+
+
+async def test_a_delayed_fetch_whose_read_fails_at_expiry_fails() -> None:
+    log = FetchedLog(min_bytes=1)
+    log.error = OSError("disk gone")
+    log.timers.fire_all()
+    with pytest.raises(OSError, match="disk gone"):
+        log.fetch.done.result()

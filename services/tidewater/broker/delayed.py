@@ -78,10 +78,11 @@ R = TypeVar("R")
 class DelayedFetch(DelayedOperation, Generic[R]):
     """Waits until a fetch can return min_bytes (Kafka's DelayedFetch).
 
-    `read` performs the fetch's reads and returns (result, bytes read, whether any partition
-    failed); the read that satisfies the condition is the one answered, so no second read.
-    Reads happen only when a watched partition changed; a poll that expires with no change
-    answers with `unchanged`, the result of the read that made it wait.
+    `readable` tells, without reading, whether a read could answer now (records past a fetch
+    offset, or a partition that would answer with an error); only then does `read` run. It
+    performs the fetch's reads and returns (result, bytes read, whether to answer whatever the
+    size); the read that satisfies the condition is the one answered, so no second read. A
+    poll that expires, or is cancelled, answers with a read at that moment.
     """
 
     def __init__(
@@ -89,21 +90,30 @@ class DelayedFetch(DelayedOperation, Generic[R]):
         timeout_ms: int,
         min_bytes: int,
         read: Callable[[], tuple[R, int, bool]],
-        unchanged: R,
+        readable: Callable[[], bool],
     ) -> None:
         super().__init__(timeout_ms)
         self._min_bytes = min_bytes
         self._read = read
-        self._result: R = unchanged
+        self._readable = readable
+        self._answer: R | None = None
         self.done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
 
     def try_complete(self) -> bool:
-        result, size, failed = self._read()
-        self._result = result
-        if size >= self._min_bytes or failed:
+        if not self._readable():
+            return False
+        result, size, answer_now = self._read()
+        if size >= self._min_bytes or answer_now:
+            self._answer = result
             return self.force_complete()
         return False
 
     def on_complete(self) -> None:
-        if not self.done.done():
-            self.done.set_result(self._result)
+        if self.done.done():
+            return
+        try:
+            answer = self._answer if self._answer is not None else self._read()[0]
+        except Exception as e:  # the waiting fetch fails with it, rather than never answering
+            self.done.set_exception(e)
+            return
+        self.done.set_result(answer)

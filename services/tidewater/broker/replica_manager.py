@@ -460,17 +460,27 @@ class ReplicaManager:
 
         def read() -> tuple[FetchPartitionResults, int, bool]:
             nonlocal size
-            results, size, failed = self._read_partitions(request, context, answered)
-            return results, size, failed
+            start_ns = time.time_ns() if fetch_trace is not None else 0
+            results, size, answer_now = self._read_partitions(request, context, answered)
+            if fetch_trace is not None:
+                fetch_trace.read(start_ns, size)
+            return results, size, answer_now
 
-        start_ns = time.time_ns() if fetch_trace is not None else 0
-        results, _, failed = read()
+        def readable() -> bool:
+            return bool(answered) or self._readable(context.partitions, follower)
+
+        # A long poll with nothing to read waits without reading (Kafka's DelayedFetch looks
+        # at offsets, not bytes): only a change that makes records readable, or makes a
+        # partition answer with an error, costs a read.
+        results: FetchPartitionResults | None = None
+        if request.max_wait_ms <= 0 or readable():
+            results, _, answer_now = read()
+            if request.max_wait_ms > 0 and size < max(request.min_bytes, 1) and not answer_now:
+                results = None  # too few bytes yet
         local_done = time.perf_counter_ns()
-        if fetch_trace is not None:
-            fetch_trace.read(start_ns, size)
-        if request.max_wait_ms > 0 and size < max(request.min_bytes, 1) and not failed:
+        if results is None:
             op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
-                request.max_wait_ms, request.min_bytes, read, results
+                request.max_wait_ms, request.min_bytes, read, readable
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
             self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in context.partitions])
@@ -580,22 +590,19 @@ class ReplicaManager:
         budget = request.max_bytes if request.max_bytes > 0 else 1 << 62
         results: FetchPartitionResults = []
         total = 0
-        failed = False
+        # Errors and diverging epochs are answered at once, however few bytes were read.
+        answer_now = bool(answered)
         context.served.clear()
         for fp in context.partitions:
             tp = (fp.topic, fp.partition)
             if tp in answered:
                 results.append(answered[tp])
-                failed = failed or answered[tp].error_code != ErrorCode.NONE
                 continue
             try:
                 partition = self._leader_partition(tp)
                 partition.state.check_current_leader_epoch(fp.current_leader_epoch)
+                must_read = _must_read(partition, fp.fetch_offset, for_follower)
                 high_watermark = partition.state.high_watermark
-                log_end_offset = partition.log.log_end_offset
-                # Outside [end, LEO] a read returns records or OFFSET_OUT_OF_RANGE.
-                end = log_end_offset if for_follower else high_watermark
-                must_read = not end <= fp.fetch_offset <= log_end_offset
                 if context.unchanged(tp, must_read, high_watermark, partition.log.log_start_offset):
                     continue  # an incremental answer leaves out partitions with no news
                 limit = budget - total
@@ -606,7 +613,7 @@ class ReplicaManager:
                 )
             except TidewaterError as e:
                 results.append(self._fetch_error(fp, e))
-                failed = True
+                answer_now = True
                 continue
             result = pb.FetchPartitionResponse(
                 topic=fp.topic,
@@ -623,7 +630,19 @@ class ReplicaManager:
             else:
                 result.record_batches = read.data
             results.append(result)
-        return results, total, failed
+        return results, total, answer_now
+
+    def _readable(self, partitions: list[pb.FetchPartition], for_follower: bool) -> bool:
+        """Whether a read now would find records, or an error, in any of `partitions`."""
+        for fp in partitions:
+            try:
+                partition = self._leader_partition((fp.topic, fp.partition))
+                partition.state.check_current_leader_epoch(fp.current_leader_epoch)
+            except TidewaterError:
+                return True
+            if _must_read(partition, fp.fetch_offset, for_follower):
+                return True
+        return False
 
     # -- offsets -------------------------------------------------------------------------
 
@@ -787,6 +806,14 @@ class ReplicaManager:
         self.checkpoint_high_watermarks()
         for partition in self.partitions.values():
             partition.take_producer_snapshot()
+
+
+def _must_read(partition: HostedPartition, fetch_offset: int, for_follower: bool) -> bool:
+    """Whether a read at `fetch_offset` returns records or OFFSET_OUT_OF_RANGE: it does outside
+    [end, LEO], the end being the LEO for a follower and the HW for a consumer."""
+    log_end_offset = partition.log.log_end_offset
+    end = log_end_offset if for_follower else partition.state.high_watermark
+    return not end <= fetch_offset <= log_end_offset
 
 
 def _to_proto_records(data: bytes, fetch_offset: int) -> list[common_pb2.Record]:

@@ -458,6 +458,34 @@ def test_truncate_to_drops_everything_from_the_offset(
     assert read_header(split(log.read(27, 1))[0]).base_offset == 27
 
 
+@pytest.mark.parametrize("index_interval_bytes", [1, 4096])
+def test_reads_of_the_last_batch_follow_truncations_and_appends(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, index_interval_bytes: int
+) -> None:
+    """A follower or consumer keeping up reads the log's last batch, again and again."""
+    log = open_log(index_interval_bytes=index_interval_bytes)
+
+    def last_read(offset: int) -> list[tuple[int, int, bytes]]:
+        return [
+            (read_header(b).base_offset, read_header(b).last_offset, bytes(bodies([b])[0]))
+            for b in split(log.read(offset, 1 << 20))
+        ]
+
+    fill(log, make_batch, 3)  # offsets 0-8
+    assert last_read(7) == [(6, 8, body(2))]
+    log.truncate_to(6)
+    assert log.read(6, 1 << 20) == b""
+    log.append_as_leader(make_batch(2, body=body(7)), leader_epoch=1)
+    assert last_read(6) == [(6, 7, body(7))]
+    log.truncate_to(4)  # inside the batch at 3-5: it goes, whole
+    log.append_as_leader(make_batch(1, body=body(8)), leader_epoch=1)
+    assert last_read(3) == [(3, 3, body(8))]
+    assert bodies(read_all(log, split)) == [body(0), body(8)]
+    log.close()
+    reopened = open_log(recovery_point=0, index_interval_bytes=index_interval_bytes)
+    assert [read_header(b).base_offset for b in split(reopened.read(3, 1 << 20))] == [3]
+
+
 def test_truncate_to_a_segment_boundary_and_mid_batch(
     open_log: OpenLog, make_batch: MakeBatch, split: Split
 ) -> None:

@@ -97,6 +97,9 @@ class LogSegment:
         # still have been dirty then, so the next call asks again.
         self._drop_from = 0
         self._dropped_to = 0
+        # (position, header) of the last batch: reads at the end of the log (followers and
+        # consumers keeping up) find it without a walk from an index entry.
+        self._last_batch: tuple[int, BatchHeader] | None = None
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, now_ms: int) -> LogSegment:
@@ -208,6 +211,7 @@ class LogSegment:
             self._bytes_since_last_index_entry = 0
         self._bytes_since_last_index_entry += header.size
         self._next_offset = header.next_offset
+        self._last_batch = (position, header)
 
     def _write_index_entries(self) -> None:
         self.offset_index.write_pending()
@@ -277,6 +281,9 @@ class LogSegment:
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
         """(position, header) of the first batch whose last offset is >= `offset`."""
+        last = self._last_batch
+        if last is not None and last[1].base_offset <= offset <= last[1].last_offset:
+            return last
         # With an entry per batch (batches above index.interval.bytes), one header read.
         above = self.offset_index.lookup_at_or_above(offset)
         if above is not None:
@@ -414,6 +421,7 @@ class LogSegment:
         else:
             self._max_timestamp, self._offset_of_max_timestamp = last
         self._next_offset = self.base_offset
+        self._last_batch = None
         # Resuming at an indexed batch: it gets no second entry, as during its append.
         self._bytes_since_last_index_entry = 0
 

@@ -29,9 +29,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ProduceStream(
         self, request_iterator: AsyncIterator[pb.ProduceRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ProduceResponse]:
-        async for response in pipelined(request_iterator, self._rm.produce):
-            yield response
+    ) -> None:
+        await pipelined(request_iterator, self._rm.produce, context.write)
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
@@ -40,9 +39,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     async def FetchStream(
         self, request_iterator: AsyncIterator[pb.FetchRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.FetchResponse]:
-        async for response in pipelined(request_iterator, self._rm.fetch):
-            yield response
+    ) -> None:
+        await pipelined(request_iterator, self._rm.fetch, context.write)
 
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext

@@ -11,33 +11,27 @@ Resp = TypeVar("Resp")
 
 
 async def pipelined(
-    requests: AsyncIterator[Req], handle: Callable[[Req], Awaitable[Resp]]
-) -> AsyncIterator[Resp]:
-    """Handle each request as it arrives, without waiting for earlier ones, and yield
-    responses as they complete. Handlers start in arrival order, and everything a handler
-    does before its first await (a produce's append) happens in that order too."""
-    done: asyncio.Queue[asyncio.Task[Resp] | None] = asyncio.Queue()
-    pending: set[asyncio.Task[Resp]] = set()
+    requests: AsyncIterator[Req],
+    handle: Callable[[Req], Awaitable[Resp]],
+    write: Callable[[Resp], Awaitable[object]],
+) -> None:
+    """Handle each request as it arrives, without waiting for earlier ones, and write each
+    response as soon as its handler returns it (`write`: the call's `context.write`, one at a
+    time). Handlers start in arrival order, and everything a handler does before its first
+    await (a produce's append) happens in that order too. The handler writes its own answer:
+    no queue and no generator between it and the stream, which would each cost a turn of the
+    event loop per response. Returns once every response is written; a failed handler fails
+    the stream with its exception."""
+    writing = asyncio.Lock()
 
-    def finished(task: asyncio.Task[Resp]) -> None:
-        pending.discard(task)
-        done.put_nowait(task)
+    async def respond(request: Req) -> None:
+        response = await handle(request)
+        async with writing:
+            await write(response)
 
-    async def read_all() -> None:
-        async for request in requests:
-            task = asyncio.ensure_future(handle(request))
-            pending.add(task)
-            task.add_done_callback(finished)
-        while pending:
-            await asyncio.wait(set(pending))
-        done.put_nowait(None)
-
-    reader = asyncio.create_task(read_all())
     try:
-        while (task := await done.get()) is not None:
-            yield task.result()
-        await reader
-    finally:
-        reader.cancel()
-        for task in pending:
-            task.cancel()
+        async with asyncio.TaskGroup() as handlers:
+            async for request in requests:
+                handlers.create_task(respond(request))
+    except BaseExceptionGroup as failed:
+        raise failed.exceptions[0] from None

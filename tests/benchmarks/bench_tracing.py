@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -26,6 +25,7 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from tidewater.client.admin import Admin
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import LocalCluster
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 
 TOPIC = "bench"
 PARTITIONS = 3
@@ -76,7 +76,7 @@ def run_once(work: Path, mode: str, records: int) -> float:
                 sampler=ParentBased(TraceIdRatioBased(ratio)),
             )
             provider.add_span_processor(
-                BatchSpanProcessor(FileSpanExporter(work / "traces" / "client.jsonl"))
+                BatchSpanProcessor(OtlpJsonFileSpanExporter(work / "traces" / "client.jsonl"))
             )
         bootstrap = [m.address for m in state.find("metadata")]
         return asyncio.run(produce(bootstrap, records, provider))

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
@@ -22,6 +21,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from tidewater.broker.spans import ProduceTrace, ReplicationWaits
 from tidewater.telemetry import tracing
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 from tidewater.v1 import broker_pb2 as pb
 
 OTEL_VARS = (
@@ -55,13 +55,13 @@ def test_nothing_to_export_to_means_tracing_stays_off(env: pytest.MonkeyPatch) -
 def test_exporters_follow_the_flag_and_the_otel_variables(
     env: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    assert kinds(tmp_path / "spans.jsonl") == [FileSpanExporter]
+    assert kinds(tmp_path / "spans.jsonl") == [OtlpJsonFileSpanExporter]
     env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
     assert kinds() == [OTLPSpanExporter]
     env.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     assert kinds() == [HttpSpanExporter]
     env.setenv("OTEL_TRACES_EXPORTER", "none")
-    assert kinds(tmp_path / "spans.jsonl") == [FileSpanExporter]
+    assert kinds(tmp_path / "spans.jsonl") == [OtlpJsonFileSpanExporter]
 
 
 def test_an_unknown_otlp_protocol_is_refused(env: pytest.MonkeyPatch) -> None:

@@ -99,10 +99,10 @@ def shutdown() -> None:
 def _exporters(trace_file: Path | None) -> list[SpanExporter]:
     exporters: list[SpanExporter] = []
     if trace_file is not None:
-        from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+        from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 
         trace_file.parent.mkdir(parents=True, exist_ok=True)
-        exporters.append(FileSpanExporter(trace_file))
+        exporters.append(OtlpJsonFileSpanExporter(trace_file))
     names = {n.strip().lower() for n in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",") if n}
     endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"

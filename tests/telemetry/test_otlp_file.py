@@ -1,0 +1,89 @@
+"""The trace file's exporter writes what opentelemetry-exporter-otlp-json-file's FileSpanExporter
+writes, span for span: both export the same spans (every kind of attribute value, events, links,
+errors, remote and local parents, trace state, two resources and scopes) and the lines compare
+equal as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
+
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
+
+
+def spans() -> list[ReadableSpan]:
+    memory = InMemorySpanExporter()
+    for service in ("tidewater-broker", "tidewater-client"):
+        provider = TracerProvider(
+            resource=Resource.create({"service.name": service, "tidewater.broker.id": 1})
+        )
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        remote = SpanContext(
+            0x0AF7651916CD43DD8448EB211C80319C,
+            0xB7AD6B7169203331,
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            trace_state=TraceState([("vendor", "x1")]),
+        )
+        tracer = provider.get_tracer("tidewater", "1.2", schema_url="https://example.com/s")
+        with tracer.start_as_current_span(
+            "Produce",
+            context=trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+            kind=SpanKind.SERVER,
+            attributes={
+                "s": "text",
+                "empty": "",
+                "i": -7,
+                "big": 2**62,
+                "f": 0.25,
+                "nan": float("nan"),
+                "inf": float("-inf"),
+                "yes": True,
+                "no": False,
+                "ints": (1, 2),
+                "strs": ("a", "b"),
+                "none": (),
+            },
+        ) as produce:
+            produce.add_event("parked", {"tidewater.bytes": 10})
+            produce.add_event("bare")
+            with tracer.start_as_current_span("log.append"):
+                pass
+            wait = tracer.start_span(
+                "replication.wait",
+                links=[Link(remote, {"tidewater.follower_id": 2}), Link(remote)],
+            )
+            wait.set_status(Status(StatusCode.ERROR, "REQUEST_TIMED_OUT"))
+            wait.end()
+            produce.set_status(Status(StatusCode.OK))
+        for kind in SpanKind:
+            provider.get_tracer("other").start_span(f"kind {kind.name}", kind=kind).end()
+    return list(memory.get_finished_spans())
+
+
+def test_the_trace_file_is_the_otel_file_exporters_json(tmp_path: Path) -> None:
+    recorded = spans()
+    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
+    for exporter in (OtlpJsonFileSpanExporter(ours), FileSpanExporter(theirs)):
+        exporter.export(recorded)
+        exporter.export(recorded[:1])
+        exporter.shutdown()
+    lines = [[json.loads(line) for line in p.read_text().splitlines()] for p in (ours, theirs)]
+    assert len(lines[0]) == 2
+    assert lines[0] == lines[1]
+
+
+def test_an_export_of_no_spans_writes_no_line(tmp_path: Path) -> None:
+    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
+    OtlpJsonFileSpanExporter(ours).export([])
+    FileSpanExporter(theirs).export([])
+    assert ours.read_text() == theirs.read_text() == ""

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
+import grpc
 import pytest
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -94,6 +95,16 @@ def test_otel_sdk_disabled_wins(env: pytest.MonkeyPatch, tmp_path: Path) -> None
 )
 def test_which_calls_the_interceptors_trace(method: str, traced: bool) -> None:
     assert tracing._traced(SimpleNamespace(method=method)) is traced
+
+
+def test_unary_calls_are_intercepted_and_the_data_planes_streams_are_not(
+    exporter: InMemorySpanExporter,
+) -> None:
+    # A stream-stream interceptor would route every write of the ProduceStream and FetchStream
+    # through a queue and a task of grpc.aio's, though it traces none of them.
+    interceptors = tracing.client_interceptors()
+    assert any(isinstance(i, grpc.aio.UnaryUnaryClientInterceptor) for i in interceptors)
+    assert not any(isinstance(i, grpc.aio.StreamStreamClientInterceptor) for i in interceptors)
 
 
 def parent_of(context: object) -> SpanContext:

@@ -182,12 +182,21 @@ def _traced(details: Any) -> bool:
 
 
 def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
-    """W3C trace context on every outgoing call but the data plane's (see DATA_PLANE_METHODS)."""
+    """W3C trace context on every outgoing call but the data plane's (see DATA_PLANE_METHODS).
+
+    No stream-stream interceptor: those calls are the data plane's streams alone, and grpc.aio
+    passes every write of an intercepted stream through a queue and a new task, even when the
+    interceptor lets the call through untraced (at 100% sampling that was most of a follower's
+    tracing cost)."""
     if not ENABLED:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return aio_client_interceptors(tracer_provider=_provider, filter_=_traced)
+    return [
+        interceptor
+        for interceptor in aio_client_interceptors(tracer_provider=_provider, filter_=_traced)
+        if not isinstance(interceptor, grpc.aio.StreamStreamClientInterceptor)
+    ]
 
 
 def server_interceptors() -> list[grpc.aio.ServerInterceptor]:

@@ -1,8 +1,10 @@
 """Traces of a local cluster of real processes (`tidewater cluster up --trace`), asserted on the
 trace files by structure (ids, parents, links, resources), never by timing: one acks=all
 produce is one trace (the client's `send` and `batch.wait`, the leader's `Produce`,
-`log.append` and `replication.wait`, whose links lead to both followers' fetches), and a
-killed leader's fencing is one controller trace down to the surviving brokers."""
+`log.append` and `replication.wait`, whose links lead to both followers' fetches), a killed
+leader's fencing is one controller trace down to the surviving brokers, a leader's AlterIsr
+is one trace from the broker's call to the controller's `alter_isr`, and a consumer's `poll`
+is the parent of the leader's `Fetch`."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import signal
 import subprocess
 import sys
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +24,14 @@ from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporte
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from test_cluster_cli import data_dir, tidewater  # noqa: F401 - data_dir is a fixture
+from test_cluster_cli import data_dir, kill_recorded, tidewater  # noqa: F401 - data_dir is a fixture
 
 from tidewater.client.admin import Admin
+from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import ClusterFile
 from tidewater.local.wait import eventually
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 
 pytestmark = pytest.mark.timeout(300)
 TOPIC = "traced"
@@ -282,3 +286,95 @@ def test_a_killed_leaders_fencing_is_one_controller_trace_down_to_the_surviving_
     assert send["spanId"] in {s["spanId"] for s in read_spans_of(traces / "cli.jsonl")}
     [produce] = [s for s in spans.children[send["spanId"]] if s["name"] == "Produce"]
     assert produce["resource"]["tidewater.broker.id"] != killed[0]
+
+
+GROWN = "grown"
+
+
+async def grow_and_consume(state: ClusterFile, traces: Path) -> None:
+    """A partition on brokers 1 and 2 reassigned to 1, 2 and 3: broker 3 catches up and its
+    leader's AlterIsr takes it into the ISR. Then a traced consumer polls a record from it."""
+    async with admin(state) as client:
+        await client.create_topic(GROWN, assignments=[[1, 2]])
+
+        async def isr() -> list[int] | None:
+            """The partition's ISR, once the metadata service knows a leader for it."""
+            topics = (await client.describe_topics([GROWN])).topics
+            led = [p for t in topics for p in t.partitions if p.leader != -1]
+            return sorted(led[0].isr) if led else None
+
+        assert await eventually(isr, 60, 0.1) == [1, 2]
+        await client.reassign({(GROWN, 0): [1, 2, 3]})
+        await eventually(lambda: _is(isr, [1, 2, 3]), 60, 0.1)
+    bootstrap = [m.address for m in state.find("metadata")]
+    async with Producer(bootstrap, acks=-1) as producer:
+        await asyncio.wait_for(producer.send_and_wait(GROWN, b"polled"), 60)
+    provider = TracerProvider(resource=Resource.create({"service.name": "tidewater-client"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OtlpJsonFileSpanExporter(traces / "consumer.jsonl"))
+    )
+    try:
+        async with Consumer(bootstrap, tracer_provider=provider) as consumer:
+            consumer.assign([(GROWN, 0)])
+            await consumer.seek_to_beginning((GROWN, 0))
+            await eventually(consumer.poll, 60)
+    finally:
+        provider.shutdown()
+
+
+async def _is(value: Callable[[], Awaitable[Any]], expected: Any) -> bool:
+    return await value() == expected
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spans]:
+    """The spans of every process of one traced cluster run of `grow_and_consume`."""
+    root = tmp_path_factory.mktemp("traced") / "cluster"
+    try:
+        yield Spans(run_traced(root, grow_and_consume))
+    finally:
+        kill_recorded(root)
+
+
+def test_a_leaders_alter_isr_is_one_trace_from_the_broker_to_the_controllers_batch(
+    grown: Spans,
+) -> None:
+    # The controller's span of the batch that took broker 3 into the ISR: one partition, at
+    # least one etcd transaction, sent by the partition's leader.
+    [alter] = [
+        s
+        for s in grown.all
+        if s["name"] == "alter_isr" and s["resource"]["service.name"] == "tidewater-controller"
+    ]
+    assert alter["attrs"]["tidewater.partitions"] == 1
+    assert alter["attrs"]["tidewater.txns"] >= 1
+    leader = alter["attrs"]["tidewater.broker.id"]
+    assert leader in (1, 2)
+    # Its parent is the controller's server span of the RPC, whose parent is the leader's
+    # client span of the call: one trace across the two processes.
+    server = grown.by_id[alter["parentSpanId"]]
+    assert server["name"] == "/tidewater.v1.ControllerService/AlterIsr" and server["kind"] == 2
+    assert server["resource"] == alter["resource"]
+    client = grown.by_id[server["parentSpanId"]]
+    assert client["name"] == server["name"] and client["kind"] == 3
+    assert client["resource"]["service.name"] == "tidewater-broker"
+    assert client["resource"]["tidewater.broker.id"] == leader
+    assert alter["traceId"] == server["traceId"] == client["traceId"]
+
+
+def test_a_consumers_poll_is_the_parent_of_the_leaders_fetch(grown: Spans) -> None:
+    [poll] = [
+        s
+        for s in grown.all
+        if s["name"] == "poll" and s["attrs"].get("messaging.batch.message_count", 0) >= 1
+    ]
+    assert poll["kind"] == 5 and not poll.get("parentSpanId")
+    assert poll["resource"]["service.name"] == "tidewater-client"
+    # The leader's `Fetch` server span, in the consumer's trace, reading the partition.
+    [fetch] = [c for c in grown.children[poll["spanId"]] if c["name"] == "Fetch"]
+    assert fetch["kind"] == 2 and fetch["traceId"] == poll["traceId"]
+    assert fetch["resource"]["service.name"] == "tidewater-broker"
+    assert fetch["attrs"]["messaging.destination.name"] == GROWN
+    assert "tidewater.follower_id" not in fetch["attrs"]
+    read = grown.child(fetch, "log.read")
+    assert read["resource"] == fetch["resource"]

@@ -18,12 +18,13 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
 from tidewater.broker.spans import ProduceTrace, ReplicationWaits
 from tidewater.telemetry import tracing
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 OTEL_VARS = (
     "OTEL_SDK_DISABLED",
@@ -160,3 +161,35 @@ def test_replication_wait_links_each_followers_first_fetch_that_holds_the_batch(
     ]
     assert span.attributes["tidewater.last_follower_id"] == 3
     assert span.attributes["tidewater.hw"] == 10
+
+
+def test_a_timed_out_replication_wait_is_an_error_child_of_its_produce(
+    exporter: InMemorySpanExporter,
+) -> None:
+    data = pb.PartitionProduceData(topic="t", partition=0)
+    produce = ProduceTrace(data, -1, None)
+    waits = ReplicationWaits()
+    started = waits.start([data], [produce], {("t", 0): 10})
+    timed_out = {"topic": "t", "error_code": ErrorCode.REQUEST_TIMED_OUT, "error_message": "late"}
+    response = pb.ProduceResponse(partitions=[timed_out])
+    waits.finish(started, response, lambda tp: 4)
+
+    [span] = exporter.get_finished_spans()
+    assert span.name == "replication.wait"
+    assert span.parent is not None
+    assert span.parent.span_id == produce.span.get_span_context().span_id
+    assert span.context.trace_id == produce.span.get_span_context().trace_id
+    assert span.start_time is not None and span.end_time is not None
+    assert span.start_time <= span.end_time
+    assert span.attributes["tidewater.error_code"] == "REQUEST_TIMED_OUT"
+    assert span.attributes["tidewater.hw"] == 4
+    assert span.status.status_code == StatusCode.ERROR and span.status.description == "late"
+
+
+def test_a_sampled_out_produce_records_no_stretch(exporter: InMemorySpanExporter) -> None:
+    unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    data = pb.PartitionProduceData(topic="t", partition=0, trace_context={"traceparent": unsampled})
+    produce = ProduceTrace(data, -1, None)
+    assert not produce.span.is_recording()
+    tracing.record_child(produce.span, "log.append", 0)
+    assert exporter.get_finished_spans() == ()

@@ -1,9 +1,9 @@
 """The broker's spans of the data path (README, Tracing). Callers make them only while
 `tracing.ENABLED`; with tracing off none of this runs.
 
-Stages that are plain stretches of a handler (log.append, log.read) are recorded afterwards
-from two timestamps rather than entered as context managers, so the handlers keep one shape
-whether they trace or not.
+Stages that are plain stretches of a handler (log.append, log.read, fetch.wait,
+replication.wait) are recorded afterwards from two timestamps (`tracing.record_child`) rather
+than entered as context managers, so the handlers keep one shape whether they trace or not.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
@@ -35,17 +34,25 @@ def messaging_attributes(topic: str, partition: int, operation: str) -> dict[str
     }
 
 
+def outcome(code: int, message: str) -> tuple[dict[str, Any], Status]:
+    """A span's attributes and status for a response's error code (none for NONE)."""
+    if code == ErrorCode.NONE:
+        return {}, tracing.UNSET
+    return {"tidewater.error_code": ErrorCode.Name(code)}, Status(StatusCode.ERROR, message)
+
+
 def end_with_error(span: Span, code: int, message: str) -> None:
-    if code != ErrorCode.NONE:
-        span.set_attribute("tidewater.error_code", ErrorCode.Name(code))
-        span.set_status(Status(StatusCode.ERROR, message))
+    attributes, status = outcome(code, message)
+    if attributes:
+        span.set_attributes(attributes)
+        span.set_status(status)
     span.end()
 
 
 class _Traced:
-    """A span in progress, and the context that makes its children."""
+    """A span in progress, the parent of the stretches recorded in it."""
 
-    __slots__ = ("context", "span")
+    __slots__ = ("span",)
 
     def __init__(
         self, name: str, kind: SpanKind, parent: Context | None, attributes: dict[str, Any]
@@ -53,7 +60,6 @@ class _Traced:
         self.span = tracing.TRACER.start_span(
             name, context=parent, kind=kind, attributes=attributes
         )
-        self.context = trace.set_span_in_context(self.span)
 
     def __enter__(self) -> _Traced:
         return self
@@ -91,7 +97,7 @@ class ProduceTrace(_Traced):
     def appended(
         self, batch: bytearray, base_offset: int, leader_epoch: int, start_ns: int
     ) -> None:
-        tracing.record("log.append", start_ns, self.context)
+        tracing.record_child(self.span, "log.append", start_ns)
         header = read_header(batch)
         self.span.set_attributes(
             {
@@ -131,17 +137,18 @@ class ReplicationWait:
             )
 
     def end(self, high_watermark: int, code: int, message: str) -> None:
-        attributes: dict[str, int] = {"tidewater.hw": high_watermark}
+        attributes, status = outcome(code, message)
+        attributes["tidewater.hw"] = high_watermark
         if self._followers:
             attributes["tidewater.last_follower_id"] = self._followers[-1]
-        span = tracing.TRACER.start_span(
+        tracing.record_child(
+            self._produce.span,
             "replication.wait",
-            context=self._produce.context,
-            start_time=self._start_ns,
+            self._start_ns,
+            attributes,
             links=self._links,
-            attributes=attributes,
+            status=status,
         )
-        end_with_error(span, code, message)
 
 
 class ReplicationWaits:
@@ -215,10 +222,10 @@ class FetchTrace(_Traced):
         return self.span.get_span_context()
 
     def read(self, start_ns: int, size: int) -> None:
-        tracing.record("log.read", start_ns, self.context, {"tidewater.bytes": size})
+        tracing.record_child(self.span, "log.read", start_ns, {"tidewater.bytes": size})
 
     def waited(self, start_ns: int) -> None:
-        tracing.record("fetch.wait", start_ns, self.context)
+        tracing.record_child(self.span, "fetch.wait", start_ns)
 
     def answered(self, size: int) -> None:
         """The bytes of the read answered (counted by the read: reading the response's bytes
@@ -253,4 +260,4 @@ class ReplicaFetchTrace(_Traced):
     def appended(self, tp: TopicPartition, size: int, start_ns: int) -> None:
         attributes = messaging_attributes(tp[0], tp[1], "receive")
         attributes["tidewater.bytes"] = size
-        tracing.record("log.append", start_ns, self.context, attributes)
+        tracing.record_child(self.span, "log.append", start_ns, attributes)

@@ -4,9 +4,6 @@ send the same trace context, so every attempt's `Produce` on a leader is a child
 
 from __future__ import annotations
 
-import time
-
-from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from tidewater.telemetry import tracing
@@ -33,15 +30,9 @@ class BatchTrace:
         tracing.inject(self.span, self.carrier)
 
     def drained(self) -> None:
-        """The batch leaves the accumulator for its first attempt."""
-        if not self.span.is_recording():
-            return  # sampled out: nothing of this batch is recorded
-        wait = self.tracer.start_span(
-            "batch.wait",
-            context=trace.set_span_in_context(self.span),
-            start_time=self.span.start_time,  # type: ignore[attr-defined]
-        )
-        wait.end(end_time=time.time_ns())
+        """The batch leaves the accumulator for its first attempt (sampled out: no span)."""
+        start_ns: int = getattr(self.span, "start_time", 0)
+        tracing.record_child(self.span, "batch.wait", start_ns, tracer=self.tracer)
 
     def end(
         self, records: int, size: int, base_offset: int | None, error: BaseException | None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
@@ -29,9 +30,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace import Link, Span, SpanContext, Status, StatusCode, Tracer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ BROKER_ID = "tidewater.broker.id"
 DATA_PLANE_METHODS = frozenset({"Produce", "ProduceStream", "Fetch", "FetchStream"})
 UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
 MESSAGING_SYSTEM = "tidewater"
+UNSET = Status(StatusCode.UNSET)
 
 _provider: TracerProvider | None = None
 # The services' tracer; meaningful only while ENABLED.
@@ -168,6 +170,49 @@ def record(
     """A finished INTERNAL span from `start_ns` to now, for a stretch already timed."""
     done = TRACER.start_span(name, context=parent, start_time=start_ns, attributes=attributes)
     done.end()
+
+
+def record_child(
+    parent: Span,
+    name: str,
+    start_ns: int,
+    attributes: dict[str, Any] | None = None,
+    links: Sequence[Link] = (),
+    status: Status = UNSET,
+    tracer: Tracer | None = None,
+) -> None:
+    """A finished INTERNAL child of `parent` from `start_ns` to now, for a stretch already
+    timed; nothing when `parent` is not recorded.
+
+    Handed to the span processors as a finished ReadableSpan rather than started and ended
+    through `tracer` (TRACER by default): that costs ~15 us of sampling, attribute limits and
+    locks per span, this ~3, on a hot path that makes several such spans per batch. A child
+    of a recorded span is recorded, as Tidewater's parent-based samplers decide anyway."""
+    if not isinstance(parent, ReadableSpan) or not parent.is_recording():
+        return
+    sdk_tracer: Any = tracer or TRACER
+    parent_context = parent.get_span_context()
+    context = SpanContext(
+        parent_context.trace_id,
+        sdk_tracer.id_generator.generate_span_id(),
+        is_remote=False,
+        trace_flags=parent_context.trace_flags,
+        trace_state=parent_context.trace_state,
+    )
+    sdk_tracer.span_processor.on_end(
+        ReadableSpan(
+            name,
+            context,
+            parent_context,
+            parent.resource,
+            attributes,
+            links=links,
+            status=status,
+            start_time=start_ns,
+            end_time=time.time_ns(),
+            instrumentation_scope=parent.instrumentation_scope,
+        )
+    )
 
 
 # -- gRPC ------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -28,6 +29,7 @@ from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
 
+PAUSE_EVERY = 32
 # SpanFlags: bit 8 says whether the parent's remoteness is known (always), bit 9 that it is.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
@@ -45,7 +47,7 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         if not spans:
             return SpanExportResult.SUCCESS
         try:
-            line = json.dumps(encode_spans(spans), separators=(",", ":")) + "\n"
+            line = encode_line(spans, pause=_let_the_loop_run)
             with self._lock:
                 if self._file.closed:
                     return SpanExportResult.FAILURE
@@ -64,29 +66,49 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         return True  # every export is flushed as it is written
 
 
-def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    """An ExportTraceServiceRequest as a dict: spans grouped by resource, then by scope."""
+def _let_the_loop_run() -> None:
+    # The batch processor's thread encodes up to 512 spans per export while the process's
+    # event loop thread waits for the GIL: each time the loop comes back from a system call
+    # it would wait the switch interval (5 ms) for it. A zero sleep hands it over at once.
+    time.sleep(0)
+
+
+def encode_line(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None = None) -> str:
+    """One ExportTraceServiceRequest as a line of JSON: spans grouped by resource, then by
+    scope. Each span is encoded on its own, `pause` called every PAUSE_EVERY spans, so no
+    single step holds the GIL for long."""
     # Keyed by identity: a Resource hashes by JSON-encoding its attributes, per span.
-    resources: dict[int, Resource] = {}
-    grouped: dict[int, dict[Any, list[dict[str, Any]]]] = {}
-    for span in spans:
-        resources.setdefault(id(span.resource), span.resource)
-        scopes = grouped.setdefault(id(span.resource), {})
-        scopes.setdefault(span.instrumentation_scope, []).append(_span(span))
+    grouped: dict[int, tuple[Resource, dict[Any, list[str]]]] = {}
+    for done, span in enumerate(spans, 1):
+        _, scopes = grouped.setdefault(id(span.resource), (span.resource, {}))
+        scopes.setdefault(span.instrumentation_scope, []).append(_json(_span(span)))
+        if pause is not None and done % PAUSE_EVERY == 0:
+            pause()
     resource_spans = []
-    for key, scopes in grouped.items():
-        resource = resources[key]
+    for resource, scopes in grouped.values():
         scope_spans = []
         for scope, encoded in scopes.items():
-            entry: dict[str, Any] = {"scope": _scope(scope), "spans": encoded}
+            entry: dict[str, Any] = {"scope": _scope(scope)}
             if scope is not None and scope.schema_url:
                 entry["schemaUrl"] = scope.schema_url
-            scope_spans.append(entry)
-        entry = {"resource": _attributes_entry(resource.attributes), "scopeSpans": scope_spans}
+            scope_spans.append(_with_array(entry, "spans", encoded))
+        resource_entry: dict[str, Any] = {"resource": _attributes_entry(resource.attributes)}
         if resource.schema_url:
-            entry["schemaUrl"] = resource.schema_url
-        resource_spans.append(entry)
-    return {"resourceSpans": resource_spans}
+            resource_entry["schemaUrl"] = resource.schema_url
+        resource_spans.append(_with_array(resource_entry, "scopeSpans", scope_spans))
+    return _with_array({}, "resourceSpans", resource_spans) + "\n"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _with_array(fields: dict[str, Any], key: str, encoded: list[str]) -> str:
+    """The JSON object of `fields` and `key`, whose value is the array of the JSON texts
+    `encoded`."""
+    head = _json(fields)[:-1]
+    comma = "," if len(head) > 1 else ""
+    return f'{head}{comma}"{key}":[{",".join(encoded)}]}}'
 
 
 def _span(span: ReadableSpan) -> dict[str, Any]:

@@ -13,7 +13,8 @@ grpc.aio reference measured in the same run.
   part of the CPUs, and a run into a clean page cache is up to twice as fast). Rounds then
   alternate the three, and the best round of each counts.
 - latency: one 1 KiB record at a time, RF=3 acks=all, over unary Produce and ProduceStream, vs
-  reference A, a bare bidi-stream echo of the same bytes.
+  reference A, a bare bidi-stream echo of the same bytes. For context, the bare relay's round
+  trip of one record: the four one-way hops of an acks=all ack over bare streams.
 - paced: p99 of an open-loop producer on ProduceStream at half the RF=3 peak, vs A's p99; the
   relay paced the same way is shown for context. Needs the peak, so it runs throughput too.
   Latency runs start after a sync, with no writeback of earlier runs competing for the CPUs.
@@ -374,11 +375,16 @@ class Echo:
     p99_ms: float
 
 
-async def measure_echo(opts: Options, children: Children, record: Payload, report: Report) -> Echo:
+async def measure_echo(
+    opts: Options, children: Children, relay: str, record: Payload, report: Report
+) -> Echo:
     address = children.server("echo", "echo")
     await drain_writeback()
     stream = await children.client("stream-rtt", address, ECHO_STREAM, record, count=opts.sends)
     unary = await children.client("unary-rtt", address, ECHO_UNARY, record, count=opts.sends)
+    # The same four one-way hops as an acks=all ack (client, leader, followers, leader,
+    # client), pushed over bare streams: what any design with them costs here.
+    relayed = await children.client("stream-rtt", relay, RELAY_STREAM, record, count=opts.sends)
     report.line(
         f"A  bare stream echo, 1 KiB round trip  p50 {stream['p50_ms']:6.3f} ms  "
         f"p99 {stream['p99_ms']:6.3f} ms  ({opts.sends} sends)"
@@ -386,6 +392,11 @@ async def measure_echo(opts: Options, children: Children, record: Payload, repor
     report.line(
         f"   bare unary echo (context)           p50 {unary['p50_ms']:6.3f} ms  "
         f"p99 {unary['p99_ms']:6.3f} ms"
+    )
+    report.line(
+        f"   bare relay to 2 followers (context) p50 {relayed['p50_ms']:6.3f} ms  "
+        f"p99 {relayed['p99_ms']:6.3f} ms  ({relayed['p50_ms'] / stream['p50_ms']:.1f} x / "
+        f"{relayed['p99_ms'] / stream['p99_ms']:.1f} x the echo)"
     )
     return Echo(stream["p50_ms"], stream["p99_ms"])
 
@@ -553,7 +564,7 @@ async def measure_on_cluster(
     async with AsyncExitStack() as stack:
         children = Children(root)
         stack.callback(children.close)
-        relay = children.relay() if "throughput" in opts.sections else ""
+        relay = children.relay()
         cluster = Cluster(root / "cluster", children)
         await cluster.start(stack)
         cluster.controller.configs[RF3_TOPIC] = {"min.insync.replicas": "2"}
@@ -565,7 +576,7 @@ async def measure_on_cluster(
         if not opts.sections & {"latency", "paced"}:
             return
         # In the conditions of the latency runs: after the throughput runs, cluster idle.
-        echo = await measure_echo(opts, children, record, report)
+        echo = await measure_echo(opts, children, relay, record, report)
         if "latency" in opts.sections:
             await measure_latency(opts, cluster, record, echo, report)
         if "paced" in opts.sections:

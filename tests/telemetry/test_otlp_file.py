@@ -66,7 +66,9 @@ def spans() -> list[ReadableSpan]:
             wait.end()
             produce.set_status(Status(StatusCode.OK))
         for kind in SpanKind:
-            provider.get_tracer("other").start_span(f"kind {kind.name}", kind=kind).end()
+            # One key, a value per span: the encoder's cache of encoded attributes keys on both.
+            other = provider.get_tracer("other")
+            other.start_span(f"kind {kind.name}", kind=kind, attributes={"k": kind.name}).end()
     return list(memory.get_finished_spans())
 
 

@@ -1,0 +1,162 @@
+"""What tracing one producer batch costs in CPU at 100% sampling, per process role, without a
+cluster: the spans Tidewater makes for one acks=all batch on RF=3 (client `send` and
+`batch.wait`; the leader's `Produce`, `log.append`, `replication.wait` with two links, and two
+follower fetches, each `Fetch`, `log.read`, `fetch.wait`; each follower's `replica.fetch` and
+`log.append`), made through the real span classes, then their export to an OTLP/JSON trace
+file in exports of 512 spans (as the BatchSpanProcessor makes them), with Tidewater's
+exporter and with OpenTelemetry's FileSpanExporter. Compare with the CPU per batch of the
+processes with tracing off (bench_tracing.py's cluster: client ~1 ms, leader ~1.3-1.7 ms,
+each follower ~0.5-0.7 ms per batch of 135 records).
+
+Run: .venv/bin/python tests/benchmarks/bench_span_cost.py [--batches N]"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from tidewater.broker import spans
+from tidewater.client.spans import BatchTrace
+from tidewater.records.batch import Record, build_batch
+from tidewater.telemetry import tracing
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
+from tidewater.v1 import broker_pb2 as pb
+
+ROLES = ("client", "leader", "follower")
+RECORDS = 135  # a 16 KiB batch of 100-byte values
+EXPORT_BATCH = 512
+TP = ("bench", 0)
+
+
+class Kept(SpanExporter):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+
+class Roles:
+    """A tracer provider per role (as each process has its own), and CPU seconds per role."""
+
+    def __init__(self) -> None:
+        self.kept = {role: Kept() for role in ROLES}
+        self.providers = {}
+        for role in ROLES:
+            provider = TracerProvider(resource=Resource.create({"service.name": role}))
+            provider.add_span_processor(SimpleSpanProcessor(self.kept[role]))
+            self.providers[role] = provider
+        self.tracers = {role: p.get_tracer(tracing.SCOPE) for role, p in self.providers.items()}
+        tracing.install(self.providers["leader"])
+        self.cpu = dict.fromkeys(ROLES, 0.0)
+        self._role = "client"
+        self._since = time.process_time()
+
+    def now(self, role: str) -> None:
+        """From here on the CPU counts for `role` (whose tracer the broker spans use)."""
+        now = time.process_time()
+        self.cpu[self._role] += now - self._since
+        self._role, self._since = role, now
+        if role != "client":
+            tracing.TRACER = self.tracers[role]
+
+
+def one_batch(roles: Roles, client: BatchTrace, waits: spans.ReplicationWaits, i: int) -> None:
+    batch = BATCH
+    end = (i + 1) * RECORDS
+    roles.now("client")
+    client.drained()
+    data = pb.PartitionProduceData(topic=TP[0], partition=TP[1])
+    data.trace_context.update(client.carrier)
+    roles.now("leader")
+    produce = spans.ProduceTrace(data, -1, None)
+    produce.appended(batch, i * RECORDS, 1, time.time_ns())
+    started = waits.start([data], [produce], {TP: end})
+    for follower in (2, 3):
+        request = pb.FetchRequest(replica_id=follower)
+        request.partitions.add(topic=TP[0], partition=TP[1], fetch_offset=end)
+        roles.now("follower")
+        replica_fetch = spans.ReplicaFetchTrace(request, 1)
+        roles.now("leader")
+        fetch = spans.FetchTrace(request, None)
+        waits.follower_fetched(TP, follower, end, fetch.span_context)
+        start_ns = time.time_ns()
+        fetch.waited(start_ns)
+        fetch.read(start_ns, len(batch))
+        fetch.answered(len(batch))
+        fetch.end(pb.FetchResponse())
+        roles.now("follower")
+        replica_fetch.appended(TP, len(batch), start_ns)
+        replica_fetch.span.end()
+    roles.now("leader")
+    response = pb.ProduceResponse()
+    result = response.partitions.add(topic=TP[0], partition=TP[1], base_offset=i * RECORDS)
+    waits.finish(started, response, lambda tp: end)
+    produce.end(result)
+    roles.now("client")
+    client.end(RECORDS, len(batch), i * RECORDS, None)
+
+
+BATCH = bytearray(build_batch([Record(key=None, value=bytes(100))] * RECORDS))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=4096)
+    args = parser.parse_args()
+    roles = Roles()
+    client_tracer = tracing.client_tracer(roles.providers["client"])
+    assert client_tracer is not None
+    waits = spans.ReplicationWaits()
+    for warm_up in (True, False):
+        roles.cpu = dict.fromkeys(ROLES, 0.0)
+        for kept in roles.kept.values():
+            kept.spans.clear()
+        for i in range(200 if warm_up else args.batches):
+            roles.now("client")
+            one_batch(roles, BatchTrace(client_tracer, TP[0], TP[1], -1), waits, i)
+        roles.now("client")
+    per_batch = {role: 1e6 * cpu / args.batches for role, cpu in roles.cpu.items()}
+    per_batch["follower"] /= 2  # two followers
+    count = sum(len(k.spans) for k in roles.kept.values()) / args.batches
+    print(
+        f"spans per batch: {count:.0f}; making them, us of CPU per batch: "
+        + ", ".join(f"{role} {per_batch[role]:.0f}" for role in ROLES)
+        + " (per follower)"
+    )
+    summary = []
+    with tempfile.TemporaryDirectory(prefix="tidewater-span-cost-") as tmp:
+        for exporter_type in (OtlpJsonFileSpanExporter, FileSpanExporter):
+            exported = {}
+            for role in ROLES:
+                exporter = exporter_type(Path(tmp) / f"{exporter_type.__name__}-{role}.jsonl")
+                done = roles.kept[role].spans
+                start = time.process_time()
+                for k in range(0, len(done), EXPORT_BATCH):
+                    exporter.export(done[k : k + EXPORT_BATCH])
+                exported[role] = 1e6 * (time.process_time() - start) / args.batches
+                exporter.shutdown()
+            exported["follower"] /= 2
+            total = sum(per_batch.values()) + per_batch["follower"]
+            total += sum(exported.values()) + exported["follower"]
+            print(
+                f"exporting them with {exporter_type.__name__}, us per batch: "
+                + ", ".join(f"{role} {exported[role]:.0f}" for role in ROLES)
+                + f"; all processes, spans and export: {total:.0f} us per batch"
+            )
+            summary.append(f"{exporter_type.__name__} {total:.0f} us")
+    print(f"tracing CPU per producer batch at 100% sampling: {'; '.join(summary)}")
+    tracing.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -43,6 +44,18 @@ async def test_round_trip(cluster: Any, compression: str | None) -> None:
     for p in range(3):
         offsets = [m.offset for m in sent if m.partition == p]
         assert offsets == list(range(len(offsets)))
+
+
+async def test_keyless_records_move_on_to_other_partitions_as_batches_fill(cluster: Any) -> None:
+    # Sent back to back, the sender never runs in between: only the partitioner's move to
+    # another partition when the sticky one's batch is full (KIP-480) spreads them.
+    await cluster.create_topic("spread", partitions=3)
+    async with Producer(cluster.bootstrap, batch_size=1000, **NO_IDEMPOTENCE) as producer:
+        futures = [await producer.send("spread", bytes(100)) for _ in range(300)]
+        await producer.flush()
+    per_partition = Counter(f.result().partition for f in futures)
+    assert set(per_partition) == {0, 1, 2}
+    assert max(per_partition.values()) < 200
 
 
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])

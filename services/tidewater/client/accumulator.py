@@ -195,7 +195,7 @@ class RecordAccumulator:
         if queue is None:
             queue = self.queues[tp] = deque()
         batch = queue[-1] if queue else None
-        if batch is None or batch.closed or (batch.size + size > self.batch_size and batch.size):
+        if batch is None or not self._fits(batch, size):
             if batch is not None:
                 batch.closed = True
             batch = ProducerBatch(tp, next(self._order), now, self._loop.create_future())
@@ -207,6 +207,16 @@ class RecordAccumulator:
         if batch.size >= self.batch_size:
             batch.closed = True
         return future, batch
+
+    def last_batch_full(self, tp: TopicPartition, size: int) -> bool:
+        """Whether `tp` has a batch that a record of `size` would have to close and start a
+        new one after (Kafka's abortOnNewBatch: the sticky partitioner moves on instead)."""
+        queue = self.queues.get(tp)
+        return bool(queue) and not self._fits(queue[-1], size)
+
+    def _fits(self, batch: ProducerBatch, size: int) -> bool:
+        """An open batch takes a record if it has room; an empty one takes any record."""
+        return not batch.closed and (batch.size + size <= self.batch_size or not batch.size)
 
     def queue_length(self, tp: TopicPartition) -> int:
         queue = self.queues.get(tp)

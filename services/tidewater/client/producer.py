@@ -186,6 +186,16 @@ class Producer:
             await self._first_producer_id()
         self._sender = loop.create_task(self._run())
 
+    def _sticky_partition(self, topic: str, num_partitions: int, size: int) -> int:
+        """The sticky partition, moved on when its open batch is full (KIP-480's onNewBatch):
+        otherwise records sent without a pause for the sender would all go to one partition."""
+        assert self._partitioner is not None and self._accumulator is not None
+        partition = self._partitioner.partition(topic, num_partitions)
+        if self._accumulator.last_batch_full((topic, partition), size):
+            self._partitioner.batch_closed(topic, partition)
+            partition = self._partitioner.partition(topic, num_partitions)
+        return partition
+
     async def send(
         self,
         topic: str,
@@ -205,16 +215,16 @@ class Producer:
         assert accumulator is not None and self._partitioner is not None
         deadline = time.monotonic() + self.config.max_block_s
         num_partitions = await self._partition_count(topic, deadline)
+        size = estimate_size(key, value, headers)
         if partition is None:
             if key is None:
-                partition = self._partitioner.partition(topic, num_partitions)
+                partition = self._sticky_partition(topic, num_partitions, size)
             else:
                 partition = partition_for_key(key, num_partitions)
         elif not 0 <= partition < num_partitions:
             raise UnknownTopicOrPartition(
                 f"topic {topic!r} has {num_partitions} partitions, not partition {partition}"
             )
-        size = estimate_size(key, value, headers)
         if size > self.config.max_request_size or size > self.config.buffer_memory:
             raise MessageTooLarge(
                 f"record of about {size} bytes exceeds max_request_size "

@@ -21,6 +21,7 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ CALL_TIMEOUT_S = 60.0
 # The broker's default cache.drop.behind.bytes, and how often its log applies it.
 DROP_BEHIND_BYTES = 64 * 1024 * 1024
 DROP_STEP = 4 * 1024 * 1024
+DONTNEED = os.POSIX_FADV_DONTNEED
 
 
 class AppendFile:
@@ -55,6 +57,7 @@ class AppendFile:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._drop_behind = drop_behind
         self._size = self._drop_from = self._dropped_to = 0
+        self._dropper = ThreadPoolExecutor(max_workers=1)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -64,12 +67,13 @@ class AppendFile:
             self._size += written
         end = self._size - self._drop_behind
         if self._drop_behind >= 0 and end - self._dropped_to >= DROP_STEP:
-            os.posix_fadvise(
-                self._fd, self._drop_from, end - self._drop_from, os.POSIX_FADV_DONTNEED
-            )
+            length = end - self._drop_from
+            # Off the caller's thread, as the log does: the call may wait for the disk.
+            self._dropper.submit(os.posix_fadvise, self._fd, self._drop_from, length, DONTNEED)
             self._drop_from, self._dropped_to = self._dropped_to, end
 
     def close(self) -> None:
+        self._dropper.shutdown()
         os.close(self._fd)
 
 

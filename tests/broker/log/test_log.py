@@ -20,6 +20,7 @@ from tidewater.broker.log.log import (
     UnexpectedAppendOffset,
     parse_partition_dir,
 )
+from tidewater.broker.log.segment import wait_for_drop_behind
 from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
 from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
 
@@ -668,6 +669,7 @@ def test_drop_behind_keeps_only_the_segment_tail_in_the_page_cache(
     for i in range(16):
         log.append_as_leader(make_batch(1, body=body(i, MIB)), leader_epoch=1)
         log.flush()  # the OS drops only pages already written back
+    wait_for_drop_behind()
     cached = cached_pages(log_dir / segment_files(log_dir)[0])
     newest_mib = cached[-MIB // mmap.PAGESIZE :]
     older = cached[: 8 * MIB // mmap.PAGESIZE]

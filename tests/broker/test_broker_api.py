@@ -605,10 +605,10 @@ async def test_high_watermark_checkpoint_is_rewritten_only_when_a_hw_moved(
     await produce_ok(client, batch_of([b"a", b"b"]))
     rm = server.replica_manager
     path = rm.config.log_dirs[0] / "replication-offset-checkpoint"
-    rm.checkpoint_high_watermarks()
+    await rm.checkpoint_high_watermarks_off_loop()  # the periodic task's way
     assert OffsetCheckpoint(path).read() == {(TOPIC, 0): 2}
     written = path.stat().st_ino
-    rm.checkpoint_high_watermarks()
+    rm.checkpoint_high_watermarks()  # shutdown's way
     assert path.stat().st_ino == written  # nothing moved: the file was left alone
     await produce_ok(client, batch_of([b"c"]))
     rm.checkpoint_high_watermarks()

@@ -109,7 +109,7 @@ class BrokerServer:
         interval = self.config.replica_high_watermark_checkpoint_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            self.replica_manager.checkpoint_high_watermarks()
+            await self.replica_manager.checkpoint_high_watermarks_off_loop()
 
     async def controlled_shutdown(self) -> None:
         """Move leadership elsewhere first, so producers see only retriable

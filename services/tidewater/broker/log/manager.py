@@ -14,7 +14,8 @@ import fcntl
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, CorruptCheckpoint, OffsetCheckpoint
@@ -47,6 +48,7 @@ class LogManager:
         self.default_config = default_config
         self._time_ms = time_ms
         self._logs: dict[TopicPartition, Log] = {}
+        self._checkpoint_lock = threading.Lock()
         # The partitions in each log dir, for placement and per-dir checkpoints.
         self._partitions_in: dict[Path, set[TopicPartition]] = {d: set() for d in self.log_dirs}
         self._lock_fds: list[int] = []
@@ -169,10 +171,24 @@ class LogManager:
 
     def checkpoint_recovery_points(self) -> None:
         """Write each log dir's recovery-point-offset-checkpoint."""
-        for log_dir in self.log_dirs:
-            OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).write(
-                {tp: self._logs[tp].recovery_point for tp in self._partitions_in[log_dir]}
-            )
+        for log_dir, points in self._recovery_points():
+            self._write_recovery_points(log_dir, points)
+
+    async def _checkpoint_recovery_points_off_loop(self) -> None:
+        # Each write ends with an fsync, which can wait hundreds of ms behind other writeback.
+        for log_dir, points in self._recovery_points():
+            await asyncio.to_thread(self._write_recovery_points, log_dir, points)
+
+    def _recovery_points(self) -> list[tuple[Path, dict[TopicPartition, int]]]:
+        return [
+            (d, {tp: self._logs[tp].recovery_point for tp in self._partitions_in[d]})
+            for d in self.log_dirs
+        ]
+
+    def _write_recovery_points(self, log_dir: Path, points: dict[TopicPartition, int]) -> None:
+        # One writer at a time: a periodic write on its thread may still run at shutdown.
+        with self._checkpoint_lock:
+            OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).write(points)
 
     def shutdown(self) -> None:
         """Flush every log, checkpoint the recovery points (now the LEOs), close everything:
@@ -209,14 +225,17 @@ class LogManager:
             group.create_task(self._every(retention_check_interval_ms, self._apply_retention))
             group.create_task(self._every(flush_check_interval_ms, self._flush_due_logs))
             group.create_task(
-                self._every(recovery_point_checkpoint_interval_ms, self.checkpoint_recovery_points)
+                self._every(
+                    recovery_point_checkpoint_interval_ms, self._checkpoint_recovery_points_off_loop
+                )
             )
 
-    async def _every(self, interval_ms: int, job: Callable[[], None]) -> None:
+    async def _every(self, interval_ms: int, job: Callable[[], Awaitable[None] | None]) -> None:
         while True:
             await asyncio.sleep(interval_ms / 1000)
             try:
-                job()
+                if (pending := job()) is not None:
+                    await pending
             except Exception:
                 # A failing disk must not stop the other logs' upkeep; the next round retries.
                 log.exception("log manager background job %s failed", job.__name__)

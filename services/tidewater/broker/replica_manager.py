@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from tidewater.broker.delayed import DelayedFetch, DelayedProduce, TopicPartitio
 from tidewater.broker.fetch_session import FetchContext, FetchSessionCache
 from tidewater.broker.fetcher import ReplicaFetcherManager, SourceBroker
 from tidewater.broker.isr_channel import AlterIsrChannel
-from tidewater.broker.log.checkpoints import OffsetCheckpoint
+from tidewater.broker.log.checkpoints import OffsetCheckpoint, OffsetCheckpointWriter
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
@@ -103,11 +102,13 @@ class ReplicaManager:
         # until the first one. Only these may join an ISR.
         self.usable_brokers: set[int] | None = None
         self._checkpointed_hws: dict[TopicPartition, int] = {}
-        self._hw_checkpoint_lock = threading.Lock()
+        self._hw_writer = OffsetCheckpointWriter(HIGH_WATERMARK_CHECKPOINT)
         self._replication_waits = ReplicationWaits()
         self._written_hws: dict[Path, dict[TopicPartition, int]] = {}
         for log_dir in config.log_dirs:
-            self._checkpointed_hws.update(self._hw_checkpoint(log_dir).read())
+            self._checkpointed_hws.update(
+                OffsetCheckpoint(log_dir / HIGH_WATERMARK_CHECKPOINT).read()
+            )
 
     # -- control plane -------------------------------------------------------------------
 
@@ -745,19 +746,17 @@ class ReplicaManager:
         self.produce_purgatory.check_and_complete(tp)
         self.fetch_purgatory.check_and_complete(tp)
 
-    def _hw_checkpoint(self, log_dir: Path) -> OffsetCheckpoint:
-        return OffsetCheckpoint(log_dir / HIGH_WATERMARK_CHECKPOINT)
-
     def checkpoint_high_watermarks(self) -> None:
         """Write every partition's HW to its log dir's replication-offset-checkpoint."""
         for log_dir, hws in self._hws_to_checkpoint():
-            self._write_hw_checkpoint(log_dir, hws)
+            self._hw_writer.write(log_dir, hws)
+            self._written_hws[log_dir] = hws
 
     async def checkpoint_high_watermarks_off_loop(self) -> None:
-        """checkpoint_high_watermarks with the writes on a worker thread: each ends with an
-        fsync, which can wait hundreds of ms behind the disk's other writeback."""
+        """checkpoint_high_watermarks with the writes on a worker thread."""
         for log_dir, hws in self._hws_to_checkpoint():
-            await asyncio.to_thread(self._write_hw_checkpoint, log_dir, hws)
+            await self._hw_writer.write_off_loop(log_dir, hws)
+            self._written_hws[log_dir] = hws
 
     def _hws_to_checkpoint(self) -> list[tuple[Path, dict[TopicPartition, int]]]:
         by_dir: dict[Path, dict[TopicPartition, int]] = {d: {} for d in self.config.log_dirs}
@@ -765,12 +764,6 @@ class ReplicaManager:
             by_dir.setdefault(partition.log.dir.parent, {})[tp] = partition.state.high_watermark
         # An fsync'd rewrite of the same HWs (idle partitions) would only cost time.
         return [(d, hws) for d, hws in by_dir.items() if self._written_hws.get(d) != hws]
-
-    def _write_hw_checkpoint(self, log_dir: Path, hws: dict[TopicPartition, int]) -> None:
-        # One writer at a time: a periodic write on its thread may still run at shutdown.
-        with self._hw_checkpoint_lock:
-            self._hw_checkpoint(log_dir).write(hws)
-            self._written_hws[log_dir] = hws
 
     # -- ISR ---------------------------------------------------------------------------------
 

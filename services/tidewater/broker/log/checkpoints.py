@@ -9,8 +9,10 @@ Every format is a version line (`0`), an entry count line, then one entry per li
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -137,3 +139,20 @@ class LeaderEpochCheckpoint(_CheckpointFile):
 
     def write(self, entries: Sequence[EpochEntry]) -> None:
         self._write_entries([f"{e.epoch} {e.start_offset}" for e in entries])
+
+
+class OffsetCheckpointWriter:
+    """Writes one kind of per-log-dir offset checkpoint (`name`), one write at a time: from
+    the event loop (at shutdown) or from a worker thread (the periodic ones). Each write ends
+    with an fsync, which can wait hundreds of ms behind other writeback."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+
+    def write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:
+        with self._lock:
+            OffsetCheckpoint(log_dir / self.name).write(offsets)
+
+    async def write_off_loop(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:
+        await asyncio.to_thread(self.write, log_dir, offsets)

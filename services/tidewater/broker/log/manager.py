@@ -14,11 +14,15 @@ import fcntl
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tidewater.broker.log.checkpoints import TEMP_SUFFIX, CorruptCheckpoint, OffsetCheckpoint
+from tidewater.broker.log.checkpoints import (
+    TEMP_SUFFIX,
+    CorruptCheckpoint,
+    OffsetCheckpoint,
+    OffsetCheckpointWriter,
+)
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import (
     DELETE_DIR_SUFFIX,
@@ -48,7 +52,7 @@ class LogManager:
         self.default_config = default_config
         self._time_ms = time_ms
         self._logs: dict[TopicPartition, Log] = {}
-        self._checkpoint_lock = threading.Lock()
+        self._recovery_point_writer = OffsetCheckpointWriter(RECOVERY_POINT_CHECKPOINT)
         # The partitions in each log dir, for placement and per-dir checkpoints.
         self._partitions_in: dict[Path, set[TopicPartition]] = {d: set() for d in self.log_dirs}
         self._lock_fds: list[int] = []
@@ -172,23 +176,17 @@ class LogManager:
     def checkpoint_recovery_points(self) -> None:
         """Write each log dir's recovery-point-offset-checkpoint."""
         for log_dir, points in self._recovery_points():
-            self._write_recovery_points(log_dir, points)
+            self._recovery_point_writer.write(log_dir, points)
 
     async def _checkpoint_recovery_points_off_loop(self) -> None:
-        # Each write ends with an fsync, which can wait hundreds of ms behind other writeback.
         for log_dir, points in self._recovery_points():
-            await asyncio.to_thread(self._write_recovery_points, log_dir, points)
+            await self._recovery_point_writer.write_off_loop(log_dir, points)
 
     def _recovery_points(self) -> list[tuple[Path, dict[TopicPartition, int]]]:
         return [
             (d, {tp: self._logs[tp].recovery_point for tp in self._partitions_in[d]})
             for d in self.log_dirs
         ]
-
-    def _write_recovery_points(self, log_dir: Path, points: dict[TopicPartition, int]) -> None:
-        # One writer at a time: a periodic write on its thread may still run at shutdown.
-        with self._checkpoint_lock:
-            OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).write(points)
 
     def shutdown(self) -> None:
         """Flush every log, checkpoint the recovery points (now the LEOs), close everything:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from tidewater.broker.purgatory import DelayedOperation
+from tidewater.errors import NO_ERROR
 from tidewater.replication.partition import Partition
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -45,7 +46,7 @@ class DelayedProduce(DelayedOperation):
                 continue
             enough = partition.enough_replicas_for(required)
             if enough is True:
-                self.outcomes[tp] = (ErrorCode.NONE, "")
+                self.outcomes[tp] = (NO_ERROR, "")
             elif enough is False:
                 self.outcomes[tp] = (
                     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,

@@ -17,9 +17,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from tidewater.errors import FetchSessionIdNotFound, InvalidFetchSessionEpoch
+from tidewater.errors import NO_ERROR, FetchSessionIdNotFound, InvalidFetchSessionEpoch
 from tidewater.v1 import broker_pb2 as pb
-from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
 
@@ -96,7 +95,7 @@ class FetchContext:
                 cached = partitions.get(tp)
                 if cached is None:
                     continue
-                failed = result.error_code != ErrorCode.NONE
+                failed = result.error_code != NO_ERROR
                 cached.high_watermark = -1 if failed else result.high_watermark
                 cached.log_start_offset = -1 if failed else result.log_start_offset
             for tp in self.served:
@@ -245,7 +244,7 @@ class FetchSessionHandler(Generic[K, V]):
         return plan
 
     def on_response(self, plan: FetchPlan[K], error_code: int, session_id: int) -> None:
-        if error_code != ErrorCode.NONE or (not plan.full and session_id != plan.session_id):
+        if error_code != NO_ERROR or (not plan.full and session_id != plan.session_id):
             self.reset()
         elif plan.full:
             self.session_id = session_id

@@ -22,7 +22,7 @@ from tidewater.broker.config import BrokerConfig
 from tidewater.broker.fetch_session import FetchPlan, FetchSessionHandler
 from tidewater.broker.partition import HostedPartition
 from tidewater.broker.spans import ReplicaFetchTrace
-from tidewater.errors import TidewaterError
+from tidewater.errors import NO_ERROR, TidewaterError
 from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
@@ -143,7 +143,7 @@ class ReplicaFetcher:
                         self._delay(list(self.partitions), backoff_s)
                         continue
                     self.session.on_response(plan, response.error_code, response.session_id)
-                    if response.error_code != ErrorCode.NONE:
+                    if response.error_code != NO_ERROR:
                         log.info(
                             "fetch from broker %d refused: %s",
                             self.source.broker_id,
@@ -221,7 +221,7 @@ class ReplicaFetcher:
                 continue  # removed, or a newer epoch arrived while the fetch was in flight
             code = result.error_code
             try:
-                if code == ErrorCode.NONE:
+                if code == NO_ERROR:
                     diverging = None
                     if result.HasField("diverging_epoch"):
                         diverging = (

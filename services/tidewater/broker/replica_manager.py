@@ -26,6 +26,7 @@ from tidewater.broker.purgatory import Purgatory, Scheduler
 from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
+    NO_ERROR,
     InvalidRequest,
     InvalidRequiredAcks,
     StaleControllerEpoch,
@@ -337,6 +338,7 @@ class ReplicaManager:
         response = pb.ProduceResponse(correlation_id=request.correlation_id)
         waiting: dict[TopicPartition, int] = {}
         appended = 0
+        completed = 0
         if request.acks not in (0, 1, ACKS_ALL):
             error = InvalidRequiredAcks(f"acks must be 0, 1 or -1, got {request.acks}")
             for data in request.partitions:
@@ -364,9 +366,13 @@ class ReplicaManager:
                     log_start_offset=partition.log.log_start_offset,
                 )
             )
-            self._partition_changed(tp)
+            completed += self._partition_changed(tp)
             if request.acks == ACKS_ALL:
                 waiting[tp] = info.last_offset + 1
+        if waiting and completed:
+            # The fetches the append completed write the batch to the followers first, then
+            # this produce parks: its ack waits for their copies.
+            await asyncio.sleep(0)
         return response, waiting, appended
 
     def _batch_of(self, data: pb.PartitionProduceData, max_message_bytes: int) -> bytearray:
@@ -405,8 +411,8 @@ class ReplicaManager:
         self.produce_purgatory.try_complete_else_watch(op, waiting)
         outcomes = await op.done
         for result in response.partitions:
-            code, message = outcomes.get((result.topic, result.partition), (ErrorCode.NONE, ""))
-            if code != ErrorCode.NONE:
+            code, message = outcomes.get((result.topic, result.partition), (NO_ERROR, ""))
+            if code != NO_ERROR:
                 result.error_code = code
                 result.error_message = message
                 result.base_offset = -1
@@ -453,11 +459,15 @@ class ReplicaManager:
             )
         # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
         follower = self._from_follower(request)
-        answered = (
-            self._record_follower_fetches(request.replica_id, context.partitions, fetch_trace)
-            if follower
-            else {}
-        )
+        answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
+        if follower:
+            answered, completed = self._record_follower_fetches(
+                request.replica_id, context.partitions, fetch_trace
+            )
+            if completed:
+                # The produces this fetch committed answer first; reading or parking the
+                # fetch can wait a turn of the event loop.
+                await asyncio.sleep(0)
         # The answer is always the last read's results: its size is what was served.
         size = 0
 
@@ -519,10 +529,10 @@ class ReplicaManager:
         replica_id: int,
         partitions: list[pb.FetchPartition],
         fetch_trace: FetchTrace | None,
-    ) -> dict[TopicPartition, pb.FetchPartitionResponse]:
+    ) -> tuple[dict[TopicPartition, pb.FetchPartitionResponse], int]:
         """The leader's side of a follower fetch: fencing, divergence, the follower's LEO,
         ISR expansion, HW. Returns the partitions answered without data (errors, diverging
-        epochs)."""
+        epochs), and how many waiting operations the HW moves completed."""
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         moved: list[TopicPartition] = []
         now = self.time_ms()
@@ -563,9 +573,10 @@ class ReplicaManager:
                     outcome.diverging_epoch
                 )
                 answered[tp] = result
+        completed = 0
         for tp in moved:
-            self._partition_changed(tp)
-        return answered
+            completed += self._partition_changed(tp)
+        return answered, completed
 
     def _fetch_error(
         self, fp: pb.FetchPartition, error: TidewaterError
@@ -741,10 +752,12 @@ class ReplicaManager:
         hosted = self.partitions.get(tp)
         return hosted.state if hosted else None
 
-    def _partition_changed(self, tp: TopicPartition) -> None:
-        """Data, HW or role of a partition moved: let waiting operations re-check."""
-        self.produce_purgatory.check_and_complete(tp)
-        self.fetch_purgatory.check_and_complete(tp)
+    def _partition_changed(self, tp: TopicPartition) -> int:
+        """Data, HW or role of a partition moved: let waiting operations re-check. Returns
+        how many completed."""
+        return self.produce_purgatory.check_and_complete(tp) + (
+            self.fetch_purgatory.check_and_complete(tp)
+        )
 
     def checkpoint_high_watermarks(self) -> None:
         """Write every partition's HW to its log dir's replication-offset-checkpoint."""

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -78,6 +79,57 @@ class PartitionFetchState:
     leader_end_offset: int = -1
 
 
+class ReadDeadline:
+    """Cancels a stream whose answer is overdue, with one timer for many reads: a read notes
+    its deadline, and the timer, when it fires, checks the read then in progress and waits on
+    for its deadline. An asyncio.timeout per read would arm and cancel a timer on every
+    answer."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._loop = asyncio.get_running_loop()
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._deadline = 0.0
+        self._expired = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def read(self, call: grpc.aio.StreamStreamCall) -> Any:
+        """The call's next message; TimeoutError if none came within timeout_s."""
+        self._call = call
+        self._deadline = self._loop.time() + self.timeout_s
+        self._expired = False
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._deadline, self._check)
+        try:
+            return await call.read()
+        except asyncio.CancelledError:
+            # grpc.aio ends the read of a call cancelled here with CancelledError: a timeout,
+            # unless this task is being cancelled too.
+            task = asyncio.current_task()
+            if not self._expired or (task is not None and task.cancelling()):
+                raise
+            raise TimeoutError(f"no answer within {self.timeout_s:g} s") from None
+        finally:
+            self._call = None
+
+    def close(self) -> None:
+        self._call = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._call is None:
+            return
+        if self._loop.time() < self._deadline:
+            self._timer = self._loop.call_at(self._deadline, self._check)
+            return
+        self._expired = True
+        self._call.cancel()
+        self._call = None
+
+
 @dataclass
 class ReplicaFetcher:
     source: SourceBroker
@@ -102,6 +154,13 @@ class ReplicaFetcher:
                 await self.task
 
     async def _run(self) -> None:
+        deadline = ReadDeadline(self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S)
+        try:
+            await self._fetch_until_stopped(deadline)
+        finally:
+            deadline.close()
+
+    async def _fetch_until_stopped(self, deadline: ReadDeadline) -> None:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
         async with tracing.insecure_channel(self.source.address, CHANNEL_OPTIONS) as ch:
             stub = broker_pb2_grpc.BrokerServiceStub(ch)
@@ -124,12 +183,7 @@ class ReplicaFetcher:
                         if stream is None:
                             stream = stub.FetchStream()
                         await stream.write(request)
-                        # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow the
-                        # cancellation that stops this fetcher.
-                        async with asyncio.timeout(
-                            self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S
-                        ):
-                            response = await stream.read()
+                        response = await deadline.read(stream)
                         if response is grpc.aio.EOF:
                             raise ConnectionError("fetch stream closed by the leader")
                     except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:

@@ -1,4 +1,4 @@
-"""The purgatory with a hand-driven timer: completion, expiry, and no leaks; the delayed
+"""The purgatory with a hand-driven clock: completion, expiry, and no leaks; the delayed
 fetch's reads."""
 
 from __future__ import annotations
@@ -11,32 +11,45 @@ from tidewater.broker.delayed import DelayedFetch
 from tidewater.broker.purgatory import DelayedOperation, Purgatory
 
 
-class FakeTimers:
+class FakeClock:
+    """Time that moves only when told to; timers fire, in time order, as it passes them."""
+
     def __init__(self) -> None:
-        self.pending: list[tuple[float, Callable[[], None], FakeTimers.Handle]] = []
+        self.now = 0.0
+        self.timers: list[FakeClock.Handle] = []
 
     class Handle:
-        def __init__(self) -> None:
+        def __init__(self, when: float, callback: Callable[[], None]) -> None:
+            self.when = when
+            self.callback = callback
             self.cancelled = False
 
         def cancel(self) -> None:
             self.cancelled = True
 
-    def schedule(self, delay: float, callback: Callable[[], None]) -> FakeTimers.Handle:
-        handle = FakeTimers.Handle()
-        self.pending.append((delay, callback, handle))
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> FakeClock.Handle:
+        handle = FakeClock.Handle(when, callback)
+        self.timers.append(handle)
         return handle
 
-    def fire_all(self) -> None:
-        for _, callback, handle in self.pending:
-            if not handle.cancelled:
-                callback()
-        self.pending.clear()
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        while due := [h for h in self.timers if not h.cancelled and h.when <= self.now]:
+            handle = min(due, key=lambda h: h.when)
+            self.timers.remove(handle)
+            handle.callback()
+
+    @property
+    def pending(self) -> int:
+        return sum(not h.cancelled for h in self.timers)
 
 
 class WaitFor(DelayedOperation):
-    def __init__(self, condition: Callable[[], bool]) -> None:
-        super().__init__(timeout_ms=1000)
+    def __init__(self, condition: Callable[[], bool], timeout_ms: int = 1000) -> None:
+        super().__init__(timeout_ms)
         self.condition = condition
         self.result: str | None = None
         self.completions = 0
@@ -53,16 +66,16 @@ class WaitFor(DelayedOperation):
 
 
 def test_completes_at_once_when_it_can() -> None:
-    timers = FakeTimers()
-    purgatory = Purgatory("test", timers.schedule)
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
     op = WaitFor(lambda: True)
     assert purgatory.try_complete_else_watch(op, ["a"])
-    assert op.result == "done" and purgatory.watched == 0 and not timers.pending
+    assert op.result == "done" and purgatory.watched == 0 and not clock.pending
 
 
 def test_check_and_complete_wakes_watchers_of_that_key_only() -> None:
-    timers = FakeTimers()
-    purgatory = Purgatory("test", timers.schedule)
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
     ready = {"a": False, "b": False}
     op_a = WaitFor(lambda: ready["a"])
     op_b = WaitFor(lambda: ready["b"])
@@ -76,33 +89,35 @@ def test_check_and_complete_wakes_watchers_of_that_key_only() -> None:
 
 
 def test_expiry_completes_once_and_unwatches() -> None:
-    timers = FakeTimers()
-    purgatory = Purgatory("test", timers.schedule)
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
     op = WaitFor(lambda: False)
     purgatory.try_complete_else_watch(op, ["a", "b"])
-    timers.fire_all()
+    clock.advance(0.999)
+    assert op.result is None
+    clock.advance(0.001)
     assert op.result == "expired" and op.completions == 1
     assert purgatory.watched == 0 and not purgatory._watchers
     assert purgatory.check_and_complete("a") == 0 and op.completions == 1
 
 
 def test_completion_through_one_key_leaves_no_trace_under_others() -> None:
-    timers = FakeTimers()
-    purgatory = Purgatory("test", timers.schedule)
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
     ready = [False]
     op = WaitFor(lambda: ready[0])
     purgatory.try_complete_else_watch(op, ["a", "b", "c"])
     ready[0] = True
     assert purgatory.check_and_complete("b") == 1
     assert not purgatory._watchers
-    assert timers.pending[0][2].cancelled  # the expiry timer is cancelled too
-    timers.fire_all()
-    assert op.completions == 1
+    assert not purgatory._expiries[1000].ops  # nor in the queue of its timeout
+    clock.advance(1.0)
+    assert op.completions == 1 and not purgatory._expiries
 
 
 def test_cancel_all_completes_everything_once() -> None:
-    timers = FakeTimers()
-    purgatory = Purgatory("test", timers.schedule)
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
     ops = [WaitFor(lambda: False) for _ in range(3)]
     for op in ops:
         purgatory.try_complete_else_watch(op, ["a", "b"])
@@ -112,13 +127,55 @@ def test_cancel_all_completes_everything_once() -> None:
 
 
 def test_watch_waits_for_a_change_without_trying_first() -> None:
-    timers = FakeTimers()
-    purgatory = Purgatory("test", timers.schedule)
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
     op = WaitFor(lambda: True)
     purgatory.watch(op, ["a"])
     assert op.result is None and purgatory.watched == 1
     assert purgatory.check_and_complete("a") == 1
     assert op.result == "done"
+
+
+def test_operations_with_one_timeout_share_a_timer_and_expire_each_at_its_deadline() -> None:
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
+    first, second = WaitFor(lambda: False), WaitFor(lambda: False)
+    purgatory.watch(first, ["a"])
+    clock.advance(0.4)
+    purgatory.watch(second, ["a"])
+    assert clock.pending == 1
+    clock.advance(0.6)
+    assert (first.result, second.result) == ("expired", None)
+    clock.advance(0.399)
+    assert second.result is None
+    clock.advance(0.001)
+    assert second.result == "expired" and purgatory.watched == 0
+
+
+def test_a_shorter_timeout_expires_first_whatever_the_order_of_watching() -> None:
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
+    slow, fast = WaitFor(lambda: False, timeout_ms=1000), WaitFor(lambda: False, timeout_ms=100)
+    purgatory.watch(slow, ["a"])
+    purgatory.watch(fast, ["a"])
+    clock.advance(0.1)
+    assert (slow.result, fast.result) == (None, "expired")
+    clock.advance(0.9)
+    assert slow.result == "expired"
+    assert not purgatory._expiries  # no queue kept for a timeout no operation waits with
+
+
+def test_completed_operations_do_not_pile_up_behind_one_still_waiting() -> None:
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
+    stuck = WaitFor(lambda: False)
+    purgatory.watch(stuck, ["stuck"])
+    for i in range(1000):
+        purgatory.watch(WaitFor(lambda: True), [i])
+        assert purgatory.check_and_complete(i) == 1
+    assert len(purgatory._expiries[1000].ops) < 100
+    clock.advance(1.0)
+    assert stuck.result == "expired" and not purgatory._expiries
 
 
 class FetchedLog:
@@ -130,8 +187,8 @@ class FetchedLog:
         self.high_watermark = 0
         self.reads: list[int] = []
         self.error: Exception | None = None
-        self.timers = FakeTimers()
-        self.purgatory = Purgatory("Fetch", self.timers.schedule)
+        self.clock = FakeClock()
+        self.purgatory = Purgatory("Fetch", self.clock)
         self.fetch: DelayedFetch[str] = DelayedFetch(
             500, min_bytes, self.read, lambda: self.readable > 0
         )
@@ -164,7 +221,7 @@ async def test_an_expired_delayed_fetch_answers_with_a_read_at_expiry() -> None:
     log = FetchedLog(min_bytes=1)
     log.high_watermark = 7
     log.changed()
-    log.timers.fire_all()
+    log.clock.advance(0.5)
     assert log.fetch.done.result() == "0 bytes, HW 7"
     assert log.purgatory.watched == 0
 
@@ -172,6 +229,6 @@ async def test_an_expired_delayed_fetch_answers_with_a_read_at_expiry() -> None:
 async def test_a_delayed_fetch_whose_read_fails_at_expiry_fails() -> None:
     log = FetchedLog(min_bytes=1)
     log.error = OSError("disk gone")
-    log.timers.fire_all()
+    log.clock.advance(0.5)
     with pytest.raises(OSError, match="disk gone"):
         log.fetch.done.result()

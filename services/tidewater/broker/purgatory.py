@@ -4,23 +4,37 @@ An operation that cannot complete yet (an acks=all produce waiting for the high 
 a fetch waiting for min_bytes) is watched under one key per partition it depends on. Whatever
 changes a partition (an append, a high watermark move) calls `check_and_complete(key)`; each
 operation also expires after its timeout. Completion happens exactly once, whichever comes
-first. The purgatory knows no clock of its own: expiry timers come from an injected scheduler,
-so tests can drive it deterministically.
+first. The purgatory knows no clock of its own: the time and the expiry timers come from an
+injected clock (asyncio's event loop fits), so tests can drive it deterministically.
+
+Expiry costs no timer per operation (asyncio's cost some microseconds each, armed and cancelled
+for every produce and fetch): operations with the same timeout expire in the order they were
+watched, so each timeout has one queue in that order and one timer, for the oldest operation
+still waiting (Kafka's timing wheel serves the same purpose).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
+
+# A queue may hold this many completed operations beyond twice those still waiting before it
+# is rebuilt: most complete in order and leave from its front at once.
+_SLACK = 64
 
 
 class TimerHandle(Protocol):
     def cancel(self) -> None: ...
 
 
-# (delay in seconds, callback) -> handle; asyncio's loop.call_later fits.
-Scheduler = Callable[[float, Callable[[], None]], TimerHandle]
+class Clock(Protocol):
+    """The time in seconds and timers at a time of it; asyncio's event loop fits."""
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> TimerHandle: ...
 
 
 class DelayedOperation(ABC):
@@ -29,8 +43,9 @@ class DelayedOperation(ABC):
     def __init__(self, timeout_ms: int) -> None:
         self.timeout_ms = timeout_ms
         self.completed = False
-        self._timer: TimerHandle | None = None
         self._keys: list[Hashable] = []
+        self._deadline = 0.0
+        self._expiry: _Expiry | None = None
 
     @abstractmethod
     def try_complete(self) -> bool:
@@ -47,20 +62,46 @@ class DelayedOperation(ABC):
         if self.completed:
             return False
         self.completed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._expiry is not None:
+            self._expiry.left()
+            self._expiry = None
         self.on_complete()
         return True
+
+
+class _Expiry:
+    """The operations watched with one timeout, oldest first, and the timer of the oldest
+    still waiting."""
+
+    __slots__ = ("ops", "timeout_ms", "timer", "waiting")
+
+    def __init__(self, timeout_ms: int) -> None:
+        self.timeout_ms = timeout_ms
+        self.ops: deque[DelayedOperation] = deque()
+        self.waiting = 0
+        self.timer: TimerHandle | None = None
+
+    def left(self) -> None:
+        """One operation completed: drop the completed ones from the front, and rebuild the
+        queue if too many are stuck behind one still waiting."""
+        self.waiting -= 1
+        ops = self.ops
+        while ops and ops[0].completed:
+            ops.popleft()
+        if len(ops) > 2 * self.waiting + _SLACK:
+            waiting = [op for op in ops if not op.completed]
+            ops.clear()  # in place: an expiry may be walking the queue
+            ops.extend(waiting)
 
 
 class Purgatory:
     """Delayed operations watched by key."""
 
-    def __init__(self, name: str, schedule: Scheduler) -> None:
+    def __init__(self, name: str, clock: Clock) -> None:
         self.name = name
-        self._schedule = schedule
+        self._clock = clock
         self._watchers: dict[Hashable, list[DelayedOperation]] = {}
+        self._expiries: dict[int, _Expiry] = {}  # by timeout_ms
 
     def try_complete_else_watch(self, op: DelayedOperation, keys: Iterable[Hashable]) -> bool:
         """Complete `op` now if it can; otherwise watch it under every key until it can or expires.
@@ -78,14 +119,34 @@ class Purgatory:
         op._keys = list(keys)
         for key in op._keys:
             self._watchers.setdefault(key, []).append(op)
-        op._timer = self._schedule(op.timeout_ms / 1000.0, lambda: self._expire(op))
+        expiry = self._expiries.get(op.timeout_ms)
+        if expiry is None:
+            expiry = self._expiries[op.timeout_ms] = _Expiry(op.timeout_ms)
+        op._deadline = self._clock.time() + op.timeout_ms / 1000.0
+        op._expiry = expiry
+        expiry.ops.append(op)
+        expiry.waiting += 1
+        if expiry.timer is None:
+            self._arm(expiry, op._deadline)
 
-    def _expire(self, op: DelayedOperation) -> None:
-        op._timer = None
-        if not op.completed:
-            op.on_expiration()
-            op.force_complete()
-        self._unwatch(op, skip=None)
+    def _arm(self, expiry: _Expiry, when: float) -> None:
+        expiry.timer = self._clock.call_at(when, lambda: self._expire_due(expiry))
+
+    def _expire_due(self, expiry: _Expiry) -> None:
+        """Expire the operations whose deadline passed; wait on for the next one."""
+        expiry.timer = None
+        now = self._clock.time()
+        ops = expiry.ops
+        while ops and (ops[0].completed or ops[0]._deadline <= now):
+            op = ops.popleft()
+            if not op.completed:
+                op.on_expiration()
+                op.force_complete()
+                self._unwatch(op, skip=None)
+        if ops:
+            self._arm(expiry, ops[0]._deadline)
+        else:  # clients choose timeouts: keep no queue for each one ever seen
+            del self._expiries[expiry.timeout_ms]
 
     def _unwatch(self, op: DelayedOperation, skip: Hashable | None) -> None:
         """Drop a finished operation from the lists of its other keys, so none leaks."""
@@ -124,6 +185,10 @@ class Purgatory:
         self._watchers.clear()
         for op in ops.values():
             op.force_complete()
+        for expiry in self._expiries.values():
+            if expiry.timer is not None:
+                expiry.timer.cancel()
+        self._expiries.clear()
 
     @property
     def watched(self) -> int:

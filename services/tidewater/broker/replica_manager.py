@@ -22,7 +22,7 @@ from tidewater.broker.log.checkpoints import OffsetCheckpoint, OffsetCheckpointW
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
-from tidewater.broker.purgatory import Purgatory, Scheduler
+from tidewater.broker.purgatory import Clock, Purgatory
 from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
@@ -64,7 +64,7 @@ class ReplicaManager:
         self,
         config: BrokerConfig,
         log_manager: LogManager,
-        schedule: Scheduler,
+        clock: Clock,
         time_ms: Callable[[], int],
     ) -> None:
         self.config = config
@@ -73,8 +73,8 @@ class ReplicaManager:
         self.time_ms = time_ms
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.controller_epoch = 0
-        self.produce_purgatory = Purgatory("Produce", schedule)
-        self.fetch_purgatory = Purgatory("Fetch", schedule)
+        self.produce_purgatory = Purgatory("Produce", clock)
+        self.fetch_purgatory = Purgatory("Fetch", clock)
         self.fetch_sessions = FetchSessionCache(
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms,

@@ -37,9 +37,7 @@ class BrokerServer:
         defaults = TopicConfig.from_properties(dict(config.topic_defaults))
         self.log_manager = LogManager(list(config.log_dirs), defaults.log)
         loop = asyncio.get_running_loop()
-        self.replica_manager = ReplicaManager(
-            config, self.log_manager, loop.call_later, wall_clock_ms
-        )
+        self.replica_manager = ReplicaManager(config, self.log_manager, loop, wall_clock_ms)
         names = [
             broker_pb2.DESCRIPTOR.services_by_name[name].full_name
             for name in ("BrokerService", "BrokerControl")

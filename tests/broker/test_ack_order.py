@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.local.standin_controller import make_leader
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch
@@ -55,7 +56,7 @@ async def test_appended_batch_reaches_waiting_followers_before_the_produce_parks
 ) -> None:
     parked_produces_when_answered: list[int] = []
 
-    async def fetch(replica_id: int) -> pb.FetchResponse:
+    async def fetch(replica_id: int) -> FetchAnswer:
         response = await leader.fetch(follower_fetch(replica_id, 0))
         parked_produces_when_answered.append(leader.produce_purgatory.watched)
         return response
@@ -67,7 +68,8 @@ async def test_appended_batch_reaches_waiting_followers_before_the_produce_parks
     )
     produce = asyncio.create_task(leader.produce(pb.ProduceRequest(acks=-1, partitions=[data])))
     for answer in await asyncio.gather(*fetches):
-        assert answer.partitions[0].record_batches
+        _, records = answer.partitions[0]
+        assert records
     assert parked_produces_when_answered == [0, 0]
     produce.cancel()
 

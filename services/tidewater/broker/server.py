@@ -13,7 +13,7 @@ from tidewater.broker.config import BrokerConfig
 from tidewater.broker.lifecycle import BrokerLifecycle
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.replica_manager import ReplicaManager
-from tidewater.broker.service import BrokerControl, BrokerService
+from tidewater.broker.service import BrokerControl, BrokerService, add_broker_service
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.rpc.allocator import tune_for_large_messages
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
@@ -43,9 +43,7 @@ class BrokerServer:
             for name in ("BrokerService", "BrokerControl")
         ]
         self.host = ServiceHost(names)
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(
-            BrokerService(self.replica_manager), self.host.server
-        )
+        add_broker_service(BrokerService(self.replica_manager), self.host.server)
         broker_pb2_grpc.add_BrokerControlServicer_to_server(
             BrokerControl(self.replica_manager), self.host.server
         )

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.rpc.streams import pipelined
 from tidewater.telemetry import tracing
@@ -34,7 +35,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
-    ) -> pb.FetchResponse:
+    ) -> FetchAnswer:
         return await self._rm.fetch(request, _metadata(context))
 
     async def FetchStream(
@@ -56,6 +57,35 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> pb.InitProducerIdResponse:
         return await self._rm.producer_ids.init_producer_id(request)
+
+
+class _Registration:
+    """Stands in for the server while generated code registers a service's handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.handlers = handlers
+
+
+def add_broker_service(servicer: BrokerService, server: grpc.aio.Server) -> None:
+    """Registers BrokerService as the generated code would, except that Fetch and FetchStream
+    answer FetchAnswers, which gRPC sends with their records spliced in (fetch_answer)."""
+    registration = _Registration()
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(servicer, registration)
+    handlers = registration.handlers
+    for method in ("Fetch", "FetchStream"):
+        # Generated handlers are namedtuples.
+        handlers[method] = handlers[method]._replace(response_serializer=FetchAnswer.serialize)  # type: ignore[attr-defined]
+    service = pb.DESCRIPTOR.services_by_name["BrokerService"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+    server.add_registered_method_handlers(service, handlers)
 
 
 class BrokerControl(broker_pb2_grpc.BrokerControlServicer):

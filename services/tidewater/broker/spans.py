@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
 
+from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.records.header import read_header
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -232,7 +233,7 @@ class FetchTrace(_Traced):
         fields again would copy them)."""
         self.span.set_attribute("tidewater.bytes", size)
 
-    def end(self, response: pb.FetchResponse) -> None:
+    def end(self, response: FetchAnswer) -> None:
         end_with_error(self.span, response.error_code, response.error_message)
 
 

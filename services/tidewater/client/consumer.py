@@ -1,17 +1,22 @@
 """The asyncio consumer of assigned partitions: positions kept client-side, long-poll fetches
-from each leader, committed records only (the broker stops at the high watermark)."""
+from each leader, committed records only (the broker stops at the high watermark).
+
+As in Kafka's consumer, each leader has at most one fetch in flight, and a fetch outlives
+the poll that sent it: a poll returns as soon as any leader answered with records, while the
+others keep waiting for theirs, to be collected by a later poll."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
 
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
 
 from tidewater.client.errors import REFRESH_METADATA, error_for
 from tidewater.client.metadata import ClusterMetadata, TopicPartition
-from tidewater.errors import InvalidConfig
+from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.records.batch import ConsumerRecord, decode_batches
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -55,6 +60,9 @@ class Consumer:
         )
         self._positions: dict[TopicPartition, int | None] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
+        self._in_flight: dict[str, _InFlightFetch] = {}  # by leader address
+        # A partition's error, raised by the next poll when this one has records to return.
+        self._error: TidewaterError | None = None
         self._tracer = tracing.client_tracer(tracer_provider)
 
     async def __aenter__(self) -> Consumer:
@@ -101,8 +109,9 @@ class Consumer:
         return max(high_watermark - position, 0)
 
     async def poll(self, timeout_ms: int = 1000) -> list[ConsumerRecord]:
-        """Records fetched from every assigned partition, waiting up to timeout_ms (long
-        poll) for at least fetch_min_bytes."""
+        """Records of the assigned partitions: those of every fetch answered by now, once one
+        brought records or timeout_ms passed (each leader long-polls fetch_max_wait_ms for
+        fetch_min_bytes)."""
         fetched = await self.poll_partitions(timeout_ms)
         return [record for records in fetched.values() for record in records]
 
@@ -127,22 +136,54 @@ class Consumer:
             return fetched
 
     async def _poll(self, timeout_ms: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-        await self._reset_missing_positions()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
+        self._raise_error()
+        while True:
+            await self._reset_missing_positions()
+            self._send_fetches()
+            if not self._in_flight:
+                await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
+                return fetched
+            await asyncio.wait(
+                [fetch.answer for fetch in self._in_flight.values()],
+                timeout=max(deadline - loop.time(), 0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            failed = False
+            for address, fetch in list(self._in_flight.items()):
+                if fetch.answer.done():
+                    del self._in_flight[address]
+                    answer = fetch.answer.result()
+                    fetched.update(self._apply(fetch.offsets, answer))
+                    failed |= answer is None or any(r.error_code for r in answer.partitions)
+            if any(fetched.values()):
+                return fetched
+            self._raise_error()
+            if loop.time() >= deadline:
+                return fetched
+            if failed:  # before asking again
+                await asyncio.sleep(min(deadline - loop.time(), self.retry_backoff_s))
+
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _send_fetches(self) -> None:
+        """A fetch to every leader of assigned partitions that has none in flight."""
+        fetching = {tp for fetch in self._in_flight.values() for tp in fetch.offsets}
         by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
         for tp, position in self._positions.items():
             leader = self.metadata.leader(tp)
             if leader is None or position is None:
                 self.metadata.request_refresh()
                 continue
-            by_leader.setdefault(leader[1], []).append((tp, leader[2]))
-        if not by_leader:
-            await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
-            return {}
-        wait_ms = min(timeout_ms, self.fetch_max_wait_ms)
-        results = await asyncio.gather(
-            *(self._fetch(address, tps, wait_ms) for address, tps in by_leader.items())
-        )
-        return {tp: records for fetched in results for tp, records in fetched.items()}
+            if leader[1] not in self._in_flight and tp not in fetching:
+                by_leader.setdefault(leader[1], []).append((tp, leader[2]))
+        for address, partitions in by_leader.items():
+            self._in_flight[address] = self._send_fetch(address, partitions)
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while True:
@@ -150,6 +191,11 @@ class Consumer:
                 yield record
 
     async def close(self) -> None:
+        answers = [fetch.answer for fetch in self._in_flight.values()]
+        self._in_flight.clear()
+        for answer in answers:
+            answer.cancel()
+        await asyncio.gather(*answers, return_exceptions=True)
         await self.metadata.close()
 
     # -- internals ----------------------------------------------------------------------
@@ -211,20 +257,21 @@ class Consumer:
             raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
         return result.offset
 
-    async def _fetch(
-        self, address: str, partitions: list[tuple[TopicPartition, int]], wait_ms: int
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
+    def _send_fetch(
+        self, address: str, partitions: list[tuple[TopicPartition, int]]
+    ) -> _InFlightFetch:
+        """partitions: (partition, current leader epoch) pairs led by `address`."""
+        offsets = {tp: self._positions[tp] or 0 for tp, _ in partitions}
         request = pb.FetchRequest(
             replica_id=-1,
-            max_wait_ms=wait_ms,
+            max_wait_ms=self.fetch_max_wait_ms,
             min_bytes=self.fetch_min_bytes,
             max_bytes=self.fetch_max_bytes,
             partitions=[
                 pb.FetchPartition(
                     topic=tp[0],
                     partition=tp[1],
-                    fetch_offset=self._positions[tp] or 0,
+                    fetch_offset=offsets[tp],
                     current_leader_epoch=epoch,
                     last_fetched_epoch=-1,
                     log_start_offset=-1,
@@ -232,32 +279,48 @@ class Consumer:
                 for tp, epoch in partitions
             ],
         )
+        return _InFlightFetch(offsets, asyncio.create_task(self._fetch(address, request)))
+
+    async def _fetch(self, address: str, request: pb.FetchRequest) -> pb.FetchResponse | None:
+        """The leader's answer; None when the call failed."""
+        stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
         try:
-            response = await stub.Fetch(
+            return await stub.Fetch(
                 request,
-                timeout=self.request_timeout_s + wait_ms / 1000,
+                timeout=self.request_timeout_s + request.max_wait_ms / 1000,
                 metadata=tracing.current_context_metadata() if self._tracer else None,
             )
         except grpc.aio.AioRpcError:
             # The leader may be gone: look it up again and let the next poll retry.
             self.metadata.request_refresh()
-            return {}
+            return None
+
+    def _apply(
+        self, offsets: dict[TopicPartition, int], response: pb.FetchResponse | None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """The records of an answer to a fetch from `offsets`, positions moved past them. A
+        partition sought elsewhere or unassigned since the fetch was sent gets nothing; a
+        partition's error is kept in `_error`, so records of the others are not lost."""
         fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
-        for result in response.partitions:
+        for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
+            position = self._positions.get(tp)
+            if position is None or position != offsets.get(tp):
+                continue
             if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 self._positions[tp] = None
                 continue
             if result.error_code != ErrorCode.NONE:
                 if result.error_code not in REFRESH_METADATA:
-                    raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
+                    message = f"{tp[0]}-{tp[1]}: {result.error_message}"
+                    self._error = self._error or error_for(result.error_code, message)
+                    continue
                 if result.HasField("current_leader"):
                     leader = result.current_leader
                     self.metadata.update_leader(tp, leader.leader_id, leader.leader_epoch)
                 self.metadata.request_refresh()
                 continue
             self._high_watermarks[tp] = result.high_watermark
-            position = self._positions[tp] or 0
             records = fetched[tp] = []
             for record in decode_batches(result.record_batches):
                 # A batch may start before the position asked for.
@@ -266,3 +329,9 @@ class Consumer:
                     position = record.offset + 1
             self._positions[tp] = position
         return fetched
+
+
+@dataclass(frozen=True)
+class _InFlightFetch:
+    offsets: dict[TopicPartition, int]  # the fetch offset asked for, per partition
+    answer: asyncio.Task[pb.FetchResponse | None]

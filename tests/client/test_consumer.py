@@ -1,0 +1,106 @@
+"""The consumer's fetches against real in-process brokers: one in flight per leader, outliving
+the poll that sent it, as in Kafka's consumer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tidewater.client.consumer import Consumer
+from tidewater.client.producer import Producer
+from tidewater.errors import CorruptMessage
+from tidewater.records.batch import Record, build_batch
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+# Longer than any test here may take: a poll that waited for an idle leader's long poll
+# would run into the test's deadline.
+LONG_POLL_MS = 120_000
+DEADLINE_S = 30
+
+
+async def poll_until(consumer: Consumer, count: int) -> list[tuple[int, bytes | None]]:
+    """(partition, value) of the records polled until `count` came, within DEADLINE_S."""
+    got: list[tuple[int, bytes | None]] = []
+    async with asyncio.timeout(DEADLINE_S):
+        while len(got) < count:
+            fetched = await consumer.poll_partitions(LONG_POLL_MS)
+            got += [(tp[1], r.value) for tp, records in fetched.items() for r in records]
+    return got
+
+
+async def test_a_poll_returns_the_records_of_one_leader_without_waiting_for_the_others(
+    cluster: Any,
+) -> None:
+    # Partition p is led by broker p + 1: three leaders, each long-polled.
+    await cluster.create_topic("spread", partitions=3)
+    tps = [("spread", p) for p in range(3)]
+    async with (
+        Producer(cluster.bootstrap) as producer,
+        Consumer(cluster.bootstrap, fetch_max_wait_ms=LONG_POLL_MS) as consumer,
+    ):
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.seek_to_end(tp)
+        await producer.send_and_wait("spread", b"a", partition=1)
+        assert await poll_until(consumer, 1) == [(1, b"a")]
+        # The fetches to the other two leaders are still waiting; each answer counts once.
+        await producer.send_and_wait("spread", b"b", partition=2)
+        assert await poll_until(consumer, 1) == [(2, b"b")]
+        await producer.send_and_wait("spread", b"c", partition=1)
+        await producer.send_and_wait("spread", b"d", partition=0)
+        assert sorted(await poll_until(consumer, 2)) == [(0, b"d"), (1, b"c")]
+        assert [consumer.position(tp) for tp in tps] == [1, 2, 1]
+
+
+async def test_a_seek_while_a_fetch_is_in_flight_wins_over_its_answer(cluster: Any) -> None:
+    await cluster.create_topic("seek")
+    tp = ("seek", 0)
+    async with (
+        Producer(cluster.bootstrap) as producer,
+        Consumer(cluster.bootstrap, fetch_max_wait_ms=LONG_POLL_MS) as consumer,
+    ):
+        for value in (b"x", b"y"):
+            await producer.send_and_wait("seek", value, partition=0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        # Sends a fetch from offset 2, which waits for records.
+        assert await consumer.poll(0) == []
+        consumer.seek(tp, 0)
+        await producer.send_and_wait("seek", b"z", partition=0)
+        # The fetch from 2 answers [z]; the consumer was sought to 0 meanwhile and reads on
+        # from there: nothing skipped, nothing twice.
+        got = await poll_until(consumer, 3)
+        assert [value for _, value in got] == [b"x", b"y", b"z"]
+        assert consumer.position(tp) == 3
+
+
+async def test_a_partition_error_comes_after_the_records_of_the_same_answer() -> None:
+    consumer = Consumer(["127.0.0.1:1"])
+    good, bad = ("t", 0), ("t", 1)
+    consumer.assign([good, bad])
+    consumer.seek(good, 0)
+    consumer.seek(bad, 0)
+    answer = pb.FetchResponse(
+        partitions=[
+            pb.FetchPartitionResponse(
+                topic="t",
+                partition=0,
+                high_watermark=1,
+                record_batches=build_batch([Record(value=b"v")]),
+            ),
+            pb.FetchPartitionResponse(
+                topic="t", partition=1, error_code=ErrorCode.CORRUPT_MESSAGE, error_message="crc"
+            ),
+        ]
+    )
+    try:
+        fetched = consumer._apply({good: 0, bad: 0}, answer)
+        assert [r.value for r in fetched[good]] == [b"v"]
+        assert (consumer.position(good), consumer.position(bad)) == (1, 0)
+        with pytest.raises(CorruptMessage, match="t-1: crc"):
+            await consumer.poll(0)
+    finally:
+        await consumer.close()

@@ -60,3 +60,12 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
     path.write_text("broker.id = = 1")
     with pytest.raises(InvalidConfig, match="cannot read config file"):
         load_properties(path, {})
+
+
+def test_unset_settings_take_the_defaults_and_kafka_names_set_the_others() -> None:
+    required = {"broker.id": 1, "log.dirs": "/d"}
+    assert BrokerConfig.from_properties(required) == BrokerConfig(1, (Path("/d"),))
+    config = BrokerConfig.from_properties(
+        {**required, "replica.fetch.max.bytes": 5, "num.replica.fetchers": 0}
+    )
+    assert (config.replica_fetch_max_bytes, config.num_replica_fetchers) == (5, 1)

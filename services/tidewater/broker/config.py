@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -105,38 +105,21 @@ class BrokerConfig:
             for name in list(remaining)
             if name in TOPIC_DEFAULT_NAMES
         }
+        # Every other integer setting: the field of the Kafka name, dots for underscores.
+        integers = {
+            f.name: take_int(f.name.replace("_", "."), f.default)
+            for f in fields(cls)
+            if f.type == "int" and f.name not in ("broker_id", "port")
+        }
+        integers["num_replica_fetchers"] = max(1, integers["num_replica_fetchers"])
         config = cls(
             broker_id=broker_id,
             log_dirs=tuple(Path(str(d).strip()) for d in dirs),
             host=host,
             port=int(port_text),
             topic_defaults=topic_defaults,
-            request_timeout_ms=take_int("request.timeout.ms", 30000),
-            replica_high_watermark_checkpoint_interval_ms=take_int(
-                "replica.high.watermark.checkpoint.interval.ms", 5000
-            ),
-            log_retention_check_interval_ms=take_int("log.retention.check.interval.ms", 300000),
-            log_flush_offset_checkpoint_interval_ms=take_int(
-                "log.flush.offset.checkpoint.interval.ms", 60000
-            ),
-            log_flush_scheduler_interval_ms=take_int("log.flush.scheduler.interval.ms", 1000),
-            replica_lag_time_max_ms=take_int("replica.lag.time.max.ms", 30000),
-            num_replica_fetchers=max(1, take_int("num.replica.fetchers", 1)),
-            replica_fetch_backoff_ms=take_int("replica.fetch.backoff.ms", 1000),
-            replica_fetch_wait_max_ms=take_int("replica.fetch.wait.max.ms", 500),
-            replica_fetch_min_bytes=take_int("replica.fetch.min.bytes", 1),
-            replica_fetch_max_bytes=take_int("replica.fetch.max.bytes", 8 * 1024 * 1024),
-            replica_fetch_response_max_bytes=take_int("replica.fetch.response.max.bytes", 10485760),
-            max_incremental_fetch_session_cache_slots=take_int(
-                "max.incremental.fetch.session.cache.slots", 1000
-            ),
-            min_incremental_fetch_session_eviction_ms=take_int(
-                "min.incremental.fetch.session.eviction.ms", 120000
-            ),
+            **integers,
             controllers=_addresses(remaining.pop("controllers", ())),
-            broker_heartbeat_interval_ms=take_int("broker.heartbeat.interval.ms", 500),
-            controlled_shutdown_timeout_ms=take_int("controlled.shutdown.timeout.ms", 15000),
-            isr_change_propagation_window_ms=take_int("isr.change.propagation.window.ms", 50),
             rack=str(remaining.pop("broker.rack", "")),
         )
         if remaining:

@@ -85,6 +85,40 @@ def test_append_assigns_offsets_and_reads_back_across_rolls(
     assert all(crc_matches(b, h) for b, h in zip(batches, headers, strict=True))
 
 
+def open_index_files(log_dir: Path) -> list[str]:
+    """Names of this process's open descriptors of index files in `log_dir`."""
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the descriptor listdir itself used
+            continue
+        if target.parent == log_dir and target.suffix in (".index", ".timeindex"):
+            names.append(target.name)
+    return sorted(names)
+
+
+def test_only_the_active_segments_index_files_stay_open_between_appends(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    log = open_log(segment_bytes=1000, index_interval_bytes=100)
+    fill(log, make_batch, 20)
+    assert len(log.segments) > 3
+    active = f"{log.segments[-1].base_offset:020d}"
+    assert open_index_files(log_dir) == [f"{active}.index", f"{active}.timeindex"]
+    log.truncate_to(log.segments[-1].base_offset - 1)  # a rolled segment is active again
+    fill(log, make_batch, 1)
+    active = f"{log.segments[-1].base_offset:020d}"
+    # (Its time index had nothing new to write: same timestamps.)
+    assert open_index_files(log_dir) == [f"{active}.index"]
+    log.close()
+    assert open_index_files(log_dir) == []
+    reopened = open_log(segment_bytes=1000, index_interval_bytes=100)
+    assert [read_header(b).base_offset for b in read_all(reopened, split)] == list(
+        range(0, reopened.log_end_offset, 3)
+    )
+
+
 def test_leader_append_patches_the_callers_buffer(open_log: OpenLog, make_batch: MakeBatch) -> None:
     log = open_log()
     fill(log, make_batch, 2)

@@ -6,8 +6,9 @@ Kafka's layouts, big-endian, one file each per segment:
 
 Entries live in memory (array module) and are appended to the file as they are added, so the
 file always equals memory between segment operations. The files are opened only for the
-moment of a write, truncate or fsync: a broker with thousands of segments keeps no index
-file descriptors open.
+moment of a write, truncate or fsync, except that the active segment's appends keep theirs
+(an open and a close per entry cost more than its write): a broker with thousands of
+segments keeps two index file descriptors per log open.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class _SparseIndex:
         self._keys = array(self.KEY_TYPE)
         self._values = array(self.VALUE_TYPE)
         self._pending = bytearray()
+        # The descriptor appends keep open (-1: none).
+        self._fd = -1
         # Written since the last fsync.
         self.dirty = False
         # Bytes of a torn trailing entry found on load: sanity_check reports them.
@@ -80,20 +83,32 @@ class _SparseIndex:
         self._values.append(value)
         self._pending += self.ENTRY.pack(key, value)
 
-    def write_pending(self) -> None:
-        """Append entries added since the last call to the file."""
+    def write_pending(self, keep_open: bool = False) -> None:
+        """Append entries added since the last call to the file; `keep_open` keeps its
+        descriptor for the next call, until close()."""
         if not self._pending:
             return
         data = bytes(self._pending)
-        fd = os.open(self.path, _ALL_WRITES, 0o644)
+        fd = self._fd
+        if fd < 0:
+            fd = os.open(self.path, _ALL_WRITES, 0o644)
+            if keep_open:
+                self._fd = fd
         try:
             written = 0
             while written < len(data):
                 written += os.write(fd, data[written:])
         finally:
-            os.close(fd)
+            if fd != self._fd:
+                os.close(fd)
         self._pending.clear()
         self.dirty = True
+
+    def close(self) -> None:
+        """Close the descriptor appends kept open, if any."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def _truncate_entries(self, count: int) -> None:
         del self._keys[count:]
@@ -124,6 +139,7 @@ class _SparseIndex:
         self.dirty = False
 
     def delete(self) -> None:
+        self.close()
         self._pending.clear()
         self.path.unlink(missing_ok=True)
 

@@ -204,7 +204,7 @@ class LogSegment:
             position += header.size
         self._size = position
         self._dirty = True
-        self._write_index_entries()
+        self._write_index_entries(keep_open=True)
 
     def _track(self, position: int, header: BatchHeader, index_interval_bytes: int) -> None:
         """Kafka's per-batch bookkeeping: at most one index entry per index.interval.bytes."""
@@ -219,9 +219,15 @@ class LogSegment:
         self._next_offset = header.next_offset
         self._last_batch = (position, header)
 
-    def _write_index_entries(self) -> None:
-        self.offset_index.write_pending()
-        self.time_index.write_pending()
+    def _write_index_entries(self, keep_open: bool = False) -> None:
+        self.offset_index.write_pending(keep_open)
+        self.time_index.write_pending(keep_open)
+
+    def close_indexes(self) -> None:
+        """Let go of the index descriptors appends kept open: the segment is no longer the
+        active one, or closes."""
+        self.offset_index.close()
+        self.time_index.close()
 
     def truncate_to(self, offset: int, index_interval_bytes: int, now_ms: int) -> int:
         """Drop the batch holding `offset` and every later one; return the bytes dropped."""
@@ -271,6 +277,7 @@ class LogSegment:
         self.time_index.dirty = False
 
     def close(self) -> None:
+        self.close_indexes()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.lifecycle import BrokerLifecycle
+from tidewater.broker.limits import raise_open_file_limit
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.broker.service import BrokerControl, BrokerService, add_broker_service
@@ -135,6 +136,7 @@ async def run_broker(
 ) -> None:
     """Run until SIGTERM or SIGINT, then shut down cleanly."""
     tune_for_large_messages()
+    raise_open_file_limit()
     server = BrokerServer(config, metrics_port)
     await server.start()
     announce(f"broker {config.broker_id}", server.address, ready_file)

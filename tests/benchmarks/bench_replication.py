@@ -12,9 +12,11 @@ grpc.aio reference measured in the same run.
   threshold, so every measured run pays for writeback (on a small machine that costs a good
   part of the CPUs, and a run into a clean page cache is up to twice as fast). Rounds then
   alternate the three, and the best round of each counts.
-- latency: one 1 KiB record at a time, RF=3 acks=all, over unary Produce and ProduceStream, vs
-  reference A, a bare bidi-stream echo of the same bytes. For context, the bare relay's round
-  trip of one record: the four one-way hops of an acks=all ack over bare streams.
+- latency: one 1 KiB record at a time, RF=3 acks=all, over ProduceStream and over unary
+  Produce, vs reference A, a bare bidi-stream echo of the same bytes. The goals are for
+  ProduceStream, the path issue 3 asks of latency-sensitive clients and the one the SDK uses;
+  unary Produce, kept for simple clients, is shown for context. For context too, the bare
+  relay's round trip of one record: the four one-way hops of an acks=all ack over bare streams.
 - paced: p99 of an open-loop producer on ProduceStream at half the RF=3 peak, vs A's p99; the
   relay paced the same way is shown for context. Needs the peak, so it runs throughput too.
   Latency runs start after a sync, with no writeback of earlier runs competing for the CPUs.
@@ -469,8 +471,8 @@ async def measure_latency(
     opts: Options, cluster: Cluster, record: Payload, echo: Echo, report: Report
 ) -> None:
     for name, label, mode, method in (
-        ("unary Produce", "unary", "unary-rtt", PRODUCE),
         ("ProduceStream", "stream", "stream-rtt", PRODUCE_STREAM),
+        ("unary Produce", "unary", "unary-rtt", PRODUCE),
     ):
         await drain_writeback()
         result, cpu = await cluster.run(RF3_TOPIC, record, mode, method, count=opts.sends)
@@ -483,7 +485,10 @@ async def measure_latency(
         for q, echo_ms, limit in (("p50", echo.p50_ms, 3.0), ("p99", echo.p99_ms, 4.0)):
             ratio = result[f"{q}_ms"] / echo_ms
             text = f"  {q} / stream echo {q}   {ratio:5.2f}"
-            report.goal(text, f"{label} {q}", ratio, limit, at_most=True)
+            if method == PRODUCE_STREAM:
+                report.goal(text, f"{label} {q}", ratio, limit, at_most=True)
+            else:
+                report.line(f"{text}  (context)")
 
 
 async def measure_paced(

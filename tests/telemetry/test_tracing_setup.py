@@ -18,9 +18,10 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
-from tidewater.broker.spans import ProduceTrace, ReplicationWaits
+from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicaFetchTrace, ReplicationWaits
 from tidewater.telemetry import tracing
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 from tidewater.v1 import broker_pb2 as pb
@@ -193,3 +194,52 @@ def test_a_sampled_out_produce_records_no_stretch(exporter: InMemorySpanExporter
     assert not produce.span.is_recording()
     tracing.record_child(produce.span, "log.append", 0)
     assert exporter.get_finished_spans() == ()
+
+
+def test_a_produce_span_reaches_the_processors_once_as_the_sdk_would_record_it(
+    exporter: InMemorySpanExporter,
+) -> None:
+    data = pb.PartitionProduceData(
+        topic="t", partition=3, trace_context={"traceparent": TRACEPARENT}
+    )
+    produce = ProduceTrace(data, -1, None)
+    assert produce.span.is_recording()
+    result = pb.PartitionProduceResponse(
+        error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, error_message="moved"
+    )
+    produce.end(result)
+    produce.end(result)
+
+    [span] = exporter.get_finished_spans()
+    assert (span.name, span.kind) == ("Produce", trace.SpanKind.SERVER)
+    assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
+    assert span.parent.is_remote
+    assert span.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert span.context.trace_flags.sampled
+    assert span.instrumentation_scope is not None
+    assert span.instrumentation_scope.name == tracing.SCOPE
+    assert span.attributes["messaging.destination.partition.id"] == "3"
+    assert span.attributes["tidewater.error_code"] == "NOT_LEADER_OR_FOLLOWER"
+    assert span.status.status_code == StatusCode.ERROR and span.status.description == "moved"
+    assert span.start_time is not None and span.end_time is not None
+    assert span.start_time <= span.end_time
+
+
+def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        request = pb.FetchRequest(replica_id=2)
+        fetch = ReplicaFetchTrace(request, 1)
+        fetch.span.end()
+        # Sampled out, it still hands its (not sampled) context to the leader, whose
+        # parent-based sampler then records nothing either.
+        assert not fetch.span.is_recording()
+        carried = parent_of(tracing.extract(request.trace_context))
+        assert carried.is_valid and not carried.trace_flags.sampled
+        assert not FetchTrace(request, None).span.is_recording()
+        assert exporter.get_finished_spans() == ()
+    finally:
+        tracing.shutdown()

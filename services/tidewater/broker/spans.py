@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.records.header import read_header
@@ -42,7 +42,7 @@ def outcome(code: int, message: str) -> tuple[dict[str, Any], Status]:
     return {"tidewater.error_code": ErrorCode.Name(code)}, Status(StatusCode.ERROR, message)
 
 
-def end_with_error(span: Span, code: int, message: str) -> None:
+def end_with_error(span: tracing.DeferredSpan, code: int, message: str) -> None:
     attributes, status = outcome(code, message)
     if attributes:
         span.set_attributes(attributes)
@@ -58,9 +58,7 @@ class _Traced:
     def __init__(
         self, name: str, kind: SpanKind, parent: Context | None, attributes: dict[str, Any]
     ) -> None:
-        self.span = tracing.TRACER.start_span(
-            name, context=parent, kind=kind, attributes=attributes
-        )
+        self.span = tracing.DeferredSpan(name, kind, parent, attributes)
 
     def __enter__(self) -> _Traced:
         return self

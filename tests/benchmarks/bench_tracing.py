@@ -22,13 +22,12 @@ from pathlib import Path
 from bench_replication import cpu_seconds
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from tidewater.client.admin import Admin
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import LocalCluster
-from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
 
 TOPIC = "bench"
 PARTITIONS = 3
@@ -84,8 +83,11 @@ def run_once(work: Path, mode: str, records: int) -> tuple[float, float]:
                 resource=Resource.create({"service.name": "tidewater-client"}),
                 sampler=ParentBased(TraceIdRatioBased(ratio)),
             )
+            # What `--trace-file` installs in a client tool.
             provider.add_span_processor(
-                BatchSpanProcessor(OtlpJsonFileSpanExporter(work / "traces" / "client.jsonl"))
+                OtlpJsonFileSpanProcessor(
+                    OtlpJsonFileSpanExporter(work / "traces" / "client.jsonl")
+                )
             )
         bootstrap = [m.address for m in state.find("metadata")]
         pids = [member.pid for member in state.members]

@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
+from tidewater.local.wait import eventually
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
 
 
 def spans() -> list[ReadableSpan]:
@@ -89,3 +90,52 @@ def test_an_export_of_no_spans_writes_no_line(tmp_path: Path) -> None:
     OtlpJsonFileSpanExporter(ours).export([])
     FileSpanExporter(theirs).export([])
     assert ours.read_text() == theirs.read_text() == ""
+
+
+def test_the_trace_files_processor_writes_the_exporters_lines(tmp_path: Path) -> None:
+    recorded = spans()
+    ours, exported = tmp_path / "ours.jsonl", tmp_path / "exported.jsonl"
+    exporter = OtlpJsonFileSpanExporter(exported)
+    exporter.export(recorded)
+    exporter.export(recorded[:3])
+    exporter.shutdown()
+    # A line per max_export_batch_size spans, the rest at shutdown.
+    processor = OtlpJsonFileSpanProcessor(
+        OtlpJsonFileSpanExporter(ours), max_export_batch_size=len(recorded)
+    )
+    for span in [*recorded, *recorded[:3]]:
+        processor.on_end(span)
+    processor.shutdown()
+    processor.on_end(recorded[0])  # after shutdown: dropped
+    assert [json.loads(line) for line in ours.read_text().splitlines()] == [
+        json.loads(line) for line in exported.read_text().splitlines()
+    ]
+
+
+def test_the_trace_files_processor_skips_spans_sampled_out(tmp_path: Path) -> None:
+    span = next(s for s in spans() if s.name == "log.append")
+    context = span.context
+    assert context is not None
+    unsampled = ReadableSpan(
+        "unsampled",
+        SpanContext(context.trace_id, context.span_id, is_remote=False),
+        resource=span.resource,
+    )
+    processor = OtlpJsonFileSpanProcessor(OtlpJsonFileSpanExporter(tmp_path / "spans.jsonl"))
+    processor.on_end(unsampled)
+    processor.on_end(span)
+    processor.shutdown()
+    [line] = (tmp_path / "spans.jsonl").read_text().splitlines()
+    assert "unsampled" not in line and '"name":"log.append"' in line
+
+
+async def test_the_trace_files_processor_writes_a_spans_line_within_the_schedule_delay(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "spans.jsonl"
+    processor = OtlpJsonFileSpanProcessor(OtlpJsonFileSpanExporter(path), schedule_delay_millis=50)
+    try:
+        processor.on_end(spans()[0])
+        await eventually(lambda: path.read_text().count("\n") == 1, 5)
+    finally:
+        processor.shutdown()

@@ -17,21 +17,29 @@ import json
 import logging
 import math
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.sdk.environment_variables import (
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_BSP_SCHEDULE_DELAY,
+)
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, Status
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
 
 PAUSE_EVERY = 32
+# The batch span processor's defaults.
+DEFAULT_SCHEDULE_DELAY_MS = 5000
+DEFAULT_MAX_EXPORT_BATCH_SIZE = 512
 # SpanFlags: bit 8 says whether the parent's remoteness is known (always), bit 9 that it is.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
@@ -50,15 +58,23 @@ class OtlpJsonFileSpanExporter(SpanExporter):
             return SpanExportResult.SUCCESS
         try:
             line = encode_line(spans, pause=_let_the_loop_run)
+        except Exception:  # an exporter must not raise into the SDK
+            log.exception("cannot encode %d spans", len(spans))
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS if self.write(line) else SpanExportResult.FAILURE
+
+    def write(self, line: str) -> bool:
+        """Append an encoded line; False when the file is closed or the write failed."""
+        try:
             with self._lock:
                 if self._file.closed:
-                    return SpanExportResult.FAILURE
+                    return False
                 self._file.write(line)
                 self._file.flush()
-        except Exception:  # an exporter must not raise into the SDK
-            log.exception("cannot write %d spans", len(spans))
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
+        except OSError:
+            log.exception("cannot write to the trace file")
+            return False
+        return True
 
     def shutdown(self) -> None:
         with self._lock:
@@ -66,6 +82,100 @@ class OtlpJsonFileSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # every export is flushed as it is written
+
+
+class OtlpJsonFileSpanProcessor(SpanProcessor):
+    """`--trace-file`'s span processor: what a BatchSpanProcessor around the exporter writes,
+    for less CPU. Each sampled span is encoded as it ends, on the thread that ends it, and
+    lines of up to OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans (512) are appended by a thread of its
+    own, at the latest OTEL_BSP_SCHEDULE_DELAY ms (5000) after their first span.
+
+    Why not the batch processor: it keeps every span until the export, long enough for the
+    garbage collector to move the spans' objects into its oldest generation, whose full
+    collections then cost the broker more than encoding them; and its thread encodes while
+    the event loop waits for the GIL. Encoded, a span is a string the collector never looks
+    at, and the span itself is freed at once."""
+
+    def __init__(
+        self,
+        exporter: OtlpJsonFileSpanExporter,
+        schedule_delay_millis: float | None = None,
+        max_export_batch_size: int | None = None,
+    ) -> None:
+        self._exporter = exporter
+        self._delay_s = (
+            schedule_delay_millis or _env_int(OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY_MS)
+        ) / 1000
+        self._max_spans = max_export_batch_size or _env_int(
+            OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_EXPORT_BATCH_SIZE
+        )
+        self._lock = threading.Lock()
+        self._pending = EncodedSpans()
+        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(
+            target=self._write_lines, name="OtlpJsonFileSpanWriter", daemon=True
+        )
+        self._writer.start()
+        self._shut = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self._shut or span.context is None or not span.context.trace_flags.sampled:
+            return
+        try:
+            encoded = encode_span(span)
+        except Exception:  # a processor must not raise into the SDK
+            log.exception("cannot encode span %s", span.name)
+            return
+        with self._lock:
+            self._pending.add(span, encoded)
+            if self._pending.count < self._max_spans:
+                return
+            line = self._pending.take()
+        self._lines.put(line)
+
+    def _take(self) -> str:
+        with self._lock:
+            return self._pending.take()
+
+    def _write_lines(self) -> None:
+        while True:
+            try:
+                line = self._lines.get(timeout=self._delay_s)
+            except queue.Empty:
+                line = self._take()
+            if line is None:
+                return
+            if line:
+                self._exporter.write(line)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Write what is encoded so far (from this thread, alongside the writer's)."""
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:  # shut down
+                self._lines.put(None)
+                return False
+            self._exporter.write(line)
+        line = self._take()
+        return self._exporter.write(line) if line else True
+
+    def shutdown(self) -> None:
+        self._shut = True
+        self._lines.put(None)
+        self._writer.join()
+        self.force_flush()
+        self._exporter.shutdown()
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        log.warning("%s is not an integer: using %d", name, default)
+        return default
 
 
 def _let_the_loop_run() -> None:
@@ -79,36 +189,57 @@ def encode_line(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None 
     """One ExportTraceServiceRequest as a line of JSON: spans grouped by resource, then by
     scope. Each span is encoded on its own, `pause` called every PAUSE_EVERY spans, so no
     single step holds the GIL for long."""
-    # Keyed by identity: a Resource hashes by JSON-encoding its attributes, per span.
-    grouped: dict[int, tuple[Resource, dict[Any, list[str]]]] = {}
+    lines = EncodedSpans()
     for done, span in enumerate(spans, 1):
-        _, scopes = grouped.setdefault(id(span.resource), (span.resource, {}))
-        scopes.setdefault(span.instrumentation_scope, []).append(_span(span))
+        lines.add(span, encode_span(span))
         if pause is not None and done % PAUSE_EVERY == 0:
             pause()
-    resource_spans = []
-    for resource, scopes in grouped.values():
-        scope_spans = [
-            _object(
-                [
-                    f'"scope":{_scope(scope)}',
-                    f'"spans":[{",".join(encoded)}]',
-                    *_schema_url(scope.schema_url if scope is not None else None),
-                ]
+    return lines.take()
+
+
+class EncodedSpans:
+    """Spans encoded one by one, grouped by resource and then by scope, until taken as one
+    ExportTraceServiceRequest line."""
+
+    def __init__(self) -> None:
+        # Keyed by identity: a Resource hashes by JSON-encoding its attributes, per span.
+        self._grouped: dict[int, tuple[Resource, dict[Any, list[str]]]] = {}
+        self.count = 0
+
+    def add(self, span: ReadableSpan, encoded: str) -> None:
+        _, scopes = self._grouped.setdefault(id(span.resource), (span.resource, {}))
+        scopes.setdefault(span.instrumentation_scope, []).append(encoded)
+        self.count += 1
+
+    def take(self) -> str:
+        """The line of the spans added so far ("" for none); starts over empty."""
+        if not self.count:
+            return ""
+        resource_spans = []
+        for resource, scopes in self._grouped.values():
+            scope_spans = [
+                _object(
+                    [
+                        f'"scope":{_scope(scope)}',
+                        f'"spans":[{",".join(encoded)}]',
+                        *_schema_url(scope.schema_url if scope is not None else None),
+                    ]
+                )
+                for scope, encoded in scopes.items()
+            ]
+            entry = _object(_attributes_field(resource.attributes))
+            resource_spans.append(
+                _object(
+                    [
+                        f'"resource":{entry}',
+                        f'"scopeSpans":[{",".join(scope_spans)}]',
+                        *_schema_url(resource.schema_url),
+                    ]
+                )
             )
-            for scope, encoded in scopes.items()
-        ]
-        entry = _object(_attributes_field(resource.attributes))
-        resource_spans.append(
-            _object(
-                [
-                    f'"resource":{entry}',
-                    f'"scopeSpans":[{",".join(scope_spans)}]',
-                    *_schema_url(resource.schema_url),
-                ]
-            )
-        )
-    return f'{{"resourceSpans":[{",".join(resource_spans)}]}}\n'
+        self._grouped = {}
+        self.count = 0
+        return f'{{"resourceSpans":[{",".join(resource_spans)}]}}\n'
 
 
 # The encoding below writes JSON text directly, every string through json.dumps: a span's
@@ -128,40 +259,56 @@ def _schema_url(url: str | None) -> list[str]:
     return [f'"schemaUrl":{_json(url)}'] if url else []
 
 
-def _span(span: ReadableSpan) -> str:
+def encode_span(span: ReadableSpan) -> str:
+    """A span's OTLP/JSON object.
+
+    One f-string for the fields every span has, each read once (ReadableSpan's properties
+    are Python calls, its dropped counts isinstance checks against ABCs), names and kinds
+    looked up encoded: a span without attributes in ~3 us instead of ~9."""
     context = span.get_span_context()
     parent = span.parent
-    fields = []
+    head = ""
     if context is not None:
-        fields += _ids(context.trace_id, context.span_id)
+        head = "".join(f"{field}," for field in _ids(context.trace_id, context.span_id))
         if context.trace_state:
             state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
-            fields.append(f'"traceState":{_json(state)}')
+            head += f'"traceState":{_json(state)},'
     if parent is not None and parent.span_id:
-        fields.append(f'"parentSpanId":"{parent.span_id:016x}"')
-    fields.append(f'"flags":{_flags(parent)}')
-    if span.name:
-        fields.append(f'"name":{_json(span.name)}')
-    fields.append(f'"kind":{span.kind.value + 1}')  # the API's INTERNAL is 0, OTLP's is 1
-    if span.start_time:
-        fields.append(f'"startTimeUnixNano":"{span.start_time}"')
-    if span.end_time:
-        fields.append(f'"endTimeUnixNano":"{span.end_time}"')
-    fields += _attributes_field(span.attributes, span.dropped_attributes)
-    if span.events:
-        fields.append(f'"events":[{",".join(_event(e) for e in span.events)}]')
+        head += f'"parentSpanId":"{parent.span_id:016x}",'
+        flags = _HAS_IS_REMOTE | _IS_REMOTE if parent.is_remote else _HAS_IS_REMOTE
+    else:
+        flags = _flags(parent)
+    name = span.name
+    if name:
+        head += f'"name":{_name(name)},'
+    start, end = span.start_time, span.end_time
+    if start:
+        head += f'"startTimeUnixNano":"{start}",'
+    if end:
+        head += f'"endTimeUnixNano":"{end}",'
+    fields = [f'{head}"flags":{flags},"kind":{_KINDS[span.kind]}']
+    attributes = span.attributes
+    if attributes or span.dropped_attributes:
+        fields += _attributes_field(attributes, span.dropped_attributes)
+    events, links = span.events, span.links
+    if events:
+        fields.append(f'"events":[{",".join(_event(e) for e in events)}]')
     if span.dropped_events:
         fields.append(f'"droppedEventsCount":{span.dropped_events}')
-    if span.links:
-        fields.append(f'"links":[{",".join(_link(link) for link in span.links)}]')
+    if links:
+        fields.append(f'"links":[{",".join(_link(link) for link in links)}]')
     if span.dropped_links:
         fields.append(f'"droppedLinksCount":{span.dropped_links}')
     status = span.status
-    if status.description or status.status_code.value:
+    if status.description or status.status_code is not StatusCode.UNSET:
         fields.append(f'"status":{_json(_status(status))}')
     else:
         fields.append('"status":{}')
     return _object(fields)
+
+
+# The API's INTERNAL is 0, OTLP's is 1.
+_KINDS = {kind: str(kind.value + 1) for kind in SpanKind}
 
 
 def _ids(trace_id: int, span_id: int) -> list[str]:
@@ -229,8 +376,9 @@ def _attributes_field(attributes: Attributes, dropped: int = 0) -> list[str]:
     return fields
 
 
-# Encoded text by key and by (key, string value); emptied when full.
+# Encoded text by key, by (key, string value) and by span name; emptied when full.
 _KEYS: dict[str, str] = {}
+_NAMES: dict[str, str] = {}
 _STRINGS: dict[tuple[str, str], str] = {}
 _CACHED = 4096
 
@@ -246,6 +394,14 @@ def _key_value(key: str, value: Any) -> str:
     if kind is int:
         return f'{_key(key)}{{"intValue":"{value}"}}}}'
     return f"{_key(key)}{_json(_value(value))}}}"
+
+
+def _name(name: str) -> str:
+    encoded = _NAMES.get(name)
+    if encoded is None:
+        encoded = _json(name)
+        _remember(_NAMES, name, encoded)
+    return encoded
 
 
 def _key(key: str) -> str:

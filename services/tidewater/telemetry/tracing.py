@@ -31,7 +31,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
@@ -84,7 +84,7 @@ def setup(
         resource_attributes["service.name"] = service_name
     provider = TracerProvider(resource=Resource.create(resource_attributes))
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(_processor(exporter))
     # Global too, so that application code in a client process shares it.
     trace.set_tracer_provider(provider)
     install(provider)
@@ -107,6 +107,16 @@ def shutdown() -> None:
         _provider.shutdown()
     _provider = None
     ENABLED = False
+
+
+def _processor(exporter: SpanExporter) -> SpanProcessor:
+    """The trace file's own processor (see OtlpJsonFileSpanProcessor), else the SDK's batch
+    span processor."""
+    from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
+
+    if isinstance(exporter, OtlpJsonFileSpanExporter):
+        return OtlpJsonFileSpanProcessor(exporter)
+    return BatchSpanProcessor(exporter)
 
 
 def _exporters(trace_file: Path | None) -> list[SpanExporter]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from tidewater.errors import NO_ERROR, FetchSessionIdNotFound, InvalidFetchSessionEpoch
 from tidewater.v1 import broker_pb2 as pb
@@ -203,8 +203,8 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-@dataclass(frozen=True)
-class FetchPlan(Generic[K]):
+# A NamedTuple, not a frozen dataclass (about three times as dear to make): one per fetch.
+class FetchPlan(NamedTuple, Generic[K]):
     """What the next fetch sends: its session id and epoch, the partitions to name, the
     partitions to drop from the session."""
 

@@ -4,7 +4,7 @@ its fetch offset is out of the leader's range. Pure functions of the two logs' o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tidewater.replication.partition import (
     NO_EPOCH,
@@ -26,8 +26,9 @@ class FollowerLog(ReplicaLog, Protocol):
     def truncate_fully_and_start_at(self, offset: int) -> None: ...
 
 
-@dataclass(frozen=True)
-class FetchedPartition:
+# A NamedTuple, not a frozen dataclass (about three times as dear to make): one per partition of
+# every fetch answer.
+class FetchedPartition(NamedTuple):
     """One partition of a fetch response, on the follower. Errors are the fetcher's concern."""
 
     high_watermark: int

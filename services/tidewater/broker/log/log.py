@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, LeaderEpochCheckpoint, fsync_dir
 from tidewater.broker.log.config import LogConfig
@@ -84,8 +85,8 @@ class UnexpectedAppendOffset(TidewaterError):
     """A follower's batches do not continue this log (they must start at its LEO)."""
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
+# A NamedTuple, not a frozen dataclass (about three times as dear to make): one per append.
+class AppendInfo(NamedTuple):
     first_offset: int
     last_offset: int
     max_timestamp: int

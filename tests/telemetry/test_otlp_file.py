@@ -6,6 +6,7 @@ equal as JSON."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from opentelemetry import trace
@@ -139,3 +140,26 @@ async def test_the_trace_files_processor_writes_a_spans_line_within_the_schedule
         await eventually(lambda: path.read_text().count("\n") == 1, 5)
     finally:
         processor.shutdown()
+
+
+def test_the_trace_files_processor_drops_lines_when_the_disk_falls_behind(tmp_path: Path) -> None:
+    class StalledExporter(OtlpJsonFileSpanExporter):
+        def write(self, line: str) -> bool:
+            released.wait(30)
+            return super().write(line)
+
+    released = threading.Event()
+    path = tmp_path / "spans.jsonl"
+    span = spans()[0]
+    # Lines of one span, at most two waiting: the writer holds one, two wait, the rest drop.
+    processor = OtlpJsonFileSpanProcessor(
+        StalledExporter(path), max_export_batch_size=1, max_queue_size=2
+    )
+    try:
+        for _ in range(10):
+            processor.on_end(span)
+        assert processor.dropped_spans >= 7
+    finally:
+        released.set()
+        processor.shutdown()
+    assert path.read_text().count("\n") == 10 - processor.dropped_spans

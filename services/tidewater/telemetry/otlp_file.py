@@ -25,6 +25,7 @@ from typing import Any
 
 from opentelemetry.sdk.environment_variables import (
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE,
     OTEL_BSP_SCHEDULE_DELAY,
 )
 from opentelemetry.sdk.resources import Resource
@@ -40,6 +41,7 @@ PAUSE_EVERY = 32
 # The batch span processor's defaults.
 DEFAULT_SCHEDULE_DELAY_MS = 5000
 DEFAULT_MAX_EXPORT_BATCH_SIZE = 512
+DEFAULT_MAX_QUEUE_SIZE = 2048
 # SpanFlags: bit 8 says whether the parent's remoteness is known (always), bit 9 that it is.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
@@ -88,7 +90,10 @@ class OtlpJsonFileSpanProcessor(SpanProcessor):
     """`--trace-file`'s span processor: what a BatchSpanProcessor around the exporter writes,
     for less CPU. Each sampled span is encoded as it ends, on the thread that ends it, and
     lines of up to OTEL_BSP_MAX_EXPORT_BATCH_SIZE spans (512) are appended by a thread of its
-    own, at the latest OTEL_BSP_SCHEDULE_DELAY ms (5000) after their first span.
+    own, at the latest OTEL_BSP_SCHEDULE_DELAY ms (5000) after their first span. As with the
+    batch processor, at most OTEL_BSP_MAX_QUEUE_SIZE spans (2048) wait for the writer: when the
+    disk falls behind, further lines are dropped (and counted in `dropped_spans`), never held
+    in memory without bound.
 
     Why not the batch processor: it keeps every span until the export, long enough for the
     garbage collector to move the spans' objects into its oldest generation, whose full
@@ -101,6 +106,7 @@ class OtlpJsonFileSpanProcessor(SpanProcessor):
         exporter: OtlpJsonFileSpanExporter,
         schedule_delay_millis: float | None = None,
         max_export_batch_size: int | None = None,
+        max_queue_size: int | None = None,
     ) -> None:
         self._exporter = exporter
         self._delay_s = (
@@ -109,9 +115,11 @@ class OtlpJsonFileSpanProcessor(SpanProcessor):
         self._max_spans = max_export_batch_size or _env_int(
             OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_EXPORT_BATCH_SIZE
         )
+        max_queue = max_queue_size or _env_int(OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE)
         self._lock = threading.Lock()
         self._pending = EncodedSpans()
-        self._lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._lines: queue.Queue[str | None] = queue.Queue(max(1, max_queue // self._max_spans))
+        self.dropped_spans = 0
         self._writer = threading.Thread(
             target=self._write_lines, name="OtlpJsonFileSpanWriter", daemon=True
         )
@@ -131,7 +139,12 @@ class OtlpJsonFileSpanProcessor(SpanProcessor):
             if self._pending.count < self._max_spans:
                 return
             line = self._pending.take()
-        self._lines.put(line)
+        try:
+            self._lines.put_nowait(line)
+        except queue.Full:
+            if not self.dropped_spans:
+                log.warning("the trace file falls behind: dropping spans")
+            self.dropped_spans += self._max_spans
 
     def _take(self) -> str:
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tidewater.records.varint import encode_unsigned_varint
 from tidewater.v1 import broker_pb2 as pb
 
 # One partition's answer: everything but its records, and its records (whole batches).
@@ -19,16 +20,7 @@ _LEN = 2  # protobuf wire type of length-delimited fields
 
 
 def _tag(message: type[pb.FetchResponse] | type[pb.FetchPartitionResponse], field: str) -> bytes:
-    return _varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | _LEN)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    return encode_unsigned_varint(message.DESCRIPTOR.fields_by_name[field].number << 3 | _LEN)
 
 
 _PARTITIONS_TAG = _tag(pb.FetchResponse, "partitions")
@@ -61,10 +53,10 @@ class FetchAnswer:
         for response, records in self.partitions:
             encoded = response.SerializeToString()
             if records:
-                length = _varint(len(records))
+                length = encode_unsigned_varint(len(records))
                 size = len(encoded) + len(_RECORD_BATCHES_TAG) + len(length) + len(records)
-                parts += (_PARTITIONS_TAG, _varint(size), encoded)
+                parts += (_PARTITIONS_TAG, encode_unsigned_varint(size), encoded)
                 parts += (_RECORD_BATCHES_TAG, length, records)
             else:
-                parts += (_PARTITIONS_TAG, _varint(len(encoded)), encoded)
+                parts += (_PARTITIONS_TAG, encode_unsigned_varint(len(encoded)), encoded)
         return b"".join(parts)

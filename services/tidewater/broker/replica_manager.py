@@ -436,8 +436,8 @@ class ReplicaManager:
     # -- fetch ---------------------------------------------------------------------------
 
     async def fetch(self, request: pb.FetchRequest, metadata: Any = None) -> FetchAnswer:
-        """`metadata`: the gRPC call's, where a unary caller's trace context may be. The
-        answer's `message()` is the FetchResponse; gRPC sends its `serialize()`."""
+        """`metadata`: the gRPC call's, where a unary caller's trace context may be. gRPC
+        sends the answer's `serialize()`, a FetchResponse."""
         if not tracing.ENABLED:
             return await self._fetch(request, None)
         fetch_trace = FetchTrace(request, metadata)

@@ -23,16 +23,18 @@ _VARLONG_MAX_BYTES = 10
 _CACHED_ZIGZAG = 1 << 12
 
 
-def _encode_unsigned(zz: int) -> bytes:
+def encode_unsigned_varint(value: int) -> bytes:
+    """A value >= 0 in 7-bit groups, without zigzag: protobuf's plain varint, and the last
+    step of the zigzag encoders."""
     out = bytearray()
-    while zz >= 0x80:
-        out.append((zz & 0x7F) | 0x80)
-        zz >>= 7
-    out.append(zz)
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
     return bytes(out)
 
 
-_CACHE = tuple(_encode_unsigned(zz) for zz in range(_CACHED_ZIGZAG))
+_CACHE = tuple(encode_unsigned_varint(zz) for zz in range(_CACHED_ZIGZAG))
 
 
 def encode_varint(value: int) -> bytes:
@@ -42,7 +44,7 @@ def encode_varint(value: int) -> bytes:
         return _CACHE[zz]
     if not _INT32_MIN <= value <= _INT32_MAX:
         raise ValueError(f"{value} does not fit a varint (int32)")
-    return _encode_unsigned(zz)
+    return encode_unsigned_varint(zz)
 
 
 def encode_varlong(value: int) -> bytes:
@@ -52,7 +54,7 @@ def encode_varlong(value: int) -> bytes:
         return _CACHE[zz]
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise ValueError(f"{value} does not fit a varlong (int64)")
-    return _encode_unsigned(zz)
+    return encode_unsigned_varint(zz)
 
 
 def decode_varint(buf: Buffer, pos: int) -> tuple[int, int]:

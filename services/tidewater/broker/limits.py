@@ -1,9 +1,9 @@
 """The open-file limit a broker runs with.
 
-Each partition's active segment holds its log and its two index files open, so a broker with
-1,000 partitions needs over 3,000 descriptors, while many systems start processes with a soft
-limit of 1,024 (Kafka's operations guide asks for 100,000 or more). The soft limit may be raised
-up to the hard one without privileges."""
+The active segment of a partition being written holds its log and its two index files open,
+so a broker writing 1,000 partitions needs over 3,000 descriptors, while many systems start
+processes with a soft limit of 1,024 (Kafka's operations guide asks for 100,000 or more).
+The soft limit may be raised up to the hard one without privileges."""
 
 from __future__ import annotations
 

@@ -78,17 +78,20 @@ def one_batch(roles: Roles, client: BatchTrace, waits: spans.ReplicationWaits, i
     data = pb.PartitionProduceData(topic=TP[0], partition=TP[1])
     data.trace_context.update(client.carrier)
     roles.now("leader")
-    produce = spans.ProduceTrace(data, -1, None)
+    produce = spans.ProduceTrace.start(data, -1, None)
+    assert produce is not None  # sampled: every span is, here
     produce.appended(batch, i * RECORDS, 1, time.time_ns())
     started = waits.start([data], [produce], {TP: end})
     for follower in (2, 3):
         request = pb.FetchRequest(replica_id=follower)
         request.partitions.add(topic=TP[0], partition=TP[1], fetch_offset=end)
         roles.now("follower")
-        replica_fetch = spans.ReplicaFetchTrace(request, 1)
+        replica_fetch = spans.ReplicaFetchTrace.start(request, 1)
+        assert replica_fetch is not None
         roles.now("leader")
-        fetch = spans.FetchTrace(request, None)
-        waits.follower_fetched(TP, follower, end, fetch.span_context)
+        fetch = spans.FetchTrace.start(request, None)
+        assert fetch is not None
+        waits.follower_fetched(TP, follower, end, spans.fetch_link(request, fetch))
         start_ns = time.time_ns()
         fetch.waited(start_ns)
         fetch.read(start_ns, len(batch))

@@ -4,7 +4,7 @@ picks its links."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,10 +18,16 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 
-from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicaFetchTrace, ReplicationWaits
+from tidewater.broker.spans import (
+    FetchTrace,
+    ProduceTrace,
+    ReplicaFetchTrace,
+    ReplicationWaits,
+    fetch_link,
+)
 from tidewater.telemetry import tracing
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 from tidewater.v1 import broker_pb2 as pb
@@ -136,8 +142,15 @@ def exporter() -> Iterator[InMemorySpanExporter]:
     tracing.shutdown()
 
 
-def fetch_span(n: int) -> SpanContext:
-    return SpanContext(n, n, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+def fetch_span(n: int) -> Callable[[], SpanContext]:
+    """A fetch's span context, as ReplicationWaits.follower_fetched asks for it."""
+    return lambda: SpanContext(n, n, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def traced(data: pb.PartitionProduceData) -> ProduceTrace:
+    produce = ProduceTrace.start(data, -1, None)
+    assert produce is not None
+    return produce
 
 
 def test_replication_wait_links_each_followers_first_fetch_that_holds_the_batch(
@@ -145,7 +158,7 @@ def test_replication_wait_links_each_followers_first_fetch_that_holds_the_batch(
 ) -> None:
     data = pb.PartitionProduceData(topic="t", partition=0)
     waits = ReplicationWaits()
-    [wait] = waits.start([data], [ProduceTrace(data, -1, None)], {("t", 0): 10}).values()
+    [wait] = waits.start([data], [traced(data)], {("t", 0): 10}).values()
     waits.follower_fetched(("t", 0), 2, 7, fetch_span(1))  # follower 2 does not hold it yet
     waits.follower_fetched(("t", 0), 2, 10, fetch_span(2))
     waits.follower_fetched(("t", 1), 3, 10, fetch_span(3))  # another partition
@@ -168,7 +181,7 @@ def test_a_timed_out_replication_wait_is_an_error_child_of_its_produce(
     exporter: InMemorySpanExporter,
 ) -> None:
     data = pb.PartitionProduceData(topic="t", partition=0)
-    produce = ProduceTrace(data, -1, None)
+    produce = traced(data)
     waits = ReplicationWaits()
     started = waits.start([data], [produce], {("t", 0): 10})
     timed_out = {"topic": "t", "error_code": ErrorCode.REQUEST_TIMED_OUT, "error_message": "late"}
@@ -187,13 +200,79 @@ def test_a_timed_out_replication_wait_is_an_error_child_of_its_produce(
     assert span.status.status_code == StatusCode.ERROR and span.status.description == "late"
 
 
-def test_a_sampled_out_produce_records_no_stretch(exporter: InMemorySpanExporter) -> None:
-    unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
-    data = pb.PartitionProduceData(topic="t", partition=0, trace_context={"traceparent": unsampled})
-    produce = ProduceTrace(data, -1, None)
-    assert not produce.span.is_recording()
-    tracing.record_child(produce.span, "log.append", 0)
-    assert exporter.get_finished_spans() == ()
+UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+
+
+def test_a_sampled_out_produce_makes_no_span(exporter: InMemorySpanExporter) -> None:
+    for flags in ("00", "02"):  # 02: the trace id is random, and still not sampled
+        traceparent = UNSAMPLED[:-2] + flags
+        data = pb.PartitionProduceData(trace_context={"traceparent": traceparent})
+        assert tracing.extract(data.trace_context) is None
+        assert ProduceTrace.start(data, -1, None) is None
+        assert tracing.extract({}, [("traceparent", traceparent)]) is None
+    sampled = pb.PartitionProduceData(trace_context={"traceparent": UNSAMPLED[:-2] + "03"})
+    assert ProduceTrace.start(sampled, -1, None) is not None
+
+
+def test_a_sampler_that_ignores_the_parent_decides_on_a_sampled_out_one() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        data = pb.PartitionProduceData(trace_context={"traceparent": UNSAMPLED})
+        produce = ProduceTrace.start(data, -1, None)
+        assert produce is not None
+        produce.end(pb.PartitionProduceResponse())
+        [span] = exporter.get_finished_spans()
+        assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
+    finally:
+        tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "sampled_out"),
+    [
+        (UNSAMPLED, True),
+        (UNSAMPLED[:-2] + "01", False),
+        (UNSAMPLED[:-2] + "0b", False),
+        (UNSAMPLED[:-2] + "0a", True),
+        # Other forms are the propagator's to read.
+        (UNSAMPLED[:-2] + "0A", False),
+        ("01" + UNSAMPLED[2:] + "-future", False),
+        (UNSAMPLED[:-1], False),
+        (None, False),
+    ],
+)
+def test_which_traceparents_are_read_as_sampled_out_from_their_flags(
+    traceparent: str | None, sampled_out: bool
+) -> None:
+    assert tracing._sampled_out(traceparent) is sampled_out
+
+
+def test_an_untraced_follower_fetch_is_linked_by_the_context_it_carries(
+    exporter: InMemorySpanExporter,
+) -> None:
+    data = pb.PartitionProduceData(topic="t", partition=0)
+    waits = ReplicationWaits()
+    started = waits.start([data], [traced(data)], {("t", 0): 10})
+    sampled_out = pb.FetchRequest(replica_id=2, trace_context={"traceparent": UNSAMPLED})
+    assert FetchTrace.start(sampled_out, None) is None
+    waits.follower_fetched(("t", 0), 2, 10, fetch_link(sampled_out, None))
+    # A follower that does not trace: counted, but nothing to link to.
+    waits.follower_fetched(("t", 0), 3, 10, fetch_link(pb.FetchRequest(replica_id=3), None))
+    waits.finish(started, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
+
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "replication.wait"]
+    [link] = span.links
+    assert link.context.span_id == 0xB7AD6B7169203331
+    assert not link.context.trace_flags.sampled
+    assert dict(link.attributes or {}) == {
+        "tidewater.follower_id": 2,
+        "tidewater.fetch_offset": 10,
+    }
+    assert span.attributes is not None
+    assert span.attributes["tidewater.last_follower_id"] == 3
 
 
 def test_a_produce_span_reaches_the_processors_once_as_the_sdk_would_record_it(
@@ -202,7 +281,7 @@ def test_a_produce_span_reaches_the_processors_once_as_the_sdk_would_record_it(
     data = pb.PartitionProduceData(
         topic="t", partition=3, trace_context={"traceparent": TRACEPARENT}
     )
-    produce = ProduceTrace(data, -1, None)
+    produce = traced(data)
     assert produce.span.is_recording()
     result = pb.PartitionProduceResponse(
         error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, error_message="moved"
@@ -232,14 +311,12 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
     tracing.install(provider)
     try:
         request = pb.FetchRequest(replica_id=2)
-        fetch = ReplicaFetchTrace(request, 1)
-        fetch.span.end()
         # Sampled out, it still hands its (not sampled) context to the leader, whose
         # parent-based sampler then records nothing either.
-        assert not fetch.span.is_recording()
-        carried = parent_of(tracing.extract(request.trace_context))
+        assert ReplicaFetchTrace.start(request, 1) is None
+        carried = tracing.carried_span_context(request.trace_context)
         assert carried.is_valid and not carried.trace_flags.sampled
-        assert not FetchTrace(request, None).span.is_recording()
+        assert FetchTrace.start(request, None) is None
         assert exporter.get_finished_spans() == ()
     finally:
         tracing.shutdown()

@@ -175,7 +175,9 @@ class ReplicaFetcher:
                 correlation_id += 1
                 request.correlation_id = correlation_id
                 fetch_trace = (
-                    ReplicaFetchTrace(request, self.source.broker_id) if tracing.ENABLED else None
+                    ReplicaFetchTrace.start(request, self.source.broker_id)
+                    if tracing.ENABLED
+                    else None
                 )
                 # The span ends however the fetch does, a cancelled one included.
                 with fetch_trace or contextlib.nullcontext():

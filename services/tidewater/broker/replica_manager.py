@@ -24,7 +24,7 @@ from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
 from tidewater.broker.purgatory import Clock, Purgatory
-from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits
+from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits, fetch_link
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
     NO_ERROR,
@@ -51,6 +51,8 @@ from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
+
     from tidewater.broker.metrics import RequestMetrics
 
 log = logging.getLogger(__name__)
@@ -299,19 +301,23 @@ class ReplicaManager:
         """`metadata`: the gRPC call's, where a unary caller's trace context may be."""
         if not tracing.ENABLED:
             return await self._produce(request, None)
-        traces = [ProduceTrace(data, request.acks, metadata) for data in request.partitions]
+        traces = [ProduceTrace.start(data, request.acks, metadata) for data in request.partitions]
+        if not any(traces):
+            return await self._produce(request, None)
         try:
             response = await self._produce(request, traces)
         except BaseException as e:
             for produce_trace in traces:
-                produce_trace.abandon(e)
+                if produce_trace is not None:
+                    produce_trace.abandon(e)
             raise
         for produce_trace, result in zip(traces, response.partitions, strict=True):
-            produce_trace.end(result)
+            if produce_trace is not None:
+                produce_trace.end(result)
         return response
 
     async def _produce(
-        self, request: pb.ProduceRequest, traces: list[ProduceTrace] | None
+        self, request: pb.ProduceRequest, traces: list[ProduceTrace | None] | None
     ) -> pb.ProduceResponse:
         started = time.perf_counter_ns()
         response, waiting, appended = await self._append_all(request, traces)
@@ -332,7 +338,7 @@ class ReplicaManager:
         return response
 
     async def _append_all(
-        self, request: pb.ProduceRequest, traces: list[ProduceTrace] | None
+        self, request: pb.ProduceRequest, traces: list[ProduceTrace | None] | None
     ) -> tuple[pb.ProduceResponse, dict[TopicPartition, int], int]:
         """Append each partition's batch; returns the response so far, the offsets acks=all
         waits for, and the bytes appended."""
@@ -356,8 +362,11 @@ class ReplicaManager:
                 response.partitions.append(self._produce_error(data, e))
                 continue
             appended += info.size_bytes
-            if traces is not None:
-                traces[i].appended(batch, info.first_offset, partition.state.leader_epoch, start_ns)
+            produce_trace = traces[i] if traces is not None else None
+            if produce_trace is not None:
+                produce_trace.appended(
+                    batch, info.first_offset, partition.state.leader_epoch, start_ns
+                )
             response.partitions.append(
                 pb.PartitionProduceResponse(
                     topic=data.topic,
@@ -440,7 +449,9 @@ class ReplicaManager:
         sends the answer's `serialize()`, a FetchResponse."""
         if not tracing.ENABLED:
             return await self._fetch(request, None)
-        fetch_trace = FetchTrace(request, metadata)
+        fetch_trace = FetchTrace.start(request, metadata)
+        if fetch_trace is None:
+            return await self._fetch(request, None)
         try:
             response = await self._fetch(request, fetch_trace)
         except BaseException as e:
@@ -466,7 +477,9 @@ class ReplicaManager:
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         if follower:
             answered, completed = self._record_follower_fetches(
-                request.replica_id, context.partitions, fetch_trace
+                request.replica_id,
+                context.partitions,
+                fetch_link(request, fetch_trace) if tracing.ENABLED else None,
             )
             if completed:
                 # The produces this fetch committed answer first; reading or parking the
@@ -529,11 +542,12 @@ class ReplicaManager:
         self,
         replica_id: int,
         partitions: list[pb.FetchPartition],
-        fetch_trace: FetchTrace | None,
+        link: Callable[[], SpanContext] | None,
     ) -> tuple[dict[TopicPartition, pb.FetchPartitionResponse], int]:
         """The leader's side of a follower fetch: fencing, divergence, the follower's LEO,
         ISR expansion, HW. Returns the partitions answered without data (errors, diverging
-        epochs), and how many waiting operations the HW moves completed."""
+        epochs), and how many waiting operations the HW moves completed. `link`: the fetch's
+        span context for the replication.wait spans it completes, while tracing."""
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         moved: list[TopicPartition] = []
         now = self.time_ms()
@@ -554,10 +568,8 @@ class ReplicaManager:
             except TidewaterError as e:
                 answered[tp] = self._fetch_error(fp, e)
                 continue
-            if fetch_trace is not None:
-                self._replication_waits.follower_fetched(
-                    tp, replica_id, fp.fetch_offset, fetch_trace.span_context
-                )
+            if link is not None:
+                self._replication_waits.follower_fetched(tp, replica_id, fp.fetch_offset, link)
             if outcome.isr_proposal is not None:
                 self.isr_channel.propose(outcome.isr_proposal)
             if outcome.high_watermark_changed:

@@ -1,5 +1,6 @@
 """The broker's spans of the data path (README, Tracing). Callers make them only while
-`tracing.ENABLED`; with tracing off none of this runs.
+`tracing.ENABLED`; with tracing off none of this runs. Each `start()` returns None for a
+request that is sampled out: the handler then runs as with tracing off.
 
 Stages that are plain stretches of a handler (log.append, log.read, fetch.wait,
 replication.wait) are recorded afterwards from two timestamps (`tracing.record_child`) rather
@@ -51,14 +52,12 @@ def end_with_error(span: tracing.DeferredSpan, code: int, message: str) -> None:
 
 
 class _Traced:
-    """A span in progress, the parent of the stretches recorded in it."""
+    """A recorded span in progress, the parent of the stretches recorded in it."""
 
     __slots__ = ("span",)
 
-    def __init__(
-        self, name: str, kind: SpanKind, parent: Context | None, attributes: dict[str, Any]
-    ) -> None:
-        self.span = tracing.DeferredSpan(name, kind, parent, attributes)
+    def __init__(self, span: tracing.DeferredSpan) -> None:
+        self.span = span
 
     def __enter__(self) -> _Traced:
         return self
@@ -87,11 +86,15 @@ class ProduceTrace(_Traced):
 
     __slots__ = ()
 
-    def __init__(self, data: pb.PartitionProduceData, acks: int, metadata: Any) -> None:
+    @classmethod
+    def start(cls, data: pb.PartitionProduceData, acks: int, metadata: Any) -> ProduceTrace | None:
+        parent = tracing.extract(data.trace_context, metadata)
+        if parent is None:
+            return None
         attributes = messaging_attributes(data.topic, data.partition, "send")
         attributes["tidewater.acks"] = acks
-        parent = tracing.extract(data.trace_context, metadata)
-        super().__init__("Produce", SpanKind.SERVER, parent, attributes)
+        span = tracing.start_span("Produce", SpanKind.SERVER, parent, attributes)
+        return None if span is None else cls(span)
 
     def appended(
         self, batch: bytearray, base_offset: int, leader_epoch: int, start_ns: int
@@ -125,15 +128,22 @@ class ReplicationWait:
         self._links: list[Link] = []
         self._followers: list[int] = []
 
-    def follower_fetched(self, follower_id: int, fetch_offset: int, fetch: SpanContext) -> None:
+    def follower_fetched(
+        self, follower_id: int, fetch_offset: int, fetch: Callable[[], SpanContext]
+    ) -> None:
         if fetch_offset >= self.required_offset and follower_id not in self._followers:
             self._followers.append(follower_id)
-            self._links.append(
-                Link(
-                    fetch,
-                    {"tidewater.follower_id": follower_id, "tidewater.fetch_offset": fetch_offset},
+            context = fetch()
+            if context.is_valid:  # a follower that does not trace sends no context
+                self._links.append(
+                    Link(
+                        context,
+                        {
+                            "tidewater.follower_id": follower_id,
+                            "tidewater.fetch_offset": fetch_offset,
+                        },
+                    )
                 )
-            )
 
     def end(self, high_watermark: int, code: int, message: str) -> None:
         attributes, status = outcome(code, message)
@@ -160,15 +170,15 @@ class ReplicationWaits:
     def start(
         self,
         partitions: Iterable[pb.PartitionProduceData],
-        traces: Iterable[ProduceTrace],
+        traces: Iterable[ProduceTrace | None],
         waiting: dict[TopicPartition, int],
     ) -> dict[TopicPartition, ReplicationWait]:
-        """The waits of a produce's batches that acks=all holds (`waiting`: the offset each
-        must reach), from now on."""
+        """The waits of a produce's traced batches that acks=all holds (`waiting`: the offset
+        each must reach), from now on."""
         waits = {}
         for data, produce in zip(partitions, traces, strict=True):
             tp = (data.topic, data.partition)
-            if tp in waiting:
+            if produce is not None and tp in waiting:
                 waits[tp] = ReplicationWait(produce, waiting[tp])
                 self._waiting.setdefault(tp, []).append(waits[tp])
         return waits
@@ -191,10 +201,27 @@ class ReplicationWaits:
                 waits[tp].end(high_watermark(tp), result.error_code, result.error_message)
 
     def follower_fetched(
-        self, tp: TopicPartition, follower_id: int, fetch_offset: int, fetch: SpanContext
+        self,
+        tp: TopicPartition,
+        follower_id: int,
+        fetch_offset: int,
+        fetch: Callable[[], SpanContext],
     ) -> None:
+        """`fetch`: the fetch's context to link (fetch_link), asked only for a link."""
         for wait in self._waiting.get(tp, ()):
             wait.follower_fetched(follower_id, fetch_offset, fetch)
+
+
+def fetch_link(
+    request: pb.FetchRequest, fetch_trace: FetchTrace | None
+) -> Callable[[], SpanContext]:
+    """What replication.wait links for a follower's fetch: the leader's `Fetch` span when the
+    fetch is traced; else the follower's `replica.fetch` context it carries, sampled out (no
+    span of it is exported, but the link still names the follower and its offset, at any
+    sampling ratio). Read only when a traced produce waits on the fetch's partition."""
+    if fetch_trace is not None:
+        return lambda: fetch_trace.span_context
+    return lambda: tracing.carried_span_context(request.trace_context)
 
 
 class FetchTrace(_Traced):
@@ -202,7 +229,11 @@ class FetchTrace(_Traced):
 
     __slots__ = ()
 
-    def __init__(self, request: pb.FetchRequest, metadata: Any) -> None:
+    @classmethod
+    def start(cls, request: pb.FetchRequest, metadata: Any) -> FetchTrace | None:
+        parent = tracing.extract(request.trace_context, metadata)
+        if parent is None:
+            return None
         attributes: dict[str, Any] = {
             "messaging.system": tracing.MESSAGING_SYSTEM,
             "messaging.operation.type": "receive",
@@ -213,8 +244,8 @@ class FetchTrace(_Traced):
         elif len(request.partitions) == 1:
             fp = request.partitions[0]
             attributes.update(messaging_attributes(fp.topic, fp.partition, "receive"))
-        parent = tracing.extract(request.trace_context, metadata)
-        super().__init__("Fetch", SpanKind.SERVER, parent, attributes)
+        span = tracing.start_span("Fetch", SpanKind.SERVER, parent, attributes)
+        return None if span is None else cls(span)
 
     @property
     def span_context(self) -> SpanContext:
@@ -241,9 +272,11 @@ class ReplicaFetchTrace(_Traced):
 
     __slots__ = ()
 
-    def __init__(self, request: pb.FetchRequest, leader_id: int) -> None:
+    @classmethod
+    def start(cls, request: pb.FetchRequest, leader_id: int) -> ReplicaFetchTrace | None:
+        """Sampled out, the request still carries the (not sampled) context to the leader."""
         # A new trace: a fetch is nobody's child (the produce it serves links to it).
-        super().__init__(
+        span = tracing.start_span(
             "replica.fetch",
             SpanKind.CLIENT,
             Context(),
@@ -253,8 +286,9 @@ class ReplicaFetchTrace(_Traced):
                 "tidewater.leader_id": leader_id,
                 "tidewater.partitions": len(request.partitions),
             },
+            carrier=request.trace_context,
         )
-        tracing.inject(self.span, request.trace_context)
+        return None if span is None else cls(span)
 
     def appended(self, tp: TopicPartition, size: int, start_ns: int) -> None:
         attributes = messaging_attributes(tp[0], tp[1], "receive")

@@ -33,6 +33,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
@@ -43,6 +44,9 @@ from opentelemetry.trace import (
     StatusCode,
     TraceFlags,
     Tracer,
+    TraceState,
+    format_span_id,
+    format_trace_id,
 )
 
 log = logging.getLogger(__name__)
@@ -58,8 +62,12 @@ DATA_PLANE_METHODS = frozenset({"Produce", "ProduceStream", "Fetch", "FetchStrea
 UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
 MESSAGING_SYSTEM = "tidewater"
 UNSET = Status(StatusCode.UNSET)
+TRACEPARENT = "traceparent"
+W3C_FIELDS = frozenset({TRACEPARENT, "tracestate", "baggage"})
 
 _provider: TracerProvider | None = None
+_FOLLOWS_SAMPLED_OUT_PARENTS = False
+_W3C_PROPAGATION = False
 # The services' tracer; meaningful only while ENABLED.
 TRACER: Tracer = trace.get_tracer(SCOPE)
 
@@ -94,10 +102,25 @@ def setup(
 def install(provider: TracerProvider) -> None:
     """Trace this process's services through `provider` (setup() does it; tests give one
     with an in-memory exporter)."""
-    global ENABLED, TRACER, _provider
+    global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS, _W3C_PROPAGATION
     _provider = provider
     TRACER = provider.get_tracer(SCOPE)
+    _FOLLOWS_SAMPLED_OUT_PARENTS = _follows_sampled_out_parents(provider.sampler)
+    # OTEL_PROPAGATORS: tracecontext,baggage by default.
+    _W3C_PROPAGATION = propagate.get_global_textmap().fields <= W3C_FIELDS
     ENABLED = True
+
+
+def _follows_sampled_out_parents(sampler: Sampler) -> bool:
+    """Whether `sampler` drops every span whose remote parent was sampled out, as the
+    parent-based samplers (OTEL_TRACES_SAMPLER=parentbased_*, the default) do. Then such a
+    message costs its receiver one look at its traceparent's flags (extract())."""
+    remote = SpanContext(1, 1, is_remote=True, trace_flags=TraceFlags(TraceFlags.DEFAULT))
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(remote))
+    return (
+        isinstance(sampler, ParentBased)
+        and not sampler.should_sample(parent, 1, "probe").decision.is_recording()
+    )
 
 
 def shutdown() -> None:
@@ -248,18 +271,66 @@ def _scope(tracer: Any) -> InstrumentationScope:
     return scope
 
 
+def start_span(
+    name: str,
+    kind: SpanKind,
+    parent: Context,
+    attributes: dict[str, Any],
+    carrier: MutableMapping[str, str] | None = None,
+    tracer: Tracer | None = None,
+) -> DeferredSpan | None:
+    """A span of the services' data path (`Produce`, `Fetch`, `replica.fetch`), sampled as
+    Tracer.start_span samples: the tracer's sampler (TRACER's by default) decides on the span
+    in `parent`, or on a new trace id without a valid one. None when it is not recorded: a
+    sampled-out request makes no span object at all.
+
+    `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
+    or not, so that the receiver follows this decision."""
+    sdk_tracer: Any = tracer or TRACER
+    parent_context = trace.get_current_span(parent).get_span_context()
+    if parent_context.is_valid:
+        trace_id = parent_context.trace_id
+        random_trace_id = parent_context.trace_flags.random_trace_id
+    else:
+        trace_id = sdk_tracer.id_generator.generate_trace_id()
+        random_trace_id = sdk_tracer.id_generator.is_trace_id_random()
+    result = sdk_tracer.sampler.should_sample(parent, trace_id, name, kind, attributes)
+    flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+    if random_trace_id:
+        flags |= TraceFlags.RANDOM_TRACE_ID
+    span_id = sdk_tracer.id_generator.generate_span_id()
+    if not result.decision.is_recording():
+        if carrier is not None:
+            _inject_sampled_out(trace_id, span_id, flags, result.trace_state, carrier)
+        return None
+    context = SpanContext(
+        trace_id,
+        span_id,
+        is_remote=False,
+        trace_flags=TraceFlags(flags),
+        trace_state=result.trace_state,
+    )
+    if carrier is not None:
+        _inject_context(context, carrier)
+    return DeferredSpan(
+        sdk_tracer,
+        name,
+        kind,
+        context,
+        parent_context if parent_context.is_valid else None,
+        dict(result.attributes),
+    )
+
+
 class DeferredSpan:
-    """A span of the services' data path (`Produce`, `Fetch`, `replica.fetch`), kept as
-    plain fields while it runs and handed to the span processors as one finished ReadableSpan
+    """A recorded span of the services' data path (made by start_span()), kept as plain
+    fields while it runs and handed to the span processors as one finished ReadableSpan
     when it ends, like record_child's spans.
 
-    Sampled as Tracer.start_span samples (the tracer's sampler, on the parent in `parent`, or
-    on the current context when None; a new trace id without a valid parent), and carries
-    its context across processes the same way, recorded or not. What it leaves out is the
-    SDK span's machinery that a span of a few microseconds pays for: attribute validation
-    and limits (these attributes are Tidewater's own strs and ints), a lock per call, the
-    processors' on_start (the batch processors do nothing there). In a broker at 100%
-    sampling that was ~20 us per span of the ~25 it cost to make one."""
+    What it leaves out is the SDK span's machinery that a span of a few microseconds pays
+    for: attribute validation and limits (these attributes are Tidewater's own strs and
+    ints), a lock per call, the processors' on_start (the batch processors do nothing there).
+    In a broker at 100% sampling that was ~20 us per span of the ~25 it cost to make one."""
 
     __slots__ = (
         "_recording",
@@ -276,39 +347,21 @@ class DeferredSpan:
 
     def __init__(
         self,
+        tracer: Any,
         name: str,
         kind: SpanKind,
-        parent: Context | None,
+        context: SpanContext,
+        parent: SpanContext | None,
         attributes: dict[str, Any],
-        tracer: Tracer | None = None,
     ) -> None:
-        sdk_tracer: Any = tracer or TRACER
-        self._tracer = sdk_tracer
+        self._tracer = tracer
         self.name = name
         self.kind = kind
-        parent_context: SpanContext | None = trace.get_current_span(parent).get_span_context()
-        if parent_context is None or not parent_context.is_valid:
-            parent_context = None
-            trace_id = sdk_tracer.id_generator.generate_trace_id()
-            random_trace_id = sdk_tracer.id_generator.is_trace_id_random()
-        else:
-            trace_id = parent_context.trace_id
-            random_trace_id = parent_context.trace_flags.random_trace_id
-        result = sdk_tracer.sampler.should_sample(parent, trace_id, name, kind, attributes)
-        flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
-        if random_trace_id:
-            flags |= TraceFlags.RANDOM_TRACE_ID
-        self.context = SpanContext(
-            trace_id,
-            sdk_tracer.id_generator.generate_span_id(),
-            is_remote=False,
-            trace_flags=TraceFlags(flags),
-            trace_state=result.trace_state,
-        )
-        self.parent = parent_context
-        self._recording = result.decision.is_recording()
-        self.attributes = dict(result.attributes)
-        self.instrumentation_scope = _scope(sdk_tracer)
+        self.context = context
+        self.parent = parent
+        self._recording = True
+        self.attributes = attributes
+        self.instrumentation_scope = _scope(tracer)
         self.status = UNSET
         self.start_time = time.time_ns()
 
@@ -402,8 +455,26 @@ def insecure_channel(
 
 def inject(span: Span | DeferredSpan, carrier: MutableMapping[str, str]) -> None:
     """Write `span`'s W3C trace context into a message's trace_context map (or a dict)."""
-    context = span.get_span_context()
+    _inject_context(span.get_span_context(), carrier)
+
+
+def _inject_context(context: SpanContext, carrier: MutableMapping[str, str]) -> None:
     propagate.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(context)))
+
+
+def _inject_sampled_out(
+    trace_id: int, span_id: int, flags: int, state: TraceState, carrier: MutableMapping[str, str]
+) -> None:
+    """The W3C context of a span that is not recorded: with the W3C propagators alone (the
+    default), written as they would write it, without the SpanContext and Context they read
+    it from; most fetches are sampled out, and that made half the cost of one in a busy
+    broker."""
+    if not _W3C_PROPAGATION:
+        _inject_context(SpanContext(trace_id, span_id, False, TraceFlags(flags), state), carrier)
+        return
+    carrier[TRACEPARENT] = f"00-{format_trace_id(trace_id)}-{format_span_id(span_id)}-{flags:02x}"
+    if state:
+        carrier["tracestate"] = state.to_header()
 
 
 def current_context_metadata() -> tuple[tuple[str, str], ...]:
@@ -413,11 +484,36 @@ def current_context_metadata() -> tuple[tuple[str, str], ...]:
     return tuple(carrier.items())
 
 
-def extract(carrier: Mapping[str, str], metadata: Any = None) -> Context:
+def extract(carrier: Mapping[str, str], metadata: Any = None) -> Context | None:
     """The parent context of a span for a message: its own trace_context, else the gRPC
-    call's metadata (unary calls from other clients), else none (a new trace)."""
-    if "traceparent" in carrier:
-        return propagate.extract(carrier)
-    if metadata:
-        return propagate.extract({k: v for k, v in metadata if isinstance(v, str)})
-    return otel_context.Context()
+    call's metadata (unary calls from other clients), else none (a new trace).
+
+    None when there is to be no span: the parent was sampled out and this process's sampler
+    follows its parent. That is read from the traceparent's flags alone: most requests are
+    sampled out at a low ratio, and a busy broker took ~50 us per full extraction."""
+    if TRACEPARENT in carrier:
+        headers: Mapping[str, str] = carrier
+    elif metadata:
+        headers = {k: v for k, v in metadata if isinstance(v, str)}
+    else:
+        return otel_context.Context()
+    if _FOLLOWS_SAMPLED_OUT_PARENTS and _sampled_out(headers.get(TRACEPARENT)):
+        return None
+    return propagate.extract(headers)
+
+
+def carried_span_context(carrier: Mapping[str, str]) -> SpanContext:
+    """The span context a message carries, sampled or not (invalid when none)."""
+    return trace.get_current_span(propagate.extract(carrier)).get_span_context()
+
+
+def _sampled_out(traceparent: str | None) -> bool:
+    """Whether `traceparent` is a version-00 W3C traceparent (`00-<trace id>-<parent id>-
+    <flags>`) whose sampled flag, the low bit of <flags>, is clear. Anything else goes to the
+    propagator, which knows every form (a sampled-out parent of another version included)."""
+    return (
+        traceparent is not None
+        and len(traceparent) == 55
+        and traceparent.startswith("00-")
+        and traceparent[54] in "02468ace"
+    )

@@ -7,19 +7,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
 )
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
-from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags, TraceState
 
 from tidewater.broker.spans import (
     FetchTrace,
@@ -320,3 +323,46 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
         assert exporter.get_finished_spans() == ()
     finally:
         tracing.shutdown()
+
+
+@pytest.mark.parametrize("state", [TraceState(), TraceState([("vendor", "x1")])])
+def test_a_sampled_out_context_is_written_as_the_propagators_write_it(state: TraceState) -> None:
+    context = SpanContext(
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.RANDOM_TRACE_ID),
+        trace_state=state,
+    )
+    ours: dict[str, str] = {}
+    tracing.inject(trace.NonRecordingSpan(context), ours)
+    theirs: dict[str, str] = {}
+    propagate.inject(theirs, context=trace.set_span_in_context(trace.NonRecordingSpan(context)))
+    assert ours == theirs
+    assert ours["traceparent"].endswith("-02")
+
+
+class Marker(TextMapPropagator):
+    """A propagator of another kind than W3C's: it marks every carrier it injects into."""
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        return context
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        carrier["x-marker"] = "1"
+
+    @property
+    def fields(self) -> set[str]:
+        return {"x-marker"}
+
+
+def test_other_propagators_than_w3c_write_every_sampled_out_context() -> None:
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([before, Marker()]))
+    try:
+        carrier: dict[str, str] = {}
+        tracing.inject(trace.NonRecordingSpan(SpanContext(1, 2, is_remote=False)), carrier)
+        assert carrier["x-marker"] == "1"
+        assert carrier["traceparent"] == f"00-{1:032x}-{2:016x}-00"
+    finally:
+        propagate.set_global_textmap(before)

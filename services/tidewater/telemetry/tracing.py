@@ -67,7 +67,8 @@ W3C_FIELDS = frozenset({TRACEPARENT, "tracestate", "baggage"})
 
 _provider: TracerProvider | None = None
 _FOLLOWS_SAMPLED_OUT_PARENTS = False
-_W3C_PROPAGATION = False
+# The propagators last asked about, and whether they are the W3C ones alone.
+_W3C_PROPAGATION: tuple[object, bool] = (None, False)
 # The services' tracer; meaningful only while ENABLED.
 TRACER: Tracer = trace.get_tracer(SCOPE)
 
@@ -102,12 +103,10 @@ def setup(
 def install(provider: TracerProvider) -> None:
     """Trace this process's services through `provider` (setup() does it; tests give one
     with an in-memory exporter)."""
-    global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS, _W3C_PROPAGATION
+    global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS
     _provider = provider
     TRACER = provider.get_tracer(SCOPE)
     _FOLLOWS_SAMPLED_OUT_PARENTS = _follows_sampled_out_parents(provider.sampler)
-    # OTEL_PROPAGATORS: tracecontext,baggage by default.
-    _W3C_PROPAGATION = propagate.get_global_textmap().fields <= W3C_FIELDS
     ENABLED = True
 
 
@@ -455,7 +454,13 @@ def insecure_channel(
 
 def inject(span: Span | DeferredSpan, carrier: MutableMapping[str, str]) -> None:
     """Write `span`'s W3C trace context into a message's trace_context map (or a dict)."""
-    _inject_context(span.get_span_context(), carrier)
+    context = span.get_span_context()
+    if context.is_valid and not context.trace_flags.sampled:
+        _inject_sampled_out(
+            context.trace_id, context.span_id, context.trace_flags, context.trace_state, carrier
+        )
+    else:
+        _inject_context(context, carrier)
 
 
 def _inject_context(context: SpanContext, carrier: MutableMapping[str, str]) -> None:
@@ -465,16 +470,26 @@ def _inject_context(context: SpanContext, carrier: MutableMapping[str, str]) -> 
 def _inject_sampled_out(
     trace_id: int, span_id: int, flags: int, state: TraceState, carrier: MutableMapping[str, str]
 ) -> None:
-    """The W3C context of a span that is not recorded: with the W3C propagators alone (the
-    default), written as they would write it, without the SpanContext and Context they read
-    it from; most fetches are sampled out, and that made half the cost of one in a busy
-    broker."""
-    if not _W3C_PROPAGATION:
+    """The W3C context of a span that is not recorded: with the W3C propagators alone
+    (OTEL_PROPAGATORS' default), written as they would write it, without the SpanContext and
+    Context they read it from. Most fetches and batches are sampled out at a low ratio, and
+    that was half the cost of one in a busy process."""
+    if not _w3c_propagation():
         _inject_context(SpanContext(trace_id, span_id, False, TraceFlags(flags), state), carrier)
         return
     carrier[TRACEPARENT] = f"00-{format_trace_id(trace_id)}-{format_span_id(span_id)}-{flags:02x}"
     if state:
         carrier["tracestate"] = state.to_header()
+
+
+def _w3c_propagation() -> bool:
+    global _W3C_PROPAGATION
+    textmap = propagate.get_global_textmap()
+    known, w3c = _W3C_PROPAGATION
+    if textmap is not known:
+        w3c = textmap.fields <= W3C_FIELDS
+        _W3C_PROPAGATION = (textmap, w3c)
+    return w3c
 
 
 def current_context_metadata() -> tuple[tuple[str, str], ...]:

@@ -326,12 +326,13 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
 
 
 @pytest.mark.parametrize("state", [TraceState(), TraceState([("vendor", "x1")])])
-def test_a_sampled_out_context_is_written_as_the_propagators_write_it(state: TraceState) -> None:
+@pytest.mark.parametrize("flags", [0, 1, 2, 3])
+def test_a_context_is_written_as_the_propagators_write_it(state: TraceState, flags: int) -> None:
     context = SpanContext(
         0x0AF7651916CD43DD8448EB211C80319C,
         0xB7AD6B7169203331,
         is_remote=False,
-        trace_flags=TraceFlags(TraceFlags.RANDOM_TRACE_ID),
+        trace_flags=TraceFlags(flags),
         trace_state=state,
     )
     ours: dict[str, str] = {}
@@ -339,7 +340,10 @@ def test_a_sampled_out_context_is_written_as_the_propagators_write_it(state: Tra
     theirs: dict[str, str] = {}
     propagate.inject(theirs, context=trace.set_span_in_context(trace.NonRecordingSpan(context)))
     assert ours == theirs
-    assert ours["traceparent"].endswith("-02")
+    assert ours["traceparent"].endswith(f"-0{flags}")
+    nothing: dict[str, str] = {}
+    tracing.inject(trace.INVALID_SPAN, nothing)
+    assert nothing == {}
 
 
 class Marker(TextMapPropagator):
@@ -356,7 +360,7 @@ class Marker(TextMapPropagator):
         return {"x-marker"}
 
 
-def test_other_propagators_than_w3c_write_every_sampled_out_context() -> None:
+def test_other_propagators_than_w3c_write_every_context() -> None:
     before = propagate.get_global_textmap()
     propagate.set_global_textmap(CompositePropagator([before, Marker()]))
     try:

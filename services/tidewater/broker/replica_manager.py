@@ -367,14 +367,13 @@ class ReplicaManager:
                 produce_trace.appended(
                     batch, info.first_offset, partition.state.leader_epoch, start_ns
                 )
-            response.partitions.append(
-                pb.PartitionProduceResponse(
-                    topic=data.topic,
-                    partition=data.partition,
-                    base_offset=info.first_offset,
-                    log_append_time_ms=-1,
-                    log_start_offset=partition.log.log_start_offset,
-                )
+            # add() builds the result in place; append() would copy a built one.
+            response.partitions.add(
+                topic=tp[0],
+                partition=tp[1],
+                base_offset=info.first_offset,
+                log_append_time_ms=-1,
+                log_start_offset=partition.log.log_start_offset,
             )
             completed += self._partition_changed(tp)
             if request.acks == ACKS_ALL:

@@ -20,7 +20,7 @@ from tidewater.broker.log.log import (
     UnexpectedAppendOffset,
     parse_partition_dir,
 )
-from tidewater.broker.log.segment import wait_for_drop_behind
+from tidewater.broker.log.segment import KEPT_BATCH_BYTES, wait_for_drop_behind
 from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
 from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
 
@@ -519,6 +519,24 @@ def test_reads_of_the_last_batch_follow_truncations_and_appends(
     log.close()
     reopened = open_log(recovery_point=0, index_interval_bytes=index_interval_bytes)
     assert [read_header(b).base_offset for b in split(reopened.read(3, 1 << 20))] == [3]
+
+
+def test_the_last_batch_reads_as_stored_whatever_its_appender_does_with_its_buffer(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    """A small last batch is read from a copy in memory, a larger one from the file: both as
+    the log stored them."""
+    log = open_log()
+    small = make_batch(2, body=body(1))
+    log.append_as_leader(small, leader_epoch=1)
+    stored = bytes(small)
+    small[-1] ^= 0xFF  # the producer's buffer, reused
+    assert bytes(log.read(0, 1 << 20)) == stored
+    large = make_batch(1, body=b"x" * (KEPT_BATCH_BYTES + 1))
+    log.append_as_leader(large, leader_epoch=1)
+    assert bytes(log.read(0, 1 << 20)) == stored + bytes(large)
+    assert bytes(log.read(2, 1 << 20)) == bytes(large)
+    log.close()
 
 
 def test_truncate_to_a_segment_boundary_and_mid_batch(

@@ -36,6 +36,9 @@ INT32_MAX = 2**31 - 1
 _TRUST_ALL = 2**63  # above any offset: verify no CRC
 _HEADER_READAHEAD = 16 * 1024
 _BATCH_READAHEAD = 4 * 1024 * 1024
+# The largest last batch a segment keeps in memory for reads (see _last_batch_data): at most
+# this much per partition being written.
+KEPT_BATCH_BYTES = 16 * 1024
 # Drop-behind asks the OS once per this many bytes written: one syscall per several MiB.
 _DROP_STEP = 4 * 1024 * 1024
 # DONTNEED starts writeback of the dirty pages it covers and may wait for the disk's queue
@@ -104,6 +107,9 @@ class LogSegment:
         # (position, header) of the last batch: reads at the end of the log (followers and
         # consumers keeping up) find it without a walk from an index entry.
         self._last_batch: tuple[int, BatchHeader] | None = None
+        # A copy of its bytes when it was appended alone and is at most KEPT_BATCH_BYTES: a
+        # read of it then needs no pread (a leader reads each new batch once per follower).
+        self._last_batch_data: bytes | None = None
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, now_ms: int) -> LogSegment:
@@ -166,6 +172,8 @@ class LogSegment:
         """Append whole batches (`headers` describe `data`, in order) and index them."""
         self.write(data, drop_behind_bytes)
         self.take_in(headers, index_interval_bytes)
+        if len(headers) == 1 and len(data) <= KEPT_BATCH_BYTES:
+            self._last_batch_data = bytes(data)
 
     def write(self, data: bytes | bytearray | memoryview, drop_behind_bytes: int = -1) -> None:
         """Write whole batches after the end of the segment, which does not count them until
@@ -218,6 +226,7 @@ class LogSegment:
         self._bytes_since_last_index_entry += header.size
         self._next_offset = header.next_offset
         self._last_batch = (position, header)
+        self._last_batch_data = None
 
     def _write_index_entries(self, keep_open: bool = False) -> None:
         self.offset_index.write_pending(keep_open)
@@ -323,6 +332,9 @@ class LogSegment:
         max_offset."""
         if first.size > max_bytes and not min_one_batch:
             return b""
+        kept = self._last_batch_data
+        if kept is not None and self._last_batch is not None and self._last_batch[0] == position:
+            return kept  # the last batch: all there is to read from here
         if first.size >= max_bytes:
             return os.pread(self._fd, first.size, position)
         data = os.pread(self._fd, min(max_bytes, self._size - position), position)
@@ -435,6 +447,7 @@ class LogSegment:
             self._max_timestamp, self._offset_of_max_timestamp = last
         self._next_offset = self.base_offset
         self._last_batch = None
+        self._last_batch_data = None
         # Resuming at an indexed batch: it gets no second entry, as during its append.
         self._bytes_since_last_index_entry = 0
 

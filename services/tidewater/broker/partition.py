@@ -127,7 +127,7 @@ class HostedPartition:
         self.producer_state.take_snapshot(self.log.log_end_offset)
 
     def _active_segment_base(self) -> int:
-        return self.log.segments[-1].base_offset
+        return self.log.active_segment_base
 
     def _snapshot_if_rolled(self, active_segment_before: int) -> None:
         # Kafka snapshots on segment roll, so a restart replays about one segment at most.

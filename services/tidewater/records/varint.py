@@ -23,9 +23,7 @@ _VARLONG_MAX_BYTES = 10
 _CACHED_ZIGZAG = 1 << 12
 
 
-def encode_unsigned_varint(value: int) -> bytes:
-    """A value >= 0 in 7-bit groups, without zigzag: protobuf's plain varint, and the last
-    step of the zigzag encoders."""
+def _encode_unsigned(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -34,7 +32,13 @@ def encode_unsigned_varint(value: int) -> bytes:
     return bytes(out)
 
 
-_CACHE = tuple(encode_unsigned_varint(zz) for zz in range(_CACHED_ZIGZAG))
+_CACHE = tuple(_encode_unsigned(zz) for zz in range(_CACHED_ZIGZAG))
+
+
+def encode_unsigned_varint(value: int) -> bytes:
+    """A value >= 0 in 7-bit groups, without zigzag: protobuf's plain varint, and the last
+    step of the zigzag encoders."""
+    return _CACHE[value] if value < _CACHED_ZIGZAG else _encode_unsigned(value)
 
 
 def encode_varint(value: int) -> bytes:
@@ -44,7 +48,7 @@ def encode_varint(value: int) -> bytes:
         return _CACHE[zz]
     if not _INT32_MIN <= value <= _INT32_MAX:
         raise ValueError(f"{value} does not fit a varint (int32)")
-    return encode_unsigned_varint(zz)
+    return _encode_unsigned(zz)
 
 
 def encode_varlong(value: int) -> bytes:
@@ -54,7 +58,7 @@ def encode_varlong(value: int) -> bytes:
         return _CACHE[zz]
     if not _INT64_MIN <= value <= _INT64_MAX:
         raise ValueError(f"{value} does not fit a varlong (int64)")
-    return encode_unsigned_varint(zz)
+    return _encode_unsigned(zz)
 
 
 def decode_varint(buf: Buffer, pos: int) -> tuple[int, int]:

@@ -187,6 +187,11 @@ class Log:
         return self._segments[-1].next_offset
 
     @property
+    def active_segment_base(self) -> int:
+        """Base offset of the segment appends go to."""
+        return self._segments[-1].base_offset
+
+    @property
     def size_bytes(self) -> int:
         return sum(segment.size for segment in self._segments)
 
@@ -216,10 +221,6 @@ class Log:
         more than its write. The log itself changes only on the loop, when the write is done:
         the LEO moves, the batch is indexed, then `on_appended` runs, before any other change
         to the log (which waits for the write). Callers append one batch at a time per log."""
-        if len(batch) < OFF_LOOP_WRITE_BYTES:
-            info = self.append_as_leader(batch, leader_epoch)
-            on_appended(info)
-            return info
         self.take_in_pending_write()
         (header,) = headers = self._assign_offsets(batch, leader_epoch)
         now = self._time_ms()
@@ -227,6 +228,14 @@ class Log:
         segment = self._segments[-1]
         if self._should_roll(segment, 0, header, now):
             segment = self._roll(header.base_offset, now)
+        config = self.config
+        if len(batch) < OFF_LOOP_WRITE_BYTES:
+            segment.append(
+                batch, headers, config.index_interval_bytes, config.cache_drop_behind_bytes
+            )
+            info = self._appended(headers, header.size)
+            on_appended(info)
+            return info
         loop = asyncio.get_running_loop()
         write = _WRITERS.submit(segment.write, batch, self.config.cache_drop_behind_bytes)
         pending = _PendingWrite(segment, header, write, loop.create_future(), on_appended)
@@ -337,7 +346,7 @@ class Log:
 
     def _appended(self, headers: Sequence[BatchHeader], size_bytes: int) -> AppendInfo:
         """What an append added, once in the log; flush.messages may flush it."""
-        top = max(headers, key=lambda h: h.max_timestamp)
+        top = headers[0] if len(headers) == 1 else max(headers, key=lambda h: h.max_timestamp)
         info = AppendInfo(
             first_offset=headers[0].base_offset,
             last_offset=headers[-1].last_offset,

@@ -149,8 +149,10 @@ class FetchSessionCache:
         session.epoch = next_epoch(epoch)
         self._touch(session, now_ms)
         partitions = session.partitions
-        for forgotten in request.forgotten:
-            partitions.pop((forgotten.topic, forgotten.partition), None)
+        forgotten = request.forgotten
+        if forgotten:  # iterating a repeated field costs even when it is empty
+            for fp in forgotten:
+                partitions.pop((fp.topic, fp.partition), None)
         named = []
         for fp in request.partitions:
             tp = fetch_partition_key(fp)

@@ -47,6 +47,8 @@ RPC_GRACE_S = 10.0
 # Refusals of a session's fetch that a full fetch (at once) mends.
 SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
 BuiltFetch = tuple[pb.FetchRequest, FetchPlan[TopicPartition], dict[TopicPartition, FollowerFetch]]
+# What an untraced fetch runs in: one for all, not one made per fetch.
+_UNTRACED = contextlib.nullcontext()
 
 
 def java_string_hash(text: str) -> int:
@@ -180,7 +182,7 @@ class ReplicaFetcher:
                     else None
                 )
                 # The span ends however the fetch does, a cancelled one included.
-                with fetch_trace or contextlib.nullcontext():
+                with fetch_trace or _UNTRACED:
                     try:
                         if stream is None:
                             stream = stub.FetchStream()
@@ -237,8 +239,10 @@ class ReplicaFetcher:
             max_wait_ms=self.config.replica_fetch_wait_max_ms,
             min_bytes=self.config.replica_fetch_min_bytes,
             max_bytes=self.config.replica_fetch_response_max_bytes,
-            session=pb.FetchSession(id=plan.session_id, epoch=plan.epoch),
         )
+        # Set in place: a FetchSession built apart would be copied in.
+        request.session.id = plan.session_id
+        request.session.epoch = plan.epoch
         for tp in plan.send:
             fetch = wanted[tp]
             request.partitions.add(

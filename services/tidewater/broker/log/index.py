@@ -76,7 +76,7 @@ class _SparseIndex:
 
     def is_full(self, max_index_bytes: int) -> bool:
         """Whether the segment should roll (Kafka's segment.index.bytes)."""
-        return self.entries >= max_index_bytes // self.ENTRY.size
+        return len(self._keys) >= max_index_bytes // self.ENTRY.size
 
     def _append(self, key: int, value: int) -> None:
         self._keys.append(key)

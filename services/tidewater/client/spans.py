@@ -37,6 +37,8 @@ class BatchTrace:
     def end(
         self, records: int, size: int, base_offset: int | None, error: BaseException | None
     ) -> None:
+        if not self.span.is_recording():
+            return  # sampled out: nothing to record, nothing to end
         self.span.set_attributes(
             {"messaging.batch.message_count": records, "tidewater.batch.bytes": size}
         )

@@ -228,6 +228,8 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _broker(args: argparse.Namespace) -> int:
+    import uvloop
+
     from tidewater.broker.config import BrokerConfig, load_properties
     from tidewater.broker.server import run_broker
 
@@ -244,7 +246,8 @@ def _broker(args: argparse.Namespace) -> int:
             log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InvalidConfig(f"log dir {log_dir} is not usable: {e}") from None
-    asyncio.run(run_broker(config, args.ready_file, args.metrics_port))
+    # uvloop: each message costs the data path's event loop less CPU than asyncio's own loop.
+    uvloop.run(run_broker(config, args.ready_file, args.metrics_port))
     return 0
 
 

@@ -22,8 +22,9 @@ grpc.aio reference measured in the same run.
   Latency runs start after a sync, with no writeback of earlier runs competing for the CPUs.
 - idle: CPU of each broker with `--partitions` idle partitions replicated RF=3, leaders spread.
 
-Reference servers and the load client run bare_grpc.py (no Tidewater code); the client is the
-same process and code for references and Tidewater, sending identical pre-serialized bytes.
+Reference servers and the load client run bare_grpc.py (no Tidewater code) on asyncio's own
+event loop, brokers on uvloop, their own; the client is the same process and code for
+references and Tidewater, sending identical pre-serialized bytes.
 Every Tidewater run checks that the leader's high watermark moved by exactly the records the
 client had acknowledged. The stand-in controller runs in this process. Every child process is
 killed or stopped on the way out.

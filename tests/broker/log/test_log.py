@@ -5,6 +5,7 @@ import ctypes
 import logging
 import mmap
 import os
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -536,6 +537,28 @@ def test_the_last_batch_reads_as_stored_whatever_its_appender_does_with_its_buff
     log.append_as_leader(large, leader_epoch=1)
     assert bytes(log.read(0, 1 << 20)) == stored + bytes(large)
     assert bytes(log.read(2, 1 << 20)) == bytes(large)
+    log.close()
+
+
+def test_only_the_active_segment_keeps_its_last_batch_in_memory(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    """A broker with many segments holds at most one kept batch per partition."""
+    batch_body = b"x" * (KEPT_BATCH_BYTES - 1024)
+    log = open_log(segment_bytes=KEPT_BATCH_BYTES)  # one batch per segment
+    log.append_as_leader(make_batch(1, body=batch_body), leader_epoch=1)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            log.append_as_leader(make_batch(1, body=batch_body), leader_epoch=1)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(log.segments) == 101
+    assert grown < 25 * len(batch_body)  # 100 kept copies would be 100 times it
+    assert bytes(log.read(100, 1 << 20)).endswith(batch_body)
+    assert bytes(log.read(0, 1 << 20)).endswith(batch_body)
     log.close()
 
 

@@ -375,7 +375,7 @@ class Log:
         )
 
     def _roll(self, base_offset: int, now_ms: int) -> LogSegment:
-        self._segments[-1].close_indexes()
+        self._segments[-1].deactivate()
         segment = LogSegment.create(self.dir, base_offset, now_ms)
         self._segments.append(segment)
         self._bases.append(base_offset)

@@ -232,11 +232,13 @@ class LogSegment:
         self.offset_index.write_pending(keep_open)
         self.time_index.write_pending(keep_open)
 
-    def close_indexes(self) -> None:
-        """Let go of the index descriptors appends kept open: the segment is no longer the
-        active one, or closes."""
+    def deactivate(self) -> None:
+        """The segment is no longer the active one, or closes: let go of what only the log's
+        end needs, the index descriptors appends kept open and the copy of the last batch (a
+        log keeps one per partition, not one per segment)."""
         self.offset_index.close()
         self.time_index.close()
+        self._last_batch_data = None
 
     def truncate_to(self, offset: int, index_interval_bytes: int, now_ms: int) -> int:
         """Drop the batch holding `offset` and every later one; return the bytes dropped."""
@@ -286,7 +288,7 @@ class LogSegment:
         self.time_index.dirty = False
 
     def close(self) -> None:
-        self.close_indexes()
+        self.deactivate()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

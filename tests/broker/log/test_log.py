@@ -738,18 +738,35 @@ def cached_pages(path: Path) -> list[bool]:
 
 @pytest.mark.parametrize("drop_behind", [4 * MIB, -1])
 def test_drop_behind_keeps_only_the_segment_tail_in_the_page_cache(
-    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path, drop_behind: int
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    log_dir: Path,
+    drop_behind: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    advice: list[int] = []
+    fadvise = os.posix_fadvise
+
+    def recorded(fd: int, offset: int, length: int, what: int) -> None:
+        advice.append(what)
+        fadvise(fd, offset, length, what)
+
+    monkeypatch.setattr(os, "posix_fadvise", recorded)
     log = open_log(cache_drop_behind_bytes=drop_behind)
     for i in range(16):
         log.append_as_leader(make_batch(1, body=body(i, MIB)), leader_epoch=1)
         log.flush()  # the OS drops only pages already written back
     wait_for_drop_behind()
     cached = cached_pages(log_dir / segment_files(log_dir)[0])
-    newest_mib = cached[-MIB // mmap.PAGESIZE :]
-    older = cached[: 8 * MIB // mmap.PAGESIZE]
-    assert all(newest_mib)
-    assert not any(older) if drop_behind >= 0 else all(older)
+    assert all(cached[-MIB // mmap.PAGESIZE :])  # the newest MiB
+    if drop_behind >= 0:
+        assert os.POSIX_FADV_DONTNEED in advice
+        assert not any(cached[: 8 * MIB // mmap.PAGESIZE])
+    else:
+        # Left to the OS, which may evict what it likes when memory runs short (a busy
+        # machine's benchmarks did): the log itself asks it to drop nothing.
+        assert os.POSIX_FADV_DONTNEED not in advice
     assert bodies(read_all(log, split)) == [body(i, MIB) for i in range(16)]
 
 

@@ -158,9 +158,18 @@ class EtcdProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def pause(self) -> None:
-        """SIGSTOP: etcd keeps its sockets but answers nothing (a hung server)."""
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """SIGSTOP: etcd keeps its sockets but answers nothing (a hung server). Returns once
+        each of its threads has stopped: on a busy machine one the scheduler has not run since
+        the signal still answers a request sent right after it."""
         self._signal(signal.SIGSTOP)
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while not _stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise EtcdFailed(f"etcd still running {timeout_s} s after SIGSTOP")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
@@ -200,3 +209,18 @@ class EtcdProcess:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (Linux's /proc; True where there is none)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return True
+    for task in tasks.iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # a thread that just exited
+        if state not in ("T", "t"):
+            return False
+    return True

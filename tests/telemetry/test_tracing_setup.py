@@ -31,6 +31,8 @@ from tidewater.broker.spans import (
     ReplicationWaits,
     fetch_link,
 )
+from tidewater.client.errors import DeliveryTimeout
+from tidewater.client.spans import BatchTrace
 from tidewater.telemetry import tracing
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
 from tidewater.v1 import broker_pb2 as pb
@@ -370,3 +372,46 @@ def test_other_propagators_than_w3c_write_every_context() -> None:
         assert carrier["traceparent"] == f"00-{1:032x}-{2:016x}-00"
     finally:
         propagate.set_global_textmap(before)
+
+
+def test_the_send_span_of_a_failed_batch_records_its_exception_as_the_sdk_does() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tidewater.client")
+    error = DeliveryTimeout("no ack in time")
+    with tracer.start_as_current_span("application") as application:
+        batch = BatchTrace(tracer, "t", 2, -1)
+    batch.drained()
+    batch.end(3, 120, None, error)
+
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    send, wait = spans["send t"], spans["batch.wait"]
+    assert (send.name, send.kind) == ("send t", trace.SpanKind.PRODUCER)
+    assert send.parent is not None
+    assert send.parent.span_id == application.get_span_context().span_id
+    assert batch.carrier["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
+    assert wait.parent is not None
+    assert wait.parent.span_id == send.context.span_id
+    assert send.status.status_code == StatusCode.ERROR
+    assert send.attributes is not None
+    assert send.attributes["messaging.batch.message_count"] == 3
+    [event] = send.events
+    sdk = provider.get_tracer("x").start_span("x")
+    sdk.record_exception(error)
+    [expected] = sdk.events  # type: ignore[attr-defined]
+    assert event.name == "exception"
+    assert dict(event.attributes or {}) == dict(expected.attributes)
+
+
+def test_a_sampled_out_batch_makes_no_span_and_carries_its_decision() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    batch = BatchTrace(provider.get_tracer("tidewater.client"), "t", 0, -1)
+    batch.drained()
+    batch.end(1, 10, 0, None)
+    assert batch.span is None
+    carried = tracing.carried_span_context(batch.carrier)
+    assert carried.is_valid and not carried.trace_flags.sampled
+    assert exporter.get_finished_spans() == ()

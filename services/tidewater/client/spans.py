@@ -1,10 +1,15 @@
 """The producer's spans of one batch (README, Tracing): `send <topic>` from the batch's first
 record to its final ack or failure, and `batch.wait` for its time in the accumulator. Retries
-send the same trace context, so every attempt's `Produce` on a leader is a child of `send`."""
+send the same trace context, so every attempt's `Produce` on a leader is a child of `send`.
+
+`send` is made as the brokers' data-path spans are (tracing.start_span): sampled by the
+tracer's sampler on the caller's current span, handed to the provider's processors when it
+ends. A batch sampled out makes no span object, only the context its requests carry."""
 
 from __future__ import annotations
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry import context as otel_context
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
 from tidewater.telemetry import tracing
 
@@ -14,37 +19,40 @@ class BatchTrace:
 
     def __init__(self, tracer: Tracer, topic: str, partition: int, acks: int) -> None:
         self.tracer = tracer
-        self.span: Span = tracer.start_span(
+        # What each attempt's request carries in PartitionProduceData.trace_context.
+        self.carrier: dict[str, str] = {}
+        self.span = tracing.start_span(
             f"send {topic}",
-            kind=SpanKind.PRODUCER,
-            attributes={
+            SpanKind.PRODUCER,
+            otel_context.get_current(),
+            {
                 "messaging.system": tracing.MESSAGING_SYSTEM,
                 "messaging.operation.type": "send",
                 "messaging.destination.name": topic,
                 "messaging.destination.partition.id": str(partition),
                 "tidewater.acks": acks,
             },
+            carrier=self.carrier,
+            tracer=tracer,
         )
-        # What each attempt's request carries in PartitionProduceData.trace_context.
-        self.carrier: dict[str, str] = {}
-        tracing.inject(self.span, self.carrier)
 
     def drained(self) -> None:
-        """The batch leaves the accumulator for its first attempt (sampled out: no span)."""
-        start_ns: int = getattr(self.span, "start_time", 0)
-        tracing.record_child(self.span, "batch.wait", start_ns, tracer=self.tracer)
+        """The batch leaves the accumulator for its first attempt."""
+        if self.span is not None:
+            tracing.record_child(self.span, "batch.wait", self.span.start_time, tracer=self.tracer)
 
     def end(
         self, records: int, size: int, base_offset: int | None, error: BaseException | None
     ) -> None:
-        if not self.span.is_recording():
-            return  # sampled out: nothing to record, nothing to end
-        self.span.set_attributes(
+        span = self.span
+        if span is None:
+            return  # sampled out: nothing recorded
+        span.set_attributes(
             {"messaging.batch.message_count": records, "tidewater.batch.bytes": size}
         )
         if base_offset is not None:
-            self.span.set_attribute("tidewater.base_offset", base_offset)
+            span.set_attribute("tidewater.base_offset", base_offset)
         if error is not None:
-            self.span.record_exception(error)
-            self.span.set_status(Status(StatusCode.ERROR, str(error)))
-        self.span.end()
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.end()

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import time
+import traceback
 import uuid
 import weakref
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -31,7 +32,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -278,7 +279,8 @@ def start_span(
     carrier: MutableMapping[str, str] | None = None,
     tracer: Tracer | None = None,
 ) -> DeferredSpan | None:
-    """A span of the services' data path (`Produce`, `Fetch`, `replica.fetch`), sampled as
+    """A span of the data path (the brokers' `Produce`, `Fetch`, `replica.fetch`, the
+    producer's `send`), sampled as
     Tracer.start_span samples: the tracer's sampler (TRACER's by default) decides on the span
     in `parent`, or on a new trace id without a valid one. None when it is not recorded: a
     sampled-out request makes no span object at all.
@@ -320,7 +322,7 @@ def start_span(
 
 
 class DeferredSpan:
-    """A recorded span of the services' data path (made by start_span()), kept as plain
+    """A recorded span of the data path (made by start_span()), kept as plain
     fields while it runs and handed to the span processors as one finished ReadableSpan
     when it ends, like record_child's spans.
 
@@ -334,6 +336,7 @@ class DeferredSpan:
         "_tracer",
         "attributes",
         "context",
+        "events",
         "instrumentation_scope",
         "kind",
         "name",
@@ -360,6 +363,7 @@ class DeferredSpan:
         self.attributes = attributes
         self.instrumentation_scope = _scope(tracer)
         self.status = UNSET
+        self.events: list[Event] = []
         self.start_time = time.time_ns()
 
     @property
@@ -382,6 +386,25 @@ class DeferredSpan:
         if status.status_code is not StatusCode.UNSET:
             self.status = status
 
+    def record_exception(self, error: BaseException) -> None:
+        """An `exception` event, as the SDK's Span.record_exception (OTel's semantic
+        conventions for exceptions)."""
+        kind = type(error)
+        module = kind.__module__
+        self.events.append(
+            Event(
+                "exception",
+                {
+                    "exception.type": kind.__qualname__
+                    if module in ("", "builtins")
+                    else f"{module}.{kind.__qualname__}",
+                    "exception.message": str(error),
+                    "exception.stacktrace": "".join(traceback.format_exception(error)),
+                    "exception.escaped": "False",
+                },
+            )
+        )
+
     def end(self) -> None:
         """Hands the span to the processors (once: it records nothing after)."""
         if not self._recording:
@@ -396,6 +419,7 @@ class DeferredSpan:
                 self.attributes,
                 kind=self.kind,
                 status=self.status,
+                events=self.events,
                 start_time=self.start_time,
                 end_time=time.time_ns(),
                 instrumentation_scope=self.instrumentation_scope,

@@ -280,10 +280,9 @@ def start_span(
     tracer: Tracer | None = None,
 ) -> DeferredSpan | None:
     """A span of the data path (the brokers' `Produce`, `Fetch`, `replica.fetch`, the
-    producer's `send`), sampled as
-    Tracer.start_span samples: the tracer's sampler (TRACER's by default) decides on the span
-    in `parent`, or on a new trace id without a valid one. None when it is not recorded: a
-    sampled-out request makes no span object at all.
+    producer's `send`), sampled as Tracer.start_span samples: the tracer's sampler (TRACER's
+    by default) decides on the span in `parent`, or on a new trace id without a valid one.
+    None when it is not recorded: a sampled-out request makes no span object at all.
 
     `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
     or not, so that the receiver follows this decision."""

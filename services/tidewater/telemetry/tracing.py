@@ -473,16 +473,6 @@ def insecure_channel(
 # -- trace context in messages and metadata ----------------------------------------------
 
 
-def inject(span: Span | DeferredSpan, carrier: MutableMapping[str, str]) -> None:
-    """Write `span`'s W3C trace context into a message's trace_context map (or a dict);
-    nothing for an invalid one, as the propagators."""
-    context = span.get_span_context()
-    if context.is_valid:
-        _write_context(
-            context.trace_id, context.span_id, context.trace_flags, context.trace_state, carrier
-        )
-
-
 def _write_context(
     trace_id: int, span_id: int, flags: int, state: TraceState, carrier: MutableMapping[str, str]
 ) -> None:

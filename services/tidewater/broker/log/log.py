@@ -237,7 +237,7 @@ class Log:
             on_appended(info)
             return info
         loop = asyncio.get_running_loop()
-        write = _WRITERS.submit(segment.write, batch, self.config.cache_drop_behind_bytes)
+        write = _WRITERS.submit(segment.write, batch, config.cache_drop_behind_bytes)
         pending = _PendingWrite(segment, header, write, loop.create_future(), on_appended)
         self._pending_write = pending
         write.add_done_callback(lambda _: loop.call_soon_threadsafe(self._take_in_write, pending))

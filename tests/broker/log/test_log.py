@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tidewater.broker.log import segment as segment_module
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import (
@@ -21,7 +22,7 @@ from tidewater.broker.log.log import (
     UnexpectedAppendOffset,
     parse_partition_dir,
 )
-from tidewater.broker.log.segment import KEPT_BATCH_BYTES, wait_for_drop_behind
+from tidewater.broker.log.segment import KEPT_BATCH_BYTES, KeptBatches, wait_for_drop_behind
 from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
 from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
 
@@ -354,6 +355,82 @@ async def test_a_failed_write_off_the_loop_leaves_the_log_as_it_was(
     info = await log.append_batch_off_loop(make_batch(2, body=body(1)), 1, appended.append)
     assert (info.first_offset, info.last_offset) == (3, 4)
     assert bodies(read_all(log, split)) == [body(0), body(1)]
+
+
+def overwrite_file(log: Log, position: int, data: bytes) -> None:
+    """Change the last segment's file under the log, as no reader of the file would miss."""
+    with log.segments[-1].log_path.open("r+b") as f:
+        f.seek(position)
+        f.write(data)
+
+
+@pytest.mark.parametrize("size", [KEPT_BATCH_BYTES + 1, 100 * 1024], ids=["inline", "off-loop"])
+async def test_a_leaders_large_last_batch_is_read_from_the_buffer_it_handed_over(
+    open_log: OpenLog, make_batch: MakeBatch, size: int
+) -> None:
+    """Followers read each new batch: its reads need no pread until another batch follows
+    (then the file serves it) or the log forgets it (truncation)."""
+    log = open_log()
+    first = make_batch(1, body=b"a" * size)
+    await log.append_batch_off_loop(first, 1, lambda _: None)
+    stored = bytes(first)
+    overwrite_file(log, HEADER_SIZE, b"z" * 16)
+    assert bytes(log.read(0, 1 << 30)) == stored  # not from the file
+    second = make_batch(1, body=b"b" * size)
+    await log.append_batch_off_loop(second, 1, lambda _: None)
+    assert bytes(log.read(0, len(stored))) == stored[:HEADER_SIZE] + b"z" * 16 + b"a" * (size - 16)
+    assert bytes(log.read(1, 1 << 30)) == bytes(second)
+    log.truncate_to(1)
+    assert log.read(1, 1 << 30) == b""
+    third = make_batch(1, body=b"c" * 100)  # small: kept as a copy, as before
+    await log.append_batch_off_loop(third, 1, lambda _: None)
+    assert bytes(log.read(1, 1 << 30)) == bytes(third)
+    log.close()
+
+
+async def test_large_kept_batches_stay_within_their_budget(
+    make_batch: MakeBatch, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, clock: Clock
+) -> None:
+    """Many partitions written in large batches hold at most the budget in memory: the
+    partitions written longest ago read their last batch from the file again."""
+    size = KEPT_BATCH_BYTES * 2
+    budget = KeptBatches(3 * (size + HEADER_SIZE))
+    monkeypatch.setattr(segment_module, "kept_large_batches", budget)
+    logs = [Log.open(tmp_path / f"topic-{i}", LogConfig(), 0, clock) for i in range(5)]
+    for i, log in enumerate(logs):
+        await log.append_batch_off_loop(make_batch(1, body=bytes([i]) * size), 1, lambda _: None)
+        overwrite_file(log, HEADER_SIZE, b"z")
+    assert budget.kept_bytes <= budget.limit_bytes
+    from_file = [bytes(log.read(0, 1 << 30))[HEADER_SIZE] == ord("z") for log in logs]
+    assert from_file == [True, True, False, False, False]
+    for log in logs:
+        log.close()
+    assert budget.kept_bytes == 0
+
+
+def test_a_kept_batch_budget_lets_the_oldest_go_first() -> None:
+    forgotten: list[str] = []
+
+    class Segment:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def forget_kept_batch(self) -> None:
+            forgotten.append(self.name)
+            budget.release(self)  # type: ignore[arg-type]
+
+    budget = KeptBatches(100)
+    a, b, c = Segment("a"), Segment("b"), Segment("c")
+    assert budget.keep(a, 40) and budget.keep(b, 40)  # type: ignore[arg-type]
+    assert budget.keep(a, 30)  # type: ignore[arg-type]  # a newer batch of a: a is newest now
+    assert budget.kept_bytes == 70
+    assert budget.keep(c, 50)  # type: ignore[arg-type]
+    assert forgotten == ["b"]
+    assert budget.kept_bytes == 80
+    assert not budget.keep(b, 101)  # type: ignore[arg-type]
+    assert forgotten == ["b"] and budget.kept_bytes == 80
+    budget.release(a)  # type: ignore[arg-type]
+    assert budget.kept_bytes == 50
 
 
 # -- follower appends --------------------------------------------------------------------

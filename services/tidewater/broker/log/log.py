@@ -99,6 +99,7 @@ class _PendingWrite:
     """A batch that a worker thread is writing to the end of `segment`."""
 
     segment: LogSegment
+    batch: bytearray
     header: BatchHeader
     write: Future[None]
     appended: asyncio.Future[AppendInfo]
@@ -220,7 +221,8 @@ class Log:
         written inline, without yielding: the hop to a thread and back (about 0.1 ms) costs
         more than its write. The log itself changes only on the loop, when the write is done:
         the LEO moves, the batch is indexed, then `on_appended` runs, before any other change
-        to the log (which waits for the write). Callers append one batch at a time per log."""
+        to the log (which waits for the write). Callers append one batch at a time per log,
+        and hand `batch` over: reads of the log's last batch are served from it."""
         self.take_in_pending_write()
         (header,) = headers = self._assign_offsets(batch, leader_epoch)
         now = self._time_ms()
@@ -233,12 +235,13 @@ class Log:
             segment.append(
                 batch, headers, config.index_interval_bytes, config.cache_drop_behind_bytes
             )
+            segment.keep_appended_batch(batch)
             info = self._appended(headers, header.size)
             on_appended(info)
             return info
         loop = asyncio.get_running_loop()
         write = _WRITERS.submit(segment.write, batch, config.cache_drop_behind_bytes)
-        pending = _PendingWrite(segment, header, write, loop.create_future(), on_appended)
+        pending = _PendingWrite(segment, batch, header, write, loop.create_future(), on_appended)
         self._pending_write = pending
         write.add_done_callback(lambda _: loop.call_soon_threadsafe(self._take_in_write, pending))
         return await asyncio.shield(pending.appended)
@@ -263,6 +266,7 @@ class Log:
             pending.appended.set_exception(StorageError(f"{self.name}: write failed: {e}"))
             return
         pending.segment.take_in([pending.header], self.config.index_interval_bytes)
+        pending.segment.keep_appended_batch(pending.batch)
         info = self._appended([pending.header], pending.header.size)
         # The appender resumes only after on_appended, which may not leave it waiting.
         pending.appended.set_result(info)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -36,9 +38,12 @@ INT32_MAX = 2**31 - 1
 _TRUST_ALL = 2**63  # above any offset: verify no CRC
 _HEADER_READAHEAD = 16 * 1024
 _BATCH_READAHEAD = 4 * 1024 * 1024
-# The largest last batch a segment keeps in memory for reads (see _last_batch_data): at most
+# The largest last batch a segment keeps a copy of for reads (see _last_batch_data): at most
 # this much per partition being written.
 KEPT_BATCH_BYTES = 16 * 1024
+# What the larger last batches a leader keeps (without a copy, see keep_appended_batch) may
+# hold in memory together, in a process: beyond it the longest kept goes.
+KEPT_LARGE_BATCHES_BYTES = 32 * 1024 * 1024
 # Drop-behind asks the OS once per this many bytes written: one syscall per several MiB.
 _DROP_STEP = 4 * 1024 * 1024
 # DONTNEED starts writeback of the dirty pages it covers and may wait for the disk's queue
@@ -107,9 +112,10 @@ class LogSegment:
         # (position, header) of the last batch: reads at the end of the log (followers and
         # consumers keeping up) find it without a walk from an index entry.
         self._last_batch: tuple[int, BatchHeader] | None = None
-        # A copy of its bytes when it was appended alone and is at most KEPT_BATCH_BYTES: a
-        # read of it then needs no pread (a leader reads each new batch once per follower).
-        self._last_batch_data: bytes | None = None
+        # Its bytes when it was appended alone, a copy of one of at most KEPT_BATCH_BYTES or a
+        # larger one a leader handed over: a read of it then needs no pread (a leader reads
+        # each new batch once per follower).
+        self._last_batch_data: bytes | memoryview | None = None
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, now_ms: int) -> LogSegment:
@@ -175,6 +181,15 @@ class LogSegment:
         if len(headers) == 1 and len(data) <= KEPT_BATCH_BYTES:
             self._last_batch_data = bytes(data)
 
+    def keep_appended_batch(self, batch: bytearray) -> None:
+        """Serve reads of the batch just appended alone (the segment's last) from `batch`
+        itself, which its appender hands over and never changes again, if it is larger than
+        the copies append() keeps: a leader reads each new batch once per follower, a pread
+        and a copy from the page cache each time. Such batches count towards
+        KEPT_LARGE_BATCHES_BYTES."""
+        if len(batch) > KEPT_BATCH_BYTES and kept_large_batches.keep(self, len(batch)):
+            self._last_batch_data = memoryview(batch).toreadonly()
+
     def write(self, data: bytes | bytearray | memoryview, drop_behind_bytes: int = -1) -> None:
         """Write whole batches after the end of the segment, which does not count them until
         take_in(). Touches nothing but the file, so a worker thread may run it while nothing
@@ -226,7 +241,7 @@ class LogSegment:
         self._bytes_since_last_index_entry += header.size
         self._next_offset = header.next_offset
         self._last_batch = (position, header)
-        self._last_batch_data = None
+        self.forget_kept_batch()
 
     def _write_index_entries(self, keep_open: bool = False) -> None:
         self.offset_index.write_pending(keep_open)
@@ -238,7 +253,13 @@ class LogSegment:
         log keeps one per partition, not one per segment)."""
         self.offset_index.close()
         self.time_index.close()
-        self._last_batch_data = None
+        self.forget_kept_batch()
+
+    def forget_kept_batch(self) -> None:
+        """Reads of the last batch go to the file again."""
+        kept, self._last_batch_data = self._last_batch_data, None
+        if type(kept) is memoryview:
+            kept_large_batches.release(self)
 
     def truncate_to(self, offset: int, index_interval_bytes: int, now_ms: int) -> int:
         """Drop the batch holding `offset` and every later one; return the bytes dropped."""
@@ -449,7 +470,7 @@ class LogSegment:
             self._max_timestamp, self._offset_of_max_timestamp = last
         self._next_offset = self.base_offset
         self._last_batch = None
-        self._last_batch_data = None
+        self.forget_kept_batch()
         # Resuming at an indexed batch: it gets no second entry, as during its append.
         self._bytes_since_last_index_entry = 0
 
@@ -519,6 +540,48 @@ class LogSegment:
             yield from self._walk(start)
         except InvalidBatch as e:
             raise StorageError(f"{self.log_path}: {e}") from None
+
+
+class KeptBatches:
+    """The large last batches segments keep, oldest first, within a byte budget. Segments of
+    many logs share it, and logs may be loaded and closed on other threads: a lock."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self.kept_bytes = 0
+        self._kept: OrderedDict[LogSegment, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def keep(self, segment: LogSegment, size: int) -> bool:
+        """Count `size` bytes kept by `segment`, making room by making the segments that kept
+        theirs longest forget them; False if it can never fit."""
+        if size > self.limit_bytes:
+            return False
+        evicted = []
+        with self._lock:
+            self._release(segment)
+            while self.kept_bytes + size > self.limit_bytes:
+                oldest, oldest_size = self._kept.popitem(last=False)
+                evicted.append(oldest)
+                self.kept_bytes -= oldest_size
+            self._kept[segment] = size
+            self.kept_bytes += size
+        for oldest in evicted:
+            oldest.forget_kept_batch()
+        return True
+
+    def release(self, segment: LogSegment) -> None:
+        with self._lock:
+            self._release(segment)
+
+    def _release(self, segment: LogSegment) -> None:
+        size = self._kept.pop(segment, None)
+        if size is not None:
+            self.kept_bytes -= size
+
+
+# The budget every segment of the process keeps its large last batch in.
+kept_large_batches = KeptBatches(KEPT_LARGE_BATCHES_BYTES)
 
 
 def _forget(fd: int, offset: int, length: int) -> None:

@@ -4,6 +4,7 @@ picks its links."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
     OTLPSpanExporter as HttpSpanExporter,
@@ -21,7 +23,17 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    Decision,
+    ParentBased,
+    ParentBasedTraceIdRatio,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags, TraceState
 
 from tidewater.broker.spans import (
@@ -412,3 +424,79 @@ def test_a_sampled_out_batch_makes_no_span_and_carries_its_decision() -> None:
     carried = tracing.carried_span_context(batch.carrier)
     assert carried.is_valid and not carried.trace_flags.sampled
     assert exporter.get_finished_spans() == ()
+
+
+class Ids(IdGenerator):
+    """Trace ids from a list (those of a new trace decide its sampling), span ids counted."""
+
+    def __init__(self, trace_ids: list[int], random: bool) -> None:
+        self.trace_ids = iter(trace_ids)
+        self.span_ids = itertools.count(1)
+        self.random = random
+
+    def generate_trace_id(self) -> int:
+        return next(self.trace_ids)
+
+    def generate_span_id(self) -> int:
+        return next(self.span_ids)
+
+    def is_trace_id_random(self) -> bool:
+        return self.random
+
+
+class Picky(Sampler):
+    """A sampler of the application's own: keeps the spans it is told to, by name."""
+
+    def should_sample(
+        self, parent_context: Any, trace_id: int, name: str, *args: Any, **kwargs: Any
+    ) -> SamplingResult:
+        keep = name.endswith("keep")
+        return SamplingResult(Decision.RECORD_AND_SAMPLE if keep else Decision.DROP)
+
+    def get_description(self) -> str:
+        return "Picky"
+
+
+RATIO = TraceIdRatioBased(0.25)
+# Low 64 bits around the ratio's bound; high bits that a wrong mask would read.
+EDGE_IDS = [
+    (high << 64) | low
+    for high in (0, 0xFFFF_FFFF_FFFF_FFFF)
+    for low in (1, RATIO.bound - 1, RATIO.bound, RATIO.bound + 1, (1 << 64) - 1)
+]
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        ParentBasedTraceIdRatio(0.25),
+        ParentBased(RATIO),
+        RATIO,
+        ParentBased(ALWAYS_OFF),
+        ParentBased(ALWAYS_ON),
+        ALWAYS_OFF,
+        Picky(),
+        ParentBased(Picky()),
+    ],
+    ids=lambda sampler: sampler.get_description(),
+)
+@pytest.mark.parametrize("random_ids", [True, False])
+@pytest.mark.parametrize("name", ["replica.fetch", "keep"])
+def test_a_new_trace_is_sampled_as_its_sampler_decides(
+    sampler: Sampler, random_ids: bool, name: str
+) -> None:
+    """start_span decides a new trace by trace id ratio itself where the sampler would;
+    the outcome and the context written are the sampler's for every id."""
+    provider = TracerProvider(sampler=sampler, id_generator=Ids(EDGE_IDS, random_ids))
+    tracer = provider.get_tracer("test")
+    for trace_id in EDGE_IDS:
+        expected = sampler.should_sample(None, trace_id, name).decision.is_sampled()
+        carrier: dict[str, str] = {}
+        span = tracing.start_span(name, trace.SpanKind.CLIENT, Context(), {}, carrier, tracer)
+        assert (span is not None) is expected, hex(trace_id)
+        carried = tracing.carried_span_context(carrier)
+        assert carried.trace_id == trace_id
+        assert carried.trace_flags.sampled is expected
+        assert carried.trace_flags.random_trace_id is random_ids
+        if span is not None:
+            assert span.get_span_context().span_id == carried.span_id

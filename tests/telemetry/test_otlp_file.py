@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 
 from opentelemetry import trace
@@ -19,6 +20,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.span import TraceState
 
 from tidewater.local.wait import eventually
+from tidewater.telemetry import tracing
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
 
 
@@ -67,6 +69,26 @@ def spans() -> list[ReadableSpan]:
             wait.set_status(Status(StatusCode.ERROR, "REQUEST_TIMED_OUT"))
             wait.end()
             produce.set_status(Status(StatusCode.OK))
+        # Tidewater's own spans of the data path, kept as plain fields (tracing.PlainSpan).
+        deferred = tracing.start_span(
+            "Fetch",
+            SpanKind.SERVER,
+            trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+            {"tidewater.follower_id": 2, "messaging.system": "tidewater"},
+            tracer=tracer,
+        )
+        assert deferred is not None
+        tracing.record_child(
+            deferred,
+            "log.read",
+            time.time_ns(),
+            {"tidewater.bytes": 0},
+            links=[Link(remote, {"tidewater.fetch_offset": 9})],
+            status=Status(StatusCode.ERROR, "NOT_LEADER_OR_FOLLOWER"),
+            tracer=tracer,
+        )
+        deferred.record_exception(ValueError("boom"))
+        deferred.end()
         for kind in SpanKind:
             # One key, a value per span: the encoder's cache of encoded attributes keys on both.
             other = provider.get_tracer("other")
@@ -76,6 +98,7 @@ def spans() -> list[ReadableSpan]:
 
 def test_the_trace_file_is_the_otel_file_exporters_json(tmp_path: Path) -> None:
     recorded = spans()
+    assert sum(isinstance(span, tracing.PlainSpan) for span in recorded) == 4
     ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
     for exporter in (OtlpJsonFileSpanExporter(ours), FileSpanExporter(theirs)):
         exporter.export(recorded)

@@ -6,7 +6,8 @@ SDK's spans into JSON text, every string through json.dumps.
 Why not the library's exporter: its encoder builds a dataclass for every span, attribute and
 value and then turns each into a dict for the json encoder: about 50 us of CPU for a span of 9
 attributes (a leader's `Produce`), at 100% sampling more than creating the span costs. This
-one takes about 14 us (a span without attributes: 8 us, the library 15).
+one takes about 6 us (a span without attributes: under 4 us, the library 34), best of 7
+timeit runs here; tests/benchmarks/bench_span_cost.py measures it per producer batch.
 tests/telemetry/test_otlp_file.py holds both to the same output.
 """
 
@@ -275,49 +276,58 @@ def _schema_url(url: str | None) -> list[str]:
 def encode_span(span: ReadableSpan) -> str:
     """A span's OTLP/JSON object.
 
-    One f-string for the fields every span has, each read once (ReadableSpan's properties
-    are Python calls, its dropped counts isinstance checks against ABCs), names and kinds
-    looked up encoded: a span without attributes in ~3 us instead of ~9."""
+    One string built field by field, each of the span's properties read once (they are
+    Python calls; the dropped counts isinstance checks against ABCs, which Tidewater's own
+    spans answer without: PlainSpan), names, kinds and attributes looked up encoded."""
     context = span.get_span_context()
-    parent = span.parent
-    head = ""
-    if context is not None:
-        head = "".join(f"{field}," for field in _ids(context.trace_id, context.span_id))
+    if context is None:
+        text = "{"
+    else:
+        trace_id, span_id = context.trace_id, context.span_id
+        if trace_id and span_id:
+            text = f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}",'
+        else:
+            text = "{" + "".join(f"{field}," for field in _ids(trace_id, span_id))
         if context.trace_state:
             state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
-            head += f'"traceState":{_json(state)},'
+            text += f'"traceState":{_json(state)},'
+    parent = span.parent
     if parent is not None and parent.span_id:
-        head += f'"parentSpanId":"{parent.span_id:016x}",'
+        text += f'"parentSpanId":"{parent.span_id:016x}",'
         flags = _HAS_IS_REMOTE | _IS_REMOTE if parent.is_remote else _HAS_IS_REMOTE
     else:
         flags = _flags(parent)
     name = span.name
     if name:
-        head += f'"name":{_name(name)},'
+        text += f'"name":{_name(name)},'
     start, end = span.start_time, span.end_time
     if start:
-        head += f'"startTimeUnixNano":"{start}",'
+        text += f'"startTimeUnixNano":"{start}",'
     if end:
-        head += f'"endTimeUnixNano":"{end}",'
-    fields = [f'{head}"flags":{flags},"kind":{_KINDS[span.kind]}']
+        text += f'"endTimeUnixNano":"{end}",'
+    text += f'"flags":{flags},"kind":{_KINDS[span.kind]}'
     attributes = span.attributes
-    if attributes or span.dropped_attributes:
-        fields += _attributes_field(attributes, span.dropped_attributes)
-    events, links = span.events, span.links
+    if attributes:
+        text += f",{_attributes_text(attributes)}"
+    dropped = span.dropped_attributes
+    if dropped:
+        text += f',"droppedAttributesCount":{dropped}'
+    events = span.events
     if events:
-        fields.append(f'"events":[{",".join(_event(e) for e in events)}]')
-    if span.dropped_events:
-        fields.append(f'"droppedEventsCount":{span.dropped_events}')
+        text += f',"events":[{",".join([_event(e) for e in events])}]'
+    dropped = span.dropped_events
+    if dropped:
+        text += f',"droppedEventsCount":{dropped}'
+    links = span.links
     if links:
-        fields.append(f'"links":[{",".join(_link(link) for link in links)}]')
-    if span.dropped_links:
-        fields.append(f'"droppedLinksCount":{span.dropped_links}')
+        text += f',"links":[{",".join([_link(link) for link in links])}]'
+    dropped = span.dropped_links
+    if dropped:
+        text += f',"droppedLinksCount":{dropped}'
     status = span.status
     if status.description or status.status_code is not StatusCode.UNSET:
-        fields.append(f'"status":{_json(_status(status))}')
-    else:
-        fields.append('"status":{}')
-    return _object(fields)
+        return f'{text},"status":{_json(_status(status))}}}'
+    return text + ',"status":{}}'
 
 
 # The API's INTERNAL is 0, OTLP's is 1.
@@ -378,15 +388,17 @@ def _scope(scope: InstrumentationScope | None) -> str:
 
 
 def _attributes_field(attributes: Attributes, dropped: int = 0) -> list[str]:
-    fields = []
-    if attributes:
-        # copy(): a plain dict of the SDK's BoundedAttributes (or of the proxy around them),
-        # whose own items() go key by key through Python.
-        plain = attributes.copy()  # type: ignore[attr-defined]
-        fields.append(f'"attributes":[{",".join(_key_value(k, v) for k, v in plain.items())}]')
+    fields = [_attributes_text(attributes)] if attributes else []
     if dropped:
         fields.append(f'"droppedAttributesCount":{dropped}')
     return fields
+
+
+def _attributes_text(attributes: Mapping[str, Any]) -> str:
+    # copy(): a plain dict of the SDK's BoundedAttributes (or of the proxy around them),
+    # whose own items() go key by key through Python.
+    plain = attributes.copy()  # type: ignore[attr-defined]
+    return f'"attributes":[{",".join([_key_value(k, v) for k, v in plain.items()])}]'
 
 
 # Encoded text by key, by (key, string value) and by span name; emptied when full.

@@ -12,7 +12,8 @@ from tidewater.broker.server import BrokerServer
 from tidewater.local.fetch import log_bytes as stored
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
-from tidewater.records.batch import Record, build_batch
+from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.rpc.lifted import LIFT_MIN_BYTES
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -135,3 +136,35 @@ async def test_followers_replicate_through_fetch_sessions_and_survive_losing_the
     followers = [servers[b].replica_manager.partitions[TP] for b in (2, 3)]
     await eventually(lambda: all(f.state.high_watermark == 18 for f in followers), WAIT_S, POLL_S)
     assert all(log_bytes(servers[b], 18) == log_bytes(servers[1], 18) for b in (2, 3))
+
+
+async def test_large_batches_replicate_whichever_way_they_are_produced(cluster: Any) -> None:
+    """Batches above LIFT_MIN_BYTES reach the leader's log and the followers' without
+    protobuf's copies (rpc.lifted), on Produce and ProduceStream; plain records too."""
+    _, servers, clients = cluster
+    value = bytes(range(256)) * (LIFT_MIN_BYTES // 256 + 1)
+
+    def request(i: int, *, plain: bool = False) -> pb.ProduceRequest:
+        data = pb.PartitionProduceData(topic=TOPIC, partition=0)
+        if plain:
+            data.records.add(value=value + bytes([i]))
+        else:
+            data.record_batch = build_batch([Record(value=value + bytes([i]))] * 2)
+        return pb.ProduceRequest(acks=-1, timeout_ms=10_000, partitions=[data])
+
+    unary = await clients[1].service.Produce(request(0))
+    plain = await clients[1].service.Produce(request(1, plain=True))
+    stream = clients[1].service.ProduceStream()
+    for i in (2, 3):
+        await stream.write(request(i))
+    streamed = [await stream.read() for _ in range(2)]
+    await stream.done_writing()
+    answers = [unary, plain, *streamed]
+    assert [a.partitions[0].error_code for a in answers] == [ErrorCode.NONE] * 4
+    assert [a.partitions[0].base_offset for a in answers] == [0, 2, 3, 5]
+    followers = [servers[b].replica_manager.partitions[TP] for b in (2, 3)]
+    await eventually(lambda: all(f.state.high_watermark == 7 for f in followers), WAIT_S, POLL_S)
+    expected = log_bytes(servers[1], 7)
+    assert all(log_bytes(servers[b], 7) == expected for b in (2, 3))
+    values = [r.value for r in decode_batches(expected)]
+    assert values == [value + bytes([i]) for i in (0, 0, 1, 2, 2, 3, 3)]

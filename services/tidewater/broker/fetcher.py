@@ -33,6 +33,7 @@ from tidewater.replication.follower import (
     on_offset_out_of_range,
 )
 from tidewater.replication.partition import FollowerFetch
+from tidewater.rpc.lifted import Lifted, Lifter
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -46,6 +47,8 @@ TopicPartition = tuple[str, int]
 RPC_GRACE_S = 10.0
 # Refusals of a session's fetch that a full fetch (at once) mends.
 SESSION_ERRORS = (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, ErrorCode.INVALID_FETCH_SESSION_EPOCH)
+FETCH_STREAM = "/tidewater.v1.BrokerService/FetchStream"
+FETCH_LIFTER = Lifter(pb.FetchResponse, "partitions", "record_batches")
 BuiltFetch = tuple[pb.FetchRequest, FetchPlan[TopicPartition], dict[TopicPartition, FollowerFetch]]
 # What an untraced fetch runs in: one for all, not one made per fetch.
 _UNTRACED = contextlib.nullcontext()
@@ -166,6 +169,13 @@ class ReplicaFetcher:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
         async with tracing.insecure_channel(self.source.address, CHANNEL_OPTIONS) as ch:
             stub = broker_pb2_grpc.BrokerServiceStub(ch)
+            # FetchStream as the stub has it, but answers with their records lifted out.
+            fetch_stream = ch.stream_stream(
+                FETCH_STREAM,
+                request_serializer=pb.FetchRequest.SerializeToString,
+                response_deserializer=FETCH_LIFTER.parse,
+                _registered_method=True,
+            )
             stream: grpc.aio.StreamStreamCall | None = None
             correlation_id = 0
             while True:
@@ -185,10 +195,10 @@ class ReplicaFetcher:
                 with fetch_trace or _UNTRACED:
                     try:
                         if stream is None:
-                            stream = stub.FetchStream()
+                            stream = fetch_stream()
                         await stream.write(request)
-                        response = await deadline.read(stream)
-                        if response is grpc.aio.EOF:
+                        answer = await deadline.read(stream)
+                        if answer is grpc.aio.EOF:
                             raise ConnectionError("fetch stream closed by the leader")
                     except (grpc.aio.AioRpcError, ConnectionError, TimeoutError) as e:
                         log.info("fetch from broker %d failed: %s", self.source.broker_id, e)
@@ -200,6 +210,7 @@ class ReplicaFetcher:
                         self.session.reset()  # the answer is lost: the epochs no longer match
                         self._delay(list(self.partitions), backoff_s)
                         continue
+                    response = answer.message
                     self.session.on_response(plan, response.error_code, response.session_id)
                     if response.error_code != NO_ERROR:
                         log.info(
@@ -210,7 +221,7 @@ class ReplicaFetcher:
                         if response.error_code not in SESSION_ERRORS:
                             self._delay(list(wanted), backoff_s)
                         continue  # a session error: a full fetch next, at once
-                    await self._process(stub, wanted, response, fetch_trace)
+                    await self._process(stub, wanted, answer, fetch_trace)
 
     async def _wait_for_work(self) -> None:
         self.changed.clear()
@@ -262,11 +273,11 @@ class ReplicaFetcher:
         self,
         stub: broker_pb2_grpc.BrokerServiceStub,
         wanted: dict[TopicPartition, FollowerFetch],
-        response: pb.FetchResponse,
+        answer: Lifted[pb.FetchResponse],
         fetch_trace: ReplicaFetchTrace | None = None,
     ) -> None:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
-        for result in response.partitions:
+        for result, lifted in zip(answer.message.partitions, answer.views, strict=True):
             tp = (result.topic, result.partition)
             state = self.partitions.get(tp)
             hosted = self.lookup(tp)
@@ -288,7 +299,7 @@ class ReplicaFetcher:
                             result.diverging_epoch.epoch,
                             result.diverging_epoch.end_offset,
                         )
-                    records = result.record_batches
+                    records = result.record_batches if lifted is None else lifted
                     start_ns = time.time_ns() if fetch_trace is not None else 0
                     apply_fetch_response(
                         hosted.state,

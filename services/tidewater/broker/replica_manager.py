@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -297,15 +297,22 @@ class ReplicaManager:
 
     # -- produce -------------------------------------------------------------------------
 
-    async def produce(self, request: pb.ProduceRequest, metadata: Any = None) -> pb.ProduceResponse:
-        """`metadata`: the gRPC call's, where a unary caller's trace context may be."""
+    async def produce(
+        self,
+        request: pb.ProduceRequest,
+        metadata: Any = None,
+        batches: Sequence[memoryview | None] = (),
+    ) -> pb.ProduceResponse:
+        """`metadata`: the gRPC call's, where a unary caller's trace context may be.
+        `batches[i]`: partition i's record_batch if gRPC's deserializer lifted it out of the
+        request (tidewater.rpc.lifted), None if it is in the request."""
         if not tracing.ENABLED:
-            return await self._produce(request, None)
+            return await self._produce(request, None, batches)
         traces = [ProduceTrace.start(data, request.acks, metadata) for data in request.partitions]
         if not any(traces):
-            return await self._produce(request, None)
+            return await self._produce(request, None, batches)
         try:
-            response = await self._produce(request, traces)
+            response = await self._produce(request, traces, batches)
         except BaseException as e:
             for produce_trace in traces:
                 if produce_trace is not None:
@@ -317,10 +324,13 @@ class ReplicaManager:
         return response
 
     async def _produce(
-        self, request: pb.ProduceRequest, traces: list[ProduceTrace | None] | None
+        self,
+        request: pb.ProduceRequest,
+        traces: list[ProduceTrace | None] | None,
+        batches: Sequence[memoryview | None],
     ) -> pb.ProduceResponse:
         started = time.perf_counter_ns()
-        response, waiting, appended = await self._append_all(request, traces)
+        response, waiting, appended = await self._append_all(request, traces, batches)
         local_done = time.perf_counter_ns()
         if waiting:
             waits = (
@@ -338,7 +348,10 @@ class ReplicaManager:
         return response
 
     async def _append_all(
-        self, request: pb.ProduceRequest, traces: list[ProduceTrace | None] | None
+        self,
+        request: pb.ProduceRequest,
+        traces: list[ProduceTrace | None] | None,
+        batches: Sequence[memoryview | None],
     ) -> tuple[pb.ProduceResponse, dict[TopicPartition, int], int]:
         """Append each partition's batch; returns the response so far, the offsets acks=all
         waits for, and the bytes appended."""
@@ -355,7 +368,8 @@ class ReplicaManager:
             tp = (data.topic, data.partition)
             try:
                 partition = self._leader_partition(tp)
-                batch = self._batch_of(data, partition.config.log.max_message_bytes)
+                lifted = batches[i] if batches else None
+                batch = self._batch_of(data, partition.config.log.max_message_bytes, lifted)
                 start_ns = time.time_ns() if traces is not None else 0
                 info, _ = await partition.append_as_leader(batch, request.acks, self.time_ms())
             except TidewaterError as e:
@@ -384,9 +398,11 @@ class ReplicaManager:
             await asyncio.sleep(0)
         return response, waiting, appended
 
-    def _batch_of(self, data: pb.PartitionProduceData, max_message_bytes: int) -> bytearray:
+    def _batch_of(
+        self, data: pb.PartitionProduceData, max_message_bytes: int, lifted: memoryview | None
+    ) -> bytearray:
         # Each read of a bytes field copies it: read the batch once.
-        raw = data.record_batch
+        raw = data.record_batch if lifted is None else lifted
         if raw and data.records:
             raise InvalidRequest("set either record_batch or records, not both")
         if data.records:

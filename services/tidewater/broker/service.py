@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import grpc
 
 from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.broker.replica_manager import ReplicaManager
+from tidewater.rpc.lifted import Lifted, Lifter
 from tidewater.rpc.streams import pipelined
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -24,14 +25,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         self._rm = replica_manager
 
     async def Produce(
-        self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext
+        self, request: Lifted[pb.ProduceRequest], context: grpc.aio.ServicerContext
     ) -> pb.ProduceResponse:
-        return await self._rm.produce(request, _metadata(context))
+        return await self._rm.produce(request.message, _metadata(context), request.views)
 
     async def ProduceStream(
-        self, request_iterator: AsyncIterator[pb.ProduceRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[Lifted[pb.ProduceRequest]],
+        context: grpc.aio.ServicerContext,
     ) -> None:
-        await pipelined(request_iterator, self._rm.produce, context.write)
+        await pipelined(request_iterator, self._produce, context.write)
+
+    def _produce(self, request: Lifted[pb.ProduceRequest]) -> Awaitable[pb.ProduceResponse]:
+        return self._rm.produce(request.message, None, request.views)
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
@@ -74,15 +80,22 @@ class _Registration:
         self.handlers = handlers
 
 
+# Produce requests as gRPC hands them to BrokerService: batches lifted out of large ones.
+PRODUCE_LIFTER = Lifter(pb.ProduceRequest, "partitions", "record_batch")
+
+
 def add_broker_service(servicer: BrokerService, server: grpc.aio.Server) -> None:
     """Registers BrokerService as the generated code would, except that Fetch and FetchStream
-    answer FetchAnswers, which gRPC sends with their records spliced in (fetch_answer)."""
+    answer FetchAnswers, which gRPC sends with their records spliced in (fetch_answer), and
+    Produce and ProduceStream take requests with their batches lifted out (rpc.lifted)."""
     registration = _Registration()
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(servicer, registration)
     handlers = registration.handlers
+    # Generated handlers are namedtuples.
     for method in ("Fetch", "FetchStream"):
-        # Generated handlers are namedtuples.
         handlers[method] = handlers[method]._replace(response_serializer=FetchAnswer.serialize)  # type: ignore[attr-defined]
+    for method in ("Produce", "ProduceStream"):
+        handlers[method] = handlers[method]._replace(request_deserializer=PRODUCE_LIFTER.parse)  # type: ignore[attr-defined]
     service = pb.DESCRIPTOR.services_by_name["BrokerService"].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     server.add_registered_method_handlers(service, handlers)

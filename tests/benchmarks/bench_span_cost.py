@@ -4,9 +4,10 @@ cluster: the spans Tidewater makes for one acks=all batch on RF=3 (client `send`
 follower fetches, each `Fetch`, `log.read`, `fetch.wait`; each follower's `replica.fetch` and
 `log.append`), made through the real span classes, then their encoding to an OTLP/JSON trace
 file in lines of 512 spans, with Tidewater's encoder (which the trace file's processor runs on
-each span as it ends) and with OpenTelemetry's FileSpanExporter. Compare with the CPU per
-batch of the processes with tracing off (bench_tracing.py's cluster: client ~1 ms, leader
-~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135 records).
+each span as it ends; a broker whose only exporter is the trace file encodes its own spans
+straight from their fields, for less) and with OpenTelemetry's FileSpanExporter. Compare
+with the CPU per batch of the processes with tracing off (bench_tracing.py's cluster: client
+~1 ms, leader ~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135 records).
 
 Run: .venv/bin/python tests/benchmarks/bench_span_cost.py [--batches N]"""
 

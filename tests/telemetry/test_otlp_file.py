@@ -5,12 +5,17 @@ equal as JSON."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -186,3 +191,71 @@ def test_the_trace_files_processor_drops_lines_when_the_disk_falls_behind(tmp_pa
         released.set()
         processor.shutdown()
     assert path.read_text().count("\n") == 10 - processor.dropped_spans
+
+
+def spans_of(path: Path) -> list[dict[str, Any]]:
+    """The spans of a trace file, their events' times left out (the SDK's own clock)."""
+    spans = [
+        span
+        for line in path.read_text().splitlines()
+        for resource in json.loads(line)["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    for span in spans:
+        for event in span.get("events", ()):
+            event.pop("timeUnixNano")
+    return spans
+
+
+def record_spans(trace_file: Path, straight: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker's spans through setup()'s trace file, written straight from their fields
+    (`straight`, the file being the provider's only processor) or made ReadableSpans for
+    the processor; ids and times the same each time."""
+    random.seed(7)
+    monkeypatch.setattr(time, "time_ns", itertools.count(1_763_850_000_000_000_000, 1_000).__next__)
+    assert tracing.setup("tidewater-broker", trace_file)
+    try:
+        if not straight:
+            monkeypatch.setattr(tracing, "_TRACE_FILE", None)
+        remote = SpanContext(7, 8, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        fetch = tracing.start_span(
+            "Fetch",
+            SpanKind.SERVER,
+            trace.set_span_in_context(trace.NonRecordingSpan(remote)),
+            {"tidewater.follower_id": 2},
+        )
+        assert fetch is not None
+        tracing.record_child(fetch, "log.read", time.time_ns(), {"tidewater.bytes": 5})
+        tracing.record_child(
+            fetch,
+            "replication.wait",
+            time.time_ns(),
+            links=[Link(remote, {"tidewater.fetch_offset": 9})],
+            status=Status(StatusCode.ERROR, "REQUEST_TIMED_OUT"),
+        )
+        fetch.record_exception(ValueError("boom"))
+        fetch.set_status(Status(StatusCode.ERROR, "boom"))
+        fetch.end()
+        root = tracing.start_span("replica.fetch", SpanKind.CLIENT, Context(), {})
+        assert root is not None
+        root.end()
+    finally:
+        tracing.shutdown()
+        monkeypatch.undo()
+
+
+def test_spans_written_straight_to_the_trace_file_are_those_the_processor_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    straight, processed = tmp_path / "straight.jsonl", tmp_path / "processed.jsonl"
+    record_spans(straight, True, monkeypatch)
+    record_spans(processed, False, monkeypatch)
+    written = spans_of(straight)
+    assert [span["name"] for span in written] == [
+        "log.read",
+        "replication.wait",
+        "Fetch",
+        "replica.fetch",
+    ]
+    assert written == spans_of(processed)

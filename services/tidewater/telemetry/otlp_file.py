@@ -33,7 +33,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ DEFAULT_MAX_QUEUE_SIZE = 2048
 # SpanFlags: bit 8 says whether the parent's remoteness is known (always), bit 9 that it is.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
+_UNSET = Status(StatusCode.UNSET)
 
 
 class OtlpJsonFileSpanExporter(SpanExporter):
@@ -135,8 +136,15 @@ class OtlpJsonFileSpanProcessor(SpanProcessor):
         except Exception:  # a processor must not raise into the SDK
             log.exception("cannot encode span %s", span.name)
             return
+        self.add(span.resource, span.instrumentation_scope, encoded)
+
+    def add(self, resource: Resource, scope: InstrumentationScope | None, encoded: str) -> None:
+        """A sampled span encoded by its maker (encode_fields): Tidewater's own finished
+        spans come here without being made ReadableSpans (tracing.record_child)."""
+        if self._shut:
+            return
         with self._lock:
-            self._pending.add(span, encoded)
+            self._pending.add(resource, scope, encoded)
             if self._pending.count < self._max_spans:
                 return
             line = self._pending.take()
@@ -205,7 +213,7 @@ def encode_line(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None 
     single step holds the GIL for long."""
     lines = EncodedSpans()
     for done, span in enumerate(spans, 1):
-        lines.add(span, encode_span(span))
+        lines.add(span.resource, span.instrumentation_scope, encode_span(span))
         if pause is not None and done % PAUSE_EVERY == 0:
             pause()
     return lines.take()
@@ -220,9 +228,9 @@ class EncodedSpans:
         self._grouped: dict[int, tuple[Resource, dict[Any, list[str]]]] = {}
         self.count = 0
 
-    def add(self, span: ReadableSpan, encoded: str) -> None:
-        _, scopes = self._grouped.setdefault(id(span.resource), (span.resource, {}))
-        scopes.setdefault(span.instrumentation_scope, []).append(encoded)
+    def add(self, resource: Resource, scope: InstrumentationScope | None, encoded: str) -> None:
+        _, scopes = self._grouped.setdefault(id(resource), (resource, {}))
+        scopes.setdefault(scope, []).append(encoded)
         self.count += 1
 
     def take(self) -> str:
@@ -274,57 +282,81 @@ def _schema_url(url: str | None) -> list[str]:
 
 
 def encode_span(span: ReadableSpan) -> str:
-    """A span's OTLP/JSON object.
-
-    One string built field by field, each of the span's properties read once (they are
-    Python calls; the dropped counts isinstance checks against ABCs, which Tidewater's own
-    spans answer without: PlainSpan), names, kinds and attributes looked up encoded."""
+    """A span's OTLP/JSON object (encode_fields), each of its properties read once: they are
+    Python calls, the dropped counts isinstance checks against ABCs (which Tidewater's own
+    spans answer without: tracing.PlainSpan)."""
     context = span.get_span_context()
     if context is None:
-        text = "{"
+        trace_id, span_id, state = 0, 0, None
     else:
-        trace_id, span_id = context.trace_id, context.span_id
-        if trace_id and span_id:
-            text = f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}",'
-        else:
-            text = "{" + "".join(f"{field}," for field in _ids(trace_id, span_id))
-        if context.trace_state:
-            state = ",".join(f"{k}={v}" for k, v in context.trace_state.items())
-            text += f'"traceState":{_json(state)},'
-    parent = span.parent
+        trace_id, span_id, state = context.trace_id, context.span_id, context.trace_state
+    return encode_fields(
+        trace_id,
+        span_id,
+        state,
+        span.parent,
+        span.name,
+        span.kind,
+        span.start_time,
+        span.end_time,
+        span.attributes,
+        span.events,
+        span.links,
+        span.status,
+        (span.dropped_attributes, span.dropped_events, span.dropped_links),
+    )
+
+
+def encode_fields(
+    trace_id: int,
+    span_id: int,
+    trace_state: TraceState | None,
+    parent: SpanContext | None,
+    name: str,
+    kind: SpanKind,
+    start: int | None,
+    end: int | None,
+    attributes: Attributes,
+    events: Sequence[Event] = (),
+    links: Sequence[Link] = (),
+    status: Status = _UNSET,
+    dropped: tuple[int, int, int] = (0, 0, 0),
+) -> str:
+    """A span's OTLP/JSON object from its fields (`dropped`: attributes, events, links):
+    one string built field by field, names, kinds and attributes looked up encoded. A
+    finished span of Tidewater's own comes here without being made a ReadableSpan."""
+    if trace_id and span_id:
+        text = f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}",'
+    else:
+        text = "{" + "".join(f"{field}," for field in _ids(trace_id, span_id))
+    if trace_state:
+        state = ",".join(f"{k}={v}" for k, v in trace_state.items())
+        text += f'"traceState":{_json(state)},'
     if parent is not None and parent.span_id:
         text += f'"parentSpanId":"{parent.span_id:016x}",'
         flags = _HAS_IS_REMOTE | _IS_REMOTE if parent.is_remote else _HAS_IS_REMOTE
     else:
         flags = _flags(parent)
-    name = span.name
     if name:
         text += f'"name":{_name(name)},'
-    start, end = span.start_time, span.end_time
     if start:
         text += f'"startTimeUnixNano":"{start}",'
     if end:
         text += f'"endTimeUnixNano":"{end}",'
-    text += f'"flags":{flags},"kind":{_KINDS[span.kind]}'
-    attributes = span.attributes
+    text += f'"flags":{flags},"kind":{_KINDS[kind]}'
     if attributes:
         text += f",{_attributes_text(attributes)}"
-    dropped = span.dropped_attributes
-    if dropped:
-        text += f',"droppedAttributesCount":{dropped}'
-    events = span.events
+    dropped_attributes, dropped_events, dropped_links = dropped
+    if dropped_attributes:
+        text += f',"droppedAttributesCount":{dropped_attributes}'
     if events:
         text += f',"events":[{",".join([_event(e) for e in events])}]'
-    dropped = span.dropped_events
-    if dropped:
-        text += f',"droppedEventsCount":{dropped}'
-    links = span.links
+    if dropped_events:
+        text += f',"droppedEventsCount":{dropped_events}'
     if links:
         text += f',"links":[{",".join([_link(link) for link in links])}]'
-    dropped = span.dropped_links
-    if dropped:
-        text += f',"droppedLinksCount":{dropped}'
-    status = span.status
+    if dropped_links:
+        text += f',"droppedLinksCount":{dropped_links}'
     if status.description or status.status_code is not StatusCode.UNSET:
         return f'{text},"status":{_json(_status(status))}}}'
     return text + ',"status":{}}'

@@ -14,7 +14,7 @@ from tidewater.records.varint import encode_unsigned_varint
 from tidewater.v1 import broker_pb2 as pb
 
 # One partition's answer: everything but its records, and its records (whole batches).
-PartitionAnswer = tuple[pb.FetchPartitionResponse, bytes]
+PartitionAnswer = tuple[pb.FetchPartitionResponse, bytes | memoryview]
 
 _LEN = 2  # protobuf wire type of length-delimited fields
 

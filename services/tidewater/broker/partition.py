@@ -23,7 +23,8 @@ _REPLAY_READ_BYTES = 1 << 20
 # A NamedTuple, not a frozen dataclass (about three times as dear to make): one per read of a
 # partition for a fetch.
 class LogReadResult(NamedTuple):
-    data: bytes
+    # Whole batches, as the log read them: a view of a read or of the last batch appended.
+    data: bytes | memoryview
     high_watermark: int
     log_start_offset: int
     log_end_offset: int
@@ -160,7 +161,7 @@ class HostedPartition:
         max_offset = None if for_follower else self.state.high_watermark
         data = self.log.read(fetch_offset, max_bytes, max_offset, min_one_batch)
         return LogReadResult(
-            data=bytes(data),
+            data=data,
             high_watermark=self.state.high_watermark,
             log_start_offset=self.log.log_start_offset,
             log_end_offset=self.log.log_end_offset,

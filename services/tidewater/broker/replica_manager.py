@@ -865,7 +865,7 @@ def _must_read(partition: HostedPartition, fetch_offset: int, for_follower: bool
     return not end <= fetch_offset <= log_end_offset
 
 
-def _to_proto_records(data: bytes, fetch_offset: int) -> list[common_pb2.Record]:
+def _to_proto_records(data: bytes | memoryview, fetch_offset: int) -> list[common_pb2.Record]:
     """Decode batches for plain-record fetches, skipping records before the fetch offset."""
     records = []
     for r in decode_batches(data):

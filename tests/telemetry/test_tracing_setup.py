@@ -466,20 +466,22 @@ EDGE_IDS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "sampler",
-    [
-        ParentBasedTraceIdRatio(0.25),
-        ParentBased(RATIO),
-        RATIO,
-        ParentBased(ALWAYS_OFF),
-        ParentBased(ALWAYS_ON),
-        ALWAYS_OFF,
-        Picky(),
-        ParentBased(Picky()),
-    ],
-    ids=lambda sampler: sampler.get_description(),
-)
+SAMPLERS = [
+    ParentBasedTraceIdRatio(0.25),
+    ParentBased(RATIO),
+    RATIO,
+    ParentBased(ALWAYS_OFF),
+    ParentBased(ALWAYS_ON),
+    ALWAYS_OFF,
+    Picky(),
+    ParentBased(Picky()),
+    # Parent-based, but not with the default samplers for parents.
+    ParentBased(ALWAYS_ON, remote_parent_sampled=Picky()),
+    ParentBased(ALWAYS_ON, local_parent_not_sampled=ALWAYS_ON),
+]
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda sampler: sampler.get_description())
 @pytest.mark.parametrize("random_ids", [True, False])
 @pytest.mark.parametrize("name", ["replica.fetch", "keep"])
 def test_a_new_trace_is_sampled_as_its_sampler_decides(
@@ -500,3 +502,33 @@ def test_a_new_trace_is_sampled_as_its_sampler_decides(
         assert carried.trace_flags.random_trace_id is random_ids
         if span is not None:
             assert span.get_span_context().span_id == carried.span_id
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda sampler: sampler.get_description())
+@pytest.mark.parametrize("remote", [True, False])
+@pytest.mark.parametrize("flags", [0, 1, 2, 3])
+@pytest.mark.parametrize("name", ["Produce", "keep"])
+def test_a_child_is_sampled_as_its_sampler_decides(
+    sampler: Sampler, remote: bool, flags: int, name: str
+) -> None:
+    """start_span follows a parent's sampled flag itself where the sampler would: the outcome,
+    the context written and the trace state are the sampler's."""
+    provider = TracerProvider(sampler=sampler)
+    tracer = provider.get_tracer("test")
+    state = TraceState([("vendor", "x1")])
+    parent = SpanContext(EDGE_IDS[1], 0xB7AD6B7169203331, remote, TraceFlags(flags), state)
+    context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    expected = sampler.should_sample(context, parent.trace_id, name, None, {"a": 1})
+    carrier: dict[str, str] = {}
+    span = tracing.start_span(name, trace.SpanKind.SERVER, context, {"a": 1}, carrier, tracer)
+    assert (span is not None) is expected.decision.is_recording()
+    carried = tracing.carried_span_context(carrier)
+    assert carried.trace_id == parent.trace_id
+    assert carried.trace_flags.sampled is expected.decision.is_sampled()
+    assert carried.trace_flags.random_trace_id is bool(flags & 2)
+    expected_state = expected.trace_state or TraceState()
+    assert carried.trace_state == expected_state
+    if span is not None:
+        assert span.get_span_context().trace_state == expected_state
+        assert span.parent == parent
+        assert span.attributes == dict(expected.attributes)

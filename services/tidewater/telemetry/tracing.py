@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerPr
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
+    ALWAYS_ON,
     ParentBased,
     ParentBasedTraceIdRatio,
     Sampler,
@@ -359,6 +360,9 @@ class _TracerFacts(NamedTuple):
     # TraceIdRatioBased, OTEL_TRACES_SAMPLER=[parentbased_]traceidratio, and ALWAYS_OFF's
     # as 0); None for other samplers, which are asked.
     new_trace_bound: int | None
+    # The sampler samples a span exactly when its parent is sampled (parent-based with its
+    # default samplers for parents, as OTEL_TRACES_SAMPLER=parentbased_* makes it).
+    follows_parents: bool
     random_trace_id: bool
 
 
@@ -373,6 +377,7 @@ def _facts(tracer: Any) -> _TracerFacts:
         facts = _TRACERS[tracer] = _TracerFacts(
             InstrumentationScope(info.name, info.version, info.schema_url),
             _new_trace_bound(tracer.sampler),
+            _follows_parents(tracer.sampler),
             tracer.id_generator.is_trace_id_random(),
         )
     return facts
@@ -386,6 +391,20 @@ def _new_trace_bound(sampler: Sampler) -> int | None:
     if root is ALWAYS_OFF:
         return 0
     return root.bound if type(root) is TraceIdRatioBased else None
+
+
+def _follows_parents(sampler: Sampler) -> bool:
+    """See _TracerFacts.follows_parents (the SDK keeps a parent-based sampler's own private;
+    an SDK without them falls back to asking)."""
+    if type(sampler) not in (ParentBased, ParentBasedTraceIdRatio):
+        return False
+    delegates = (
+        (getattr(sampler, "_remote_parent_sampled", None), ALWAYS_ON),
+        (getattr(sampler, "_local_parent_sampled", None), ALWAYS_ON),
+        (getattr(sampler, "_remote_parent_not_sampled", None), ALWAYS_OFF),
+        (getattr(sampler, "_local_parent_not_sampled", None), ALWAYS_OFF),
+    )
+    return all(delegate is default for delegate, default in delegates)
 
 
 def start_span(
@@ -404,38 +423,40 @@ def start_span(
     `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
     or not, so that the receiver follows this decision."""
     sdk_tracer: Any = tracer or TRACER
+    facts = _facts(sdk_tracer)
     parent_context = trace.get_current_span(parent).get_span_context()
+    # Decided here where the sampler's rule is known (None: ask it): most spans are new
+    # traces at a low ratio or children of a sampled parent, and asking cost a busy broker
+    # ~10 us per span.
+    sampled: bool | None = None
     if parent_context.is_valid:
         trace_id = parent_context.trace_id
         random_trace_id = parent_context.trace_flags.random_trace_id
+        state = parent_context.trace_state
+        if facts.follows_parents:
+            sampled = parent_context.trace_flags.sampled
     else:
         trace_id = sdk_tracer.id_generator.generate_trace_id()
-        facts = _facts(sdk_tracer)
         random_trace_id = facts.random_trace_id
-        bound = facts.new_trace_bound
-        if bound is not None and trace_id & _TRACE_ID_LOW_BITS >= bound:
-            # Sampled out as the sampler would decide, without asking it: most new traces at
-            # a low ratio, and asking cost a busy broker ~10 us per follower fetch.
-            if carrier is not None:
-                flags = TraceFlags.RANDOM_TRACE_ID if random_trace_id else TraceFlags.DEFAULT
-                span_id = sdk_tracer.id_generator.generate_span_id()
-                _write_context(trace_id, span_id, flags, None, carrier)
-            return None
-    result = sdk_tracer.sampler.should_sample(parent, trace_id, name, kind, attributes)
-    flags = TraceFlags.SAMPLED if result.decision.is_sampled() else TraceFlags.DEFAULT
+        state = None
+        if facts.new_trace_bound is not None:
+            sampled = trace_id & _TRACE_ID_LOW_BITS < facts.new_trace_bound
+    if sampled is None:
+        result = sdk_tracer.sampler.should_sample(parent, trace_id, name, kind, attributes)
+        sampled, recorded = result.decision.is_sampled(), result.decision.is_recording()
+        state, attributes = result.trace_state, dict(result.attributes)
+    else:
+        recorded = sampled
+    flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
     if random_trace_id:
         flags |= TraceFlags.RANDOM_TRACE_ID
     span_id = sdk_tracer.id_generator.generate_span_id()
     if carrier is not None:
-        _write_context(trace_id, span_id, flags, result.trace_state, carrier)
-    if not result.decision.is_recording():
+        _write_context(trace_id, span_id, flags, state, carrier)
+    if not recorded:
         return None
     context = SpanContext(
-        trace_id,
-        span_id,
-        is_remote=False,
-        trace_flags=TraceFlags(flags),
-        trace_state=result.trace_state,
+        trace_id, span_id, is_remote=False, trace_flags=TraceFlags(flags), trace_state=state
     )
     return DeferredSpan(
         sdk_tracer,
@@ -443,7 +464,7 @@ def start_span(
         kind,
         context,
         parent_context if parent_context.is_valid else None,
-        dict(result.attributes),
+        attributes,
     )
 
 

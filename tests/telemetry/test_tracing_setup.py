@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from opentelemetry import propagate, trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
@@ -532,3 +532,27 @@ def test_a_child_is_sampled_as_its_sampler_decides(
         assert span.get_span_context().trace_state == expected_state
         assert span.parent == parent
         assert span.attributes == dict(expected.attributes)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"traceparent": TRACEPARENT},
+        {"traceparent": TRACEPARENT[:-2] + "03"},
+        {"traceparent": TRACEPARENT[:-2] + "ff"},
+        {"traceparent": TRACEPARENT.upper()},
+        {"traceparent": "00-" + "0" * 32 + TRACEPARENT[35:]},
+        {"traceparent": TRACEPARENT[:36] + "0" * 16 + TRACEPARENT[52:]},
+        {"traceparent": "ff" + TRACEPARENT[2:]},
+        {"traceparent": "01" + TRACEPARENT[2:] + "-future"},
+        {"traceparent": TRACEPARENT + "-"},
+        {"traceparent": " " + TRACEPARENT},
+        {"traceparent": TRACEPARENT, "tracestate": "vendor=x1"},
+        {"traceparent": TRACEPARENT, "baggage": "user=alice"},
+    ],
+)
+def test_a_parent_is_read_as_the_propagators_read_it(headers: dict[str, str]) -> None:
+    ours, theirs = tracing.extract(headers), propagate.extract(headers)
+    assert ours is not None
+    assert parent_of(ours) == parent_of(theirs)
+    assert baggage.get_all(ours) == baggage.get_all(theirs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 import traceback
 import uuid
@@ -77,6 +78,7 @@ UNSET = Status(StatusCode.UNSET)
 TRACEPARENT = "traceparent"
 W3C_FIELDS = frozenset({TRACEPARENT, "tracestate", "baggage"})
 _TRACE_ID_LOW_BITS = TraceIdRatioBased.TRACE_ID_LIMIT
+_TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 _provider: TracerProvider | None = None
 # setup()'s trace file processor while it is the provider's only one (see _to_trace_file).
@@ -688,9 +690,30 @@ def extract(carrier: Mapping[str, str], metadata: Any = None) -> Context | None:
         headers = {k: v for k, v in metadata if isinstance(v, str)}
     else:
         return otel_context.Context()
-    if _FOLLOWS_SAMPLED_OUT_PARENTS and _sampled_out(headers.get(TRACEPARENT)):
+    traceparent = headers.get(TRACEPARENT)
+    if _FOLLOWS_SAMPLED_OUT_PARENTS and _sampled_out(traceparent):
         return None
+    if len(headers) == 1 and _w3c_propagation():
+        parent = _parent_of(traceparent)
+        if parent is not None:
+            return parent
     return propagate.extract(headers)
+
+
+def _parent_of(traceparent: str | None) -> Context | None:
+    """The parent context of a valid version-00 traceparent alone (no tracestate or baggage
+    beside it), as the W3C propagator extracts it in twice the time; None for anything
+    else, which is the propagator's to read."""
+    match = _TRACEPARENT_00.fullmatch(traceparent) if traceparent else None
+    if match is None:
+        return None
+    trace_id, span_id, flags = match.groups()
+    context = SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))
+    )
+    if not context.is_valid:
+        return None
+    return trace.set_span_in_context(trace.NonRecordingSpan(context), Context())
 
 
 def carried_span_context(carrier: Mapping[str, str]) -> SpanContext:

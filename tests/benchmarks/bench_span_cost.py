@@ -5,7 +5,8 @@ follower fetches, each `Fetch`, `log.read`, `fetch.wait`; each follower's `repli
 `log.append`), made through the real span classes, then their encoding to an OTLP/JSON trace
 file in lines of 512 spans, with Tidewater's encoder (which the trace file's processor runs on
 each span as it ends; a broker whose only exporter is the trace file encodes its own spans
-straight from their fields, for less) and with OpenTelemetry's FileSpanExporter. Compare
+straight from their fields, for less) and with OpenTelemetry's FileSpanExporter; then made
+and written as a cluster does, into the trace file processor of each role. Compare
 with the CPU per batch of the processes with tracing off (bench_tracing.py's cluster: client
 ~1 ms, leader ~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135 records).
 
@@ -26,7 +27,7 @@ from tidewater.broker import spans
 from tidewater.client.spans import BatchTrace
 from tidewater.records.batch import Record, build_batch
 from tidewater.telemetry import tracing
-from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter
+from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
 from tidewater.v1 import broker_pb2 as pb
 
 ROLES = ("client", "leader", "follower")
@@ -47,14 +48,22 @@ class Kept(SpanProcessor):
 
 
 class Roles:
-    """A tracer provider per role (as each process has its own), and CPU seconds per role."""
+    """A tracer provider per role (as each process has its own), and CPU seconds per role.
+    With `trace_files` (a directory), each role's provider has the trace file's processor
+    alone, as setup() installs it in a broker, and the brokers' spans go straight into it."""
 
-    def __init__(self) -> None:
+    def __init__(self, trace_files: Path | None = None) -> None:
         self.kept = {role: Kept() for role in ROLES}
+        self.files: dict[str, OtlpJsonFileSpanProcessor] = {}
         self.providers = {}
         for role in ROLES:
             provider = TracerProvider(resource=Resource.create({"service.name": role}))
-            provider.add_span_processor(self.kept[role])
+            if trace_files is None:
+                provider.add_span_processor(self.kept[role])
+            else:
+                path = trace_files / f"{role}.jsonl"
+                self.files[role] = OtlpJsonFileSpanProcessor(OtlpJsonFileSpanExporter(path))
+                provider.add_span_processor(self.files[role])
             self.providers[role] = provider
         self.tracers = {role: p.get_tracer(tracing.SCOPE) for role, p in self.providers.items()}
         tracing.install(self.providers["leader"])
@@ -69,6 +78,29 @@ class Roles:
         self._role, self._since = role, now
         if role != "client":
             tracing.TRACER = self.tracers[role]
+            tracing._TRACE_FILE = self.files.get(role)
+
+    def run(self, batches: int) -> dict[str, float]:
+        """CPU us per batch and role (per follower) of `batches` batches after a warm-up."""
+        client_tracer = tracing.client_tracer(self.providers["client"])
+        assert client_tracer is not None
+        waits = spans.ReplicationWaits()
+        for warm_up in (True, False):
+            self.cpu = dict.fromkeys(ROLES, 0.0)
+            for kept in self.kept.values():
+                kept.spans.clear()
+            for i in range(200 if warm_up else batches):
+                self.now("client")
+                one_batch(self, BatchTrace(client_tracer, TP[0], TP[1], -1), waits, i)
+            self.now("client")
+        per_batch = {role: 1e6 * cpu / batches for role, cpu in self.cpu.items()}
+        per_batch["follower"] /= 2  # two followers
+        return per_batch
+
+    def shutdown(self) -> None:
+        for processor in self.files.values():
+            processor.shutdown()
+        tracing.shutdown()
 
 
 def one_batch(roles: Roles, client: BatchTrace, waits: spans.ReplicationWaits, i: int) -> None:
@@ -118,19 +150,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=4096)
     args = parser.parse_args()
     roles = Roles()
-    client_tracer = tracing.client_tracer(roles.providers["client"])
-    assert client_tracer is not None
-    waits = spans.ReplicationWaits()
-    for warm_up in (True, False):
-        roles.cpu = dict.fromkeys(ROLES, 0.0)
-        for kept in roles.kept.values():
-            kept.spans.clear()
-        for i in range(200 if warm_up else args.batches):
-            roles.now("client")
-            one_batch(roles, BatchTrace(client_tracer, TP[0], TP[1], -1), waits, i)
-        roles.now("client")
-    per_batch = {role: 1e6 * cpu / args.batches for role, cpu in roles.cpu.items()}
-    per_batch["follower"] /= 2  # two followers
+    per_batch = roles.run(args.batches)
     count = sum(len(k.spans) for k in roles.kept.values()) / args.batches
     print(
         f"spans per batch: {count:.0f}; making them, us of CPU per batch: "
@@ -158,8 +178,20 @@ def main() -> None:
                 + f"; all processes, spans and export: {total:.0f} us per batch"
             )
             summary.append(f"{exporter_type.__name__} {total:.0f} us")
+        roles.shutdown()
+        # As the cluster runs: brokers whose only exporter is the trace file, a client whose
+        # provider (the application's) has its processor.
+        straight = Roles(Path(tmp))
+        made = straight.run(args.batches)
+        straight.shutdown()
+    total = sum(made.values()) + made["follower"]
+    print(
+        "made and written to trace files as a cluster does, us per batch: "
+        + ", ".join(f"{role} {made[role]:.0f}" for role in ROLES)
+        + f"; all processes: {total:.0f} us per batch"
+    )
+    summary.append(f"as a cluster writes trace files {total:.0f} us")
     print(f"tracing CPU per producer batch at 100% sampling: {'; '.join(summary)}")
-    tracing.shutdown()
 
 
 if __name__ == "__main__":

@@ -114,19 +114,18 @@ def setup(
         provider.add_span_processor(processor)
     # Global too, so that application code in a client process shares it.
     trace.set_tracer_provider(provider)
-    install(provider)
-    global _TRACE_FILE
-    if len(processors) == 1 and isinstance(processors[0], OtlpJsonFileSpanProcessor):
-        _TRACE_FILE = processors[0]
+    only = processors[0] if len(processors) == 1 else None
+    install(provider, only if isinstance(only, OtlpJsonFileSpanProcessor) else None)
     return True
 
 
-def install(provider: TracerProvider) -> None:
+def install(provider: TracerProvider, trace_file: OtlpJsonFileSpanProcessor | None = None) -> None:
     """Trace this process's services through `provider` (setup() does it; tests give one
-    with an in-memory exporter)."""
+    with an in-memory exporter). `trace_file`: the provider's only processor, when it is the
+    trace file's, which then takes TRACER's spans straight (_to_trace_file)."""
     global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS, _TRACE_FILE
     _provider = provider
-    _TRACE_FILE = None
+    _TRACE_FILE = trace_file
     TRACER = provider.get_tracer(SCOPE)
     _FOLLOWS_SAMPLED_OUT_PARENTS = _follows_sampled_out_parents(provider.sampler)
     ENABLED = True

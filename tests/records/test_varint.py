@@ -5,7 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidewater.errors import CorruptMessage
-from tidewater.records.varint import decode_varint, decode_varlong, encode_varint, encode_varlong
+from tidewater.records.varint import (
+    decode_unsigned_varint,
+    decode_varint,
+    decode_varlong,
+    encode_unsigned_varint,
+    encode_varint,
+    encode_varlong,
+)
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -107,3 +114,25 @@ def test_malformed_varint_is_corrupt(encoded: str, pos: int, message: str) -> No
 def test_malformed_varlong_is_corrupt(encoded: str, message: str) -> None:
     with pytest.raises(CorruptMessage, match=message):
         decode_varlong(bytes.fromhex(encoded), 0)
+
+
+@given(st.integers(0, 2**64 - 1), st.binary(max_size=3), st.binary(max_size=3))
+def test_plain_varint_round_trips_inside_a_buffer(value: int, before: bytes, after: bytes) -> None:
+    encoded = encode_unsigned_varint(value)
+    buf = before + encoded + after
+    for kind in (bytes, bytearray, memoryview):
+        assert decode_unsigned_varint(kind(buf), len(before)) == (value, len(before) + len(encoded))
+
+
+@pytest.mark.parametrize(
+    ("encoded", "message"),
+    [
+        ("", "cut off"),
+        ("80", "cut off"),
+        ("8080808080808080808000", "longer than 10 bytes"),
+        ("ffffffffffffffffff02", "overflows 64 bits"),
+    ],
+)
+def test_malformed_plain_varint_is_corrupt(encoded: str, message: str) -> None:
+    with pytest.raises(CorruptMessage, match=message):
+        decode_unsigned_varint(bytes.fromhex(encoded), 0)

@@ -72,7 +72,8 @@ def decode_varint(buf: Buffer, pos: int) -> tuple[int, int]:
         if b2 < 0x80:
             zz = (b & 0x7F) | (b2 << 7)
             return (zz >> 1) ^ -(zz & 1), pos + 2
-    return _decode_long_form(buf, pos, _VARINT_MAX_BYTES, 32, "varint")
+    zz, end = _decode_unsigned(buf, pos, _VARINT_MAX_BYTES, 32, "varint")
+    return (zz >> 1) ^ -(zz & 1), end
 
 
 def decode_varlong(buf: Buffer, pos: int) -> tuple[int, int]:
@@ -81,22 +82,33 @@ def decode_varlong(buf: Buffer, pos: int) -> tuple[int, int]:
         b = buf[pos]
         if b < 0x80:
             return (b >> 1) ^ -(b & 1), pos + 1
-    return _decode_long_form(buf, pos, _VARLONG_MAX_BYTES, 64, "varlong")
+    zz, end = _decode_unsigned(buf, pos, _VARLONG_MAX_BYTES, 64, "varlong")
+    return (zz >> 1) ^ -(zz & 1), end
 
 
-def _decode_long_form(
+def decode_unsigned_varint(buf: Buffer, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the plain varint (protobuf's, up to 64 bits) at buf[pos]:
+    the inverse of encode_unsigned_varint."""
+    if pos < len(buf):
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+    return _decode_unsigned(buf, pos, _VARLONG_MAX_BYTES, 64, "varint")
+
+
+def _decode_unsigned(
     buf: Buffer, pos: int, max_bytes: int, bits: int, kind: str
 ) -> tuple[int, int]:
     end = min(len(buf), pos + max_bytes)
-    zz = 0
+    value = 0
     shift = 0
     for i in range(pos, end):
         b = buf[i]
-        zz |= (b & 0x7F) << shift
+        value |= (b & 0x7F) << shift
         if b < 0x80:
-            if zz >> bits:
+            if value >> bits:
                 raise CorruptMessage(f"{kind} at byte {pos} overflows {bits} bits")
-            return (zz >> 1) ^ -(zz & 1), i + 1
+            return value, i + 1
         shift += 7
     if end - pos == max_bytes:
         raise CorruptMessage(f"{kind} at byte {pos} is longer than {max_bytes} bytes")

@@ -16,7 +16,8 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from tidewater.records.varint import encode_unsigned_varint
+from tidewater.errors import CorruptMessage
+from tidewater.records.varint import decode_unsigned_varint, encode_unsigned_varint
 
 M = TypeVar("M", bound=Message)
 
@@ -52,7 +53,7 @@ class Lifter(Generic[M]):
         if len(raw) >= LIFT_MIN_BYTES:
             try:
                 return self._lift(raw)
-            except (ValueError, IndexError, DecodeError):
+            except (ValueError, CorruptMessage, DecodeError):
                 pass  # not an encoding protobuf writes: protobuf judges it alone
         message = self.message_type.FromString(raw)
         return Lifted(message, [None] * len(getattr(message, self._repeated)))
@@ -82,7 +83,12 @@ class Lifter(Generic[M]):
                 continue
             element.append(raw[kept_from:end])
             rest = b"".join(element)
-            parts += (raw[done:start], self._outer_tag, encode_unsigned_varint(len(rest)), rest)
+            parts += (
+                raw[done:start],
+                self._outer_tag,
+                encode_unsigned_varint(len(rest)),
+                rest,
+            )
             done = end
         parts.append(raw[done:])
         message = self.message_type.FromString(b"".join(parts))
@@ -93,16 +99,16 @@ class Lifter(Generic[M]):
 
 def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int, int]]:
     """(number, wire type, start, value start, end) of each field in buf[start:end];
-    ValueError or IndexError for anything but whole fields of wire types 0, 1, 2 and 5."""
+    ValueError or CorruptMessage for anything but whole fields of wire types 0, 1, 2 and 5."""
     fields = []
     pos = start
     while pos < end:
-        key, value_start = _unsigned_varint(buf, pos)
+        key, value_start = decode_unsigned_varint(buf, pos)
         wire_type = key & 7
         if wire_type == _VARINT:
-            _, value_end = _unsigned_varint(buf, value_start)
+            _, value_end = decode_unsigned_varint(buf, value_start)
         elif wire_type == _LEN:
-            length, value_start = _unsigned_varint(buf, value_start)
+            length, value_start = decode_unsigned_varint(buf, value_start)
             value_end = value_start + length
         elif wire_type == _FIXED64:
             value_end = value_start + 8
@@ -115,17 +121,3 @@ def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int, 
         fields.append((key >> 3, wire_type, pos, value_start, value_end))
         pos = value_end
     return fields
-
-
-def _unsigned_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return b, pos + 1
-    value = b & 0x7F
-    for shift in range(7, 70, 7):
-        pos += 1
-        b = buf[pos]
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos + 1
-    raise ValueError("a varint longer than 10 bytes")

@@ -16,7 +16,8 @@ grpc.aio reference measured in the same run.
   Produce, vs reference A, a bare bidi-stream echo of the same bytes. The goals are for
   ProduceStream, the path issue 3 asks of latency-sensitive clients and the one the SDK uses;
   unary Produce, kept for simple clients, is shown for context. For context too, the bare
-  relay's round trip of one record: the four one-way hops of an acks=all ack over bare streams.
+  relay's round trip of one record (the four one-way hops of an acks=all ack over bare
+  streams) and its processes' CPU per record, beside each broker's.
 - paced: p99 of an open-loop producer on ProduceStream at half the RF=3 peak, vs A's p99; the
   relay paced the same way is shown for context. Needs the peak, so it runs throughput too.
   Latency runs start after a sync, with no writeback of earlier runs competing for the CPUs.
@@ -177,6 +178,7 @@ class Children:
     def __init__(self, work_dir: Path) -> None:
         self.work_dir = work_dir
         self.servers: list[subprocess.Popen[bytes]] = []
+        self.relay_pids: list[int] = []
 
     def server(self, role: str, name: str, *args: str) -> str:
         """Start a reference server; its address once it serves."""
@@ -197,7 +199,10 @@ class Children:
             self.server("relay-follower", f"relay-f{i}", "--out", str(self.work_dir / f"f{i}"))
             for i in (1, 2)
         ]
-        return self.server("relay-leader", "relay-l", "--followers", ",".join(followers))
+        address = self.server("relay-leader", "relay-l", "--followers", ",".join(followers))
+        # Leader first, as Tidewater's brokers are listed.
+        self.relay_pids = [self.servers[-1].pid, *(proc.pid for proc in self.servers[-3:-1])]
+        return address
 
     def cpu_seconds(self) -> float:
         """CPU seconds used so far by the running servers, together."""
@@ -387,7 +392,9 @@ async def measure_echo(
     unary = await children.client("unary-rtt", address, ECHO_UNARY, record, count=opts.sends)
     # The same four one-way hops as an acks=all ack (client, leader, followers, leader,
     # client), pushed over bare streams: what any design with them costs here.
+    cpu_before = {pid: cpu_seconds(pid) for pid in children.relay_pids}
     relayed = await children.client("stream-rtt", relay, RELAY_STREAM, record, count=opts.sends)
+    relay_cpu = {pid: cpu_seconds(pid) - s for pid, s in cpu_before.items()}
     report.line(
         f"A  bare stream echo, 1 KiB round trip  p50 {stream['p50_ms']:6.3f} ms  "
         f"p99 {stream['p99_ms']:6.3f} ms  ({opts.sends} sends)"
@@ -399,7 +406,8 @@ async def measure_echo(
     report.line(
         f"   bare relay to 2 followers (context) p50 {relayed['p50_ms']:6.3f} ms  "
         f"p99 {relayed['p99_ms']:6.3f} ms  ({relayed['p50_ms'] / stream['p50_ms']:.1f} x / "
-        f"{relayed['p99_ms'] / stream['p99_ms']:.1f} x the echo)"
+        f"{relayed['p99_ms'] / stream['p99_ms']:.1f} x the echo; CPU per send, leader and "
+        f"followers {per_broker(relay_cpu, relayed['calls'], 1e3)} ms)"
     )
     return Echo(stream["p50_ms"], stream["p99_ms"])
 

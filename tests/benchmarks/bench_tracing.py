@@ -8,7 +8,8 @@ neighbour on the shared machine hits every mode alike this way. A first round of
 warms its cluster up and does not count; then each mode's median counts.
 Goals (issue 6): >= 0.98 x off at 1%, >= 0.85 x off at 100%. Each run also reports the CPU per
 record of its cluster's processes and the producer (the throughput's inverse on a machine the
-cluster keeps busy, and steadier when a neighbour is not).
+cluster keeps busy, and steadier when a neighbour is not), and what tracing adds to it in the
+brokers and in the producer.
 
 Run: .venv/bin/python tests/benchmarks/bench_tracing.py [--records N] [--rounds R]"""
 
@@ -41,25 +42,33 @@ GOALS = {"1%": 0.98, "100%": 0.85}
 
 
 async def produce(
-    bootstrap: list[str], records: int, provider: TracerProvider | None, pids: list[int]
-) -> tuple[float, float]:
+    bootstrap: list[str], records: int, provider: TracerProvider | None, pids: dict[str, list[int]]
+) -> tuple[float, dict[str, float]]:
     """Records/s of `records` sends after a warm-up, acks=all, flushed; and the CPU us per
-    record of this process and the cluster's (`pids`) together, which a busy neighbour
-    skews less than the rate."""
+    record of this process ("producer") and of the cluster's by role (`pids`), which a busy
+    neighbour skews less than the rate."""
+
+    def cpu() -> dict[str, float]:
+        return {"producer": time.process_time()} | {
+            role: sum(map(cpu_seconds, role_pids)) for role, role_pids in pids.items()
+        }
+
     async with Producer(bootstrap, acks=-1, linger_ms=5, tracer_provider=provider) as producer:
         for _ in range(records // 10):
             await producer.send(TOPIC, VALUE)
         await producer.flush()
-        cpu_before = time.process_time() + sum(map(cpu_seconds, pids))
+        cpu_before = cpu()
         start = time.perf_counter()
         futures = [await producer.send(TOPIC, VALUE) for _ in range(records)]
         await producer.flush()
         elapsed = time.perf_counter() - start
-        cpu = time.process_time() + sum(map(cpu_seconds, pids)) - cpu_before
+        cpu_after = cpu()
     failed = [f for f in futures if f.exception() is not None]
     if failed:
         raise RuntimeError(f"{len(failed)} records failed: {failed[0].exception()}")
-    return records / elapsed, cpu / records * 1e6
+    return records / elapsed, {
+        role: (cpu_after[role] - cpu_before[role]) / records * 1e6 for role in cpu_before
+    }
 
 
 async def create_topic(cluster: LocalCluster) -> None:
@@ -86,7 +95,8 @@ def start_cluster(stack: contextlib.ExitStack, work: Path, mode: str) -> LocalCl
 
 def run_once(
     cluster: LocalCluster, mode: str, records: int, trace_file: Path
-) -> tuple[float, float]:
+) -> tuple[float, dict[str, float]]:
+    """Records/s and CPU us per record by role (producer, brokers, rest) of one round."""
     ratio = MODES[mode]
     provider = None
     try:
@@ -101,7 +111,9 @@ def run_once(
             )
         state = cluster.record()
         bootstrap = [m.address for m in state.find("metadata")]
-        pids = [member.pid for member in state.members]
+        pids: dict[str, list[int]] = {"brokers": [], "rest": []}
+        for member in state.members:
+            pids["brokers" if member.role == "broker" else "rest"].append(member.pid)
         return asyncio.run(produce(bootstrap, records, provider, pids))
     finally:
         if provider is not None:
@@ -114,7 +126,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpus: dict[str, list[float]] = {mode: [] for mode in MODES}
+    cpus: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
     with (
         tempfile.TemporaryDirectory(prefix="tidewater-bench-tracing-") as tmp,
         contextlib.ExitStack() as stack,
@@ -132,22 +144,27 @@ def main() -> None:
                 trace_file = Path(tmp) / mode.rstrip("%") / "traces" / f"client-{round_}.jsonl"
                 rate, cpu = run_once(clusters[mode], mode, args.records, trace_file)
                 rates[mode].append(rate)
-                cpus[mode].append(cpu)
+                cpu["all"] = sum(cpu.values())
+                for role, us in cpu.items():
+                    cpus[mode].setdefault(role, []).append(us)
                 print(
                     f"round {round_ + 1} tracing {mode:>4}: {rate:10,.0f} records/s, "
-                    f"{cpu:5.1f} us CPU per record (all processes)",
+                    f"{cpu['all']:5.1f} us CPU per record (all processes; brokers "
+                    f"{cpu['brokers']:.1f}, producer {cpu['producer']:.1f})",
                     flush=True,
                 )
     off = statistics.median(rates["off"])
-    off_cpu = statistics.median(cpus["off"])
-    summary = [f"off {off:,.0f} records/s, {off_cpu:.1f} us CPU per record"]
+    off_cpu = {role: statistics.median(us) for role, us in cpus["off"].items()}
+    summary = [f"off {off:,.0f} records/s, {off_cpu['all']:.1f} us CPU per record"]
     for mode, goal in GOALS.items():
         ratio = statistics.median(rates[mode]) / off
         verdict = "met" if ratio >= goal else "MISSED"
-        cpu_ratio = off_cpu / statistics.median(cpus[mode])
+        cpu = {role: statistics.median(us) for role, us in cpus[mode].items()}
         summary.append(
             f"{mode} {ratio:.3f}x (goal >= {goal}: {verdict}; "
-            f"CPU per record {cpu_ratio:.3f}x off's)"
+            f"CPU per record {off_cpu['all'] / cpu['all']:.3f}x off's, brokers "
+            f"{cpu['brokers'] - off_cpu['brokers']:+.2f} us, producer "
+            f"{cpu['producer'] - off_cpu['producer']:+.2f} us)"
         )
     print(
         f"tracing cost, {args.records:,} records x {args.rounds} rounds, medians: "

@@ -81,7 +81,7 @@ _TRACE_ID_LOW_BITS = TraceIdRatioBased.TRACE_ID_LIMIT
 _TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 _provider: TracerProvider | None = None
-# setup()'s trace file processor while it is the provider's only one (see _to_trace_file).
+# setup()'s trace file processor while it is the provider's only one (see _hand_over).
 _TRACE_FILE: OtlpJsonFileSpanProcessor | None = None
 _FOLLOWS_SAMPLED_OUT_PARENTS = False
 # The propagators last asked about, and whether they are the W3C ones alone.
@@ -122,7 +122,7 @@ def setup(
 def install(provider: TracerProvider, trace_file: OtlpJsonFileSpanProcessor | None = None) -> None:
     """Trace this process's services through `provider` (setup() does it; tests give one
     with an in-memory exporter). `trace_file`: the provider's only processor, when it is the
-    trace file's, which then takes TRACER's spans straight (_to_trace_file)."""
+    trace file's, which then takes TRACER's spans straight (_hand_over)."""
     global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS, _TRACE_FILE
     _provider = provider
     _TRACE_FILE = trace_file
@@ -246,7 +246,7 @@ def record_child(
     timed; nothing when `parent` is not recorded.
 
     Handed to the span processors as a finished ReadableSpan (or straight to the trace file,
-    _to_trace_file) rather than started and ended through `tracer` (TRACER by default): that
+    _hand_over) rather than started and ended through `tracer` (TRACER by default): that
     costs ~15 us of sampling, attribute limits and locks per span, this ~3, on a hot path
     that makes several such spans per batch. A child of a recorded span is recorded, as
     Tidewater's parent-based samplers decide anyway."""
@@ -254,72 +254,54 @@ def record_child(
         return
     sdk_tracer: Any = tracer or TRACER
     parent_context = parent.get_span_context()
-    span_id = sdk_tracer.id_generator.generate_span_id()
-    resource = parent.resource  # type: ignore[union-attr]
-    scope = parent.instrumentation_scope  # type: ignore[union-attr]
-    end_ns = time.time_ns()
-    if _to_trace_file(
+    _hand_over(
         sdk_tracer,
-        resource,
-        scope,
-        (parent_context.trace_id, span_id, parent_context.trace_flags, parent_context.trace_state),
+        parent.resource,  # type: ignore[union-attr]
+        parent.instrumentation_scope,  # type: ignore[union-attr]
+        (
+            parent_context.trace_id,
+            sdk_tracer.id_generator.generate_span_id(),
+            parent_context.trace_flags,
+            parent_context.trace_state,
+        ),
+        None,
         parent_context,
         name,
         SpanKind.INTERNAL,
         start_ns,
-        end_ns,
         attributes,
         (),
         links,
         status,
-    ):
-        return
-    context = SpanContext(
-        parent_context.trace_id,
-        span_id,
-        is_remote=False,
-        trace_flags=parent_context.trace_flags,
-        trace_state=parent_context.trace_state,
-    )
-    sdk_tracer.span_processor.on_end(
-        PlainSpan(
-            name,
-            context,
-            parent_context,
-            resource,
-            attributes,
-            links=links,
-            status=status,
-            start_time=start_ns,
-            end_time=end_ns,
-            instrumentation_scope=scope,
-        )
     )
 
 
-def _to_trace_file(
+def _hand_over(
     tracer: Any,
     resource: Resource,
     scope: InstrumentationScope | None,
-    ids: tuple[int, int, int, TraceState | None],
+    ids: tuple[int, int, TraceFlags, TraceState | None],
+    context: SpanContext | None,
     parent: SpanContext | None,
     name: str,
     kind: SpanKind,
     start_ns: int,
-    end_ns: int,
     attributes: dict[str, Any] | None,
     events: Sequence[Event],
     links: Sequence[Link],
     status: Status,
-) -> bool:
-    """Whether a finished span of TRACER's (`ids`: trace id, span id, flags, trace state)
-    went straight into the trace file, encoded from these fields: while the file is
-    setup()'s only processor, a span needs no SpanContext, ReadableSpan and processor loop
-    (about 5 of the 8 us of a child span, encoding included)."""
-    if _TRACE_FILE is None or tracer is not TRACER:
-        return False
+) -> None:
+    """A span of `tracer`'s that ends now (`ids`: trace id, span id, flags, trace state;
+    `context`: the same as a SpanContext, made from them when None) to the processors.
+
+    While the trace file is setup()'s only processor, a span of TRACER's goes straight into
+    it, encoded from these fields: no SpanContext, ReadableSpan and processor loop (about 5
+    of the 8 us of a child span, encoding included). Otherwise as a PlainSpan."""
+    end_ns = time.time_ns()
     trace_id, span_id, flags, state = ids
-    if flags & TraceFlags.SAMPLED:
+    if _TRACE_FILE is not None and tracer is TRACER:
+        if not flags & TraceFlags.SAMPLED:
+            return
         try:
             encoded = encode_fields(
                 trace_id,
@@ -337,9 +319,29 @@ def _to_trace_file(
             )
         except Exception:  # as the processor does: a span must not fail its request
             log.exception("cannot encode span %s", name)
-            return True
+            return
         _TRACE_FILE.add(resource, scope, encoded)
-    return True
+        return
+    if context is None:
+        context = SpanContext(
+            trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state
+        )
+    tracer.span_processor.on_end(
+        PlainSpan(
+            name,
+            context,
+            parent,
+            resource,
+            attributes,
+            events=events,
+            links=links,
+            kind=kind,
+            status=status,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=scope,
+        )
+    )
 
 
 class PlainSpan(ReadableSpan):
@@ -558,37 +560,21 @@ class DeferredSpan:
         if not self._recording:
             return
         self._recording = False
-        context, resource, end_ns = self.context, self._tracer.resource, time.time_ns()
-        if _to_trace_file(
+        context = self.context
+        _hand_over(
             self._tracer,
-            resource,
+            self._tracer.resource,
             self.instrumentation_scope,
             (context.trace_id, context.span_id, context.trace_flags, context.trace_state),
+            context,
             self.parent,
             self.name,
             self.kind,
             self.start_time,
-            end_ns,
             self.attributes,
             self.events,
             (),
             self.status,
-        ):
-            return
-        self._tracer.span_processor.on_end(
-            PlainSpan(
-                self.name,
-                context,
-                self.parent,
-                resource,
-                self.attributes,
-                kind=self.kind,
-                status=self.status,
-                events=self.events,
-                start_time=self.start_time,
-                end_time=end_ns,
-                instrumentation_scope=self.instrumentation_scope,
-            )
         )
 
 

@@ -1,18 +1,23 @@
 """What tracing costs: SDK produce throughput (acks=all, RF=3, 3 partitions, 100-byte values)
 on local clusters of real processes (`cluster up`: etcd, 2 controllers, a metadata service,
 3 brokers) with tracing off, on at 1% sampling (parentbased_traceidratio 0.01) and on at
-100%, every process and the producer writing trace files. Clusters started at once and kept,
-two per mode (--clusters), and many short rounds in which the modes take turns, and a mode's
-clusters round by round: with a fresh cluster per run, runs of one mode differed by +-20 %,
-more than the goals, and a busy neighbour on the shared machine hits every mode alike this
-way; and two clusters of one mode and code differed by ~5 % in a run. A first round on each
-cluster warms it up and does not count; then each mode's median counts.
-Goals (issue 6): >= 0.98 x off at 1%, >= 0.85 x off at 100%. Each run also reports the CPU per
-record of its cluster's processes and the producer (the throughput's inverse on a machine the
-cluster keeps busy, and steadier when a neighbour is not), and what tracing adds to it in the
-brokers and in the producer.
+100%, every process and the producer writing trace files; and "off again", a second cluster
+with tracing off, the A/A control.
 
-Run: .venv/bin/python tests/benchmarks/bench_tracing.py [--records N] [--rounds R] [--clusters K]"""
+Runs of one mode on one cluster spread +-20 % from round to round on this shared machine, and
+two clusters of one mode and code differ by several percent for as long as they run (an A/A
+run), more than the 1% goal's margin. So: generations of clusters, one per mode, started
+together and stopped after their rounds; in each round every mode runs once (in rotating
+order) and counts as its ratio to off's in that round; the medians of those ratios over all
+generations are the results. The A/A control's ratio says how large a difference the run
+can tell from noise. A new cluster's first round warms it up and does not count.
+Goals (issue 6): >= 0.98 x off at 1%, >= 0.85 x off at 100%. Each mode also reports its CPU
+per record (all of its cluster's processes and the producer; the throughput's inverse on a
+machine the cluster keeps busy, and steadier when a neighbour is not) against off's, and what
+tracing adds per record in each role.
+
+Run: .venv/bin/python tests/benchmarks/bench_tracing.py [--records N] [--rounds R]
+         [--generations G]"""
 
 from __future__ import annotations
 
@@ -38,8 +43,13 @@ from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFile
 TOPIC = "bench"
 PARTITIONS = 3
 VALUE = bytes(100)
-MODES: dict[str, float | None] = {"off": None, "1%": 0.01, "100%": 1.0}
+# "off again": a second cluster with tracing off, the A/A control: how far two clusters of one
+# mode differ shows which differences the benchmark cannot tell from noise.
+CONTROL = "off again"
+MODES: dict[str, float | None] = {"off": None, CONTROL: None, "1%": 0.01, "100%": 1.0}
+MODE_DIRS = {"off": "off", CONTROL: "off-again", "1%": "1", "100%": "100"}
 GOALS = {"1%": 0.98, "100%": 0.85}
+ROLES = {"broker": "brokers", "controller": "controllers"}
 
 
 async def produce(
@@ -112,9 +122,9 @@ def run_once(
             )
         state = cluster.record()
         bootstrap = [m.address for m in state.find("metadata")]
-        pids: dict[str, list[int]] = {"brokers": [], "rest": []}
+        pids: dict[str, list[int]] = {}
         for member in state.members:
-            pids["brokers" if member.role == "broker" else "rest"].append(member.pid)
+            pids.setdefault(ROLES.get(member.role, member.role), []).append(member.pid)
         return asyncio.run(produce(bootstrap, records, provider, pids))
     finally:
         if provider is not None:
@@ -124,66 +134,69 @@ def run_once(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=30_000, help="per round and mode")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument(
-        "--clusters", type=int, default=2, help="per mode, taking turns round by round"
-    )
+    parser.add_argument("--rounds", type=int, default=4, help="per generation")
+    parser.add_argument("--generations", type=int, default=4, help="of clusters, one per mode each")
     args = parser.parse_args()
-    rates: dict[str, list[float]] = {mode: [] for mode in MODES}
-    cpus: dict[str, dict[str, list[float]]] = {mode: {} for mode in MODES}
-    with (
-        tempfile.TemporaryDirectory(prefix="tidewater-bench-tracing-") as tmp,
-        contextlib.ExitStack() as stack,
-    ):
-        # Clusters of one mode and code differ by a few percent (in CPU per record and rate,
-        # run after run): more than one per mode, taking turns, evens that out.
-        clusters = {
-            m: [
-                start_cluster(stack, Path(tmp) / f"{m.rstrip('%')}-{k}", m)
-                for k in range(args.clusters)
-            ]
-            for m in MODES
-        }
-        # A new cluster's first runs are slower in every mode (fetch sessions, the first
-        # segments and their page cache, code first run): one round of each, not counted.
-        for mode in MODES:
-            for k, cluster in enumerate(clusters[mode]):
-                trace_file = Path(tmp) / f"{mode.rstrip('%')}-{k}" / "traces" / "warm-up.jsonl"
-                run_once(cluster, mode, args.records, trace_file)
-        for round_ in range(args.rounds):
-            # Rotate the order, so no mode always runs first or last.
-            order = list(MODES)[round_ % len(MODES) :] + list(MODES)[: round_ % len(MODES)]
-            k = round_ % args.clusters
-            for mode in order:
-                work = Path(tmp) / f"{mode.rstrip('%')}-{k}"
-                trace_file = work / "traces" / f"client-{round_}.jsonl"
-                rate, cpu = run_once(clusters[mode][k], mode, args.records, trace_file)
-                rates[mode].append(rate)
-                cpu["all"] = sum(cpu.values())
-                for role, us in cpu.items():
-                    cpus[mode].setdefault(role, []).append(us)
-                print(
-                    f"round {round_ + 1} tracing {mode:>4}: {rate:10,.0f} records/s, "
-                    f"{cpu['all']:5.1f} us CPU per record (all processes; brokers "
-                    f"{cpu['brokers']:.1f}, producer {cpu['producer']:.1f})",
-                    flush=True,
-                )
-    off = statistics.median(rates["off"])
-    off_cpu = {role: statistics.median(us) for role, us in cpus["off"].items()}
-    summary = [f"off {off:,.0f} records/s, {off_cpu['all']:.1f} us CPU per record"]
-    for mode, goal in GOALS.items():
-        ratio = statistics.median(rates[mode]) / off
-        verdict = "met" if ratio >= goal else "MISSED"
-        cpu = {role: statistics.median(us) for role, us in cpus[mode].items()}
+    # Per round, each mode's rate and CPU per record by role, beside off's of the same round.
+    ratios: dict[str, list[float]] = {mode: [] for mode in MODES if mode != "off"}
+    cpu_ratios: dict[str, list[float]] = {mode: [] for mode in ratios}
+    added: dict[str, dict[str, list[float]]] = {mode: {} for mode in ratios}
+    off_rates: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="tidewater-bench-tracing-") as tmp:
+        for generation in range(args.generations):
+            with contextlib.ExitStack() as stack:
+                work = Path(tmp) / f"g{generation}"
+                clusters = {m: start_cluster(stack, work / MODE_DIRS[m], m) for m in MODES}
+                # A new cluster's first round is slower in every mode (fetch sessions, the
+                # first segments and their page cache, code first run): not counted.
+                for mode, cluster in clusters.items():
+                    run_once(cluster, mode, args.records, work / "warm-up.jsonl")
+                for round_ in range(args.rounds):
+                    # Rotate the order, so no mode always runs first or last.
+                    turn = round_ % len(MODES)
+                    order = list(MODES)[turn:] + list(MODES)[:turn]
+                    results = {}
+                    for mode in order:
+                        trace_file = work / MODE_DIRS[mode] / "traces" / f"client-{round_}.jsonl"
+                        rate, cpu = run_once(clusters[mode], mode, args.records, trace_file)
+                        cpu["all"] = sum(cpu.values())
+                        results[mode] = (rate, cpu)
+                        print(
+                            f"generation {generation + 1} round {round_ + 1} tracing "
+                            f"{mode:>9}: {rate:10,.0f} records/s, {cpu['all']:5.1f} us CPU per "
+                            f"record (all processes; brokers {cpu['brokers']:.1f}, producer "
+                            f"{cpu['producer']:.1f})",
+                            flush=True,
+                        )
+                    off_rate, off_cpu = results["off"]
+                    off_rates.append(off_rate)
+                    for mode in ratios:
+                        rate, cpu = results[mode]
+                        ratios[mode].append(rate / off_rate)
+                        cpu_ratios[mode].append(off_cpu["all"] / cpu["all"])
+                        for role in cpu:
+                            added[mode].setdefault(role, []).append(cpu[role] - off_cpu[role])
+    summary = [f"off {statistics.median(off_rates):,.0f} records/s"]
+    noise = abs(statistics.median(ratios[CONTROL]) - 1)
+    for mode in ratios:
+        ratio = statistics.median(ratios[mode])
+        goal = GOALS.get(mode)
+        verdict = (
+            "" if goal is None else f"goal >= {goal}: {'met' if ratio >= goal else 'MISSED'}; "
+        )
+        cpu_ratio = statistics.median(cpu_ratios[mode])
+        by_role = ", ".join(
+            f"{role} {statistics.median(us):+.2f}" for role, us in added[mode].items()
+        )
         summary.append(
-            f"{mode} {ratio:.3f}x (goal >= {goal}: {verdict}; "
-            f"CPU per record {off_cpu['all'] / cpu['all']:.3f}x off's, brokers "
-            f"{cpu['brokers'] - off_cpu['brokers']:+.2f} us, producer "
-            f"{cpu['producer'] - off_cpu['producer']:+.2f} us)"
+            f"{mode} {ratio:.3f}x ({verdict}CPU per record {cpu_ratio:.3f}x off's, plus us per "
+            f"record: {by_role})"
         )
     print(
-        f"tracing cost, {args.records:,} records x {args.rounds} rounds, medians: "
+        f"tracing cost, {args.records:,} records x {args.rounds} rounds x {args.generations} "
+        "generations, medians of each round's ratio to off: "
         + "; ".join(summary)
+        + f"; differences under the A/A control's {noise:.3f} are noise"
     )
 
 

@@ -7,10 +7,11 @@ with tracing off, the A/A control.
 Runs of one mode on one cluster spread +-20 % from round to round on this shared machine, and
 two clusters of one mode and code differ by several percent for as long as they run (an A/A
 run), more than the 1% goal's margin. So: generations of clusters, one per mode, started
-together and stopped after their rounds; in each round every mode runs once (in rotating
-order) and counts as its ratio to off's in that round; the medians of those ratios over all
-generations are the results. The A/A control's ratio says how large a difference the run
-can tell from noise. A new cluster's first round warms it up and does not count.
+together and stopped after their rounds; in each round every mode runs once (in a new order,
+each run on a quiet cluster: see settle) and counts as its ratio to off's in that round; the
+medians of those ratios over all generations are the results. The A/A control's ratio says
+how large a difference the run can tell from noise. A new cluster's first round warms it up
+and does not count.
 Goals (issue 6): >= 0.98 x off at 1%, >= 0.85 x off at 100%. Each mode also reports its CPU
 per record (all of its cluster's processes and the producer; the throughput's inverse on a
 machine the cluster keeps busy, and steadier when a neighbour is not) against off's, and what
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -50,6 +52,10 @@ MODES: dict[str, float | None] = {"off": None, CONTROL: None, "1%": 0.01, "100%"
 MODE_DIRS = {"off": "off", CONTROL: "off-again", "1%": "1", "100%": "100"}
 GOALS = {"1%": 0.98, "100%": 0.85}
 ROLES = {"broker": "brokers", "controller": "controllers"}
+# Quiet: at most one clock tick of CPU over all of a cluster's processes in a window.
+SETTLE_WINDOW_S = 0.2
+QUIET_CPU_S = 0.01
+SETTLE_MAX_S = 10.0
 
 
 async def produce(
@@ -125,10 +131,24 @@ def run_once(
         pids: dict[str, list[int]] = {}
         for member in state.members:
             pids.setdefault(ROLES.get(member.role, member.role), []).append(member.pid)
-        return asyncio.run(produce(bootstrap, records, provider, pids))
+        result = asyncio.run(produce(bootstrap, records, provider, pids))
     finally:
         if provider is not None:
             provider.shutdown()
+    settle([pid for role_pids in pids.values() for pid in role_pids])
+    return result
+
+
+def settle(pids: list[int]) -> None:
+    """Wait until the cluster is quiet: at 100% its processes go on writing spans after the
+    producer's last ack, and that tail slowed whichever mode ran next by up to 10 %."""
+    deadline = time.monotonic() + SETTLE_MAX_S
+    used = sum(map(cpu_seconds, pids))
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_WINDOW_S)
+        before, used = used, sum(map(cpu_seconds, pids))
+        if used - before <= QUIET_CPU_S:
+            return
 
 
 def main() -> None:
@@ -152,9 +172,9 @@ def main() -> None:
                 for mode, cluster in clusters.items():
                     run_once(cluster, mode, args.records, work / "warm-up.jsonl")
                 for round_ in range(args.rounds):
-                    # Rotate the order, so no mode always runs first or last.
-                    turn = round_ % len(MODES)
-                    order = list(MODES)[turn:] + list(MODES)[:turn]
+                    # A new order every round (rotating one kept each mode's neighbours).
+                    order = list(MODES)
+                    random.Random(generation * args.rounds + round_).shuffle(order)
                     results = {}
                     for mode in order:
                         trace_file = work / MODE_DIRS[mode] / "traces" / f"client-{round_}.jsonl"

@@ -170,7 +170,11 @@ def main() -> None:
         for generation in range(args.generations):
             with contextlib.ExitStack() as stack:
                 work = Path(tmp) / f"g{generation}"
-                clusters = {m: start_cluster(stack, work / MODE_DIRS[m], m) for m in MODES}
+                # Each mode starts in each place in turn, generation by generation, so that
+                # the start order cannot favour one.
+                turn = generation % len(MODES)
+                starts = list(MODES)[turn:] + list(MODES)[:turn]
+                clusters = {m: start_cluster(stack, work / MODE_DIRS[m], m) for m in starts}
                 # A new cluster's first round is slower in every mode (fetch sessions, the
                 # first segments and their page cache, code first run): not counted.
                 for mode, cluster in clusters.items():

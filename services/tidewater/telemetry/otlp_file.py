@@ -326,14 +326,17 @@ def encode_fields(
     one string built field by field, names, kinds and attributes looked up encoded. A
     finished span of Tidewater's own comes here without being made a ReadableSpan."""
     if trace_id and span_id:
-        text = f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}",'
+        # bytes.hex(): an int's format spec ("032x") takes twice as long.
+        text = (
+            f'{{"traceId":"{trace_id.to_bytes(16).hex()}","spanId":"{span_id.to_bytes(8).hex()}",'
+        )
     else:
         text = "{" + "".join(f"{field}," for field in _ids(trace_id, span_id))
     if trace_state:
         state = ",".join(f"{k}={v}" for k, v in trace_state.items())
         text += f'"traceState":{_json(state)},'
     if parent is not None and parent.span_id:
-        text += f'"parentSpanId":"{parent.span_id:016x}",'
+        text += f'"parentSpanId":"{parent.span_id.to_bytes(8).hex()}",'
         flags = _HAS_IS_REMOTE | _IS_REMOTE if parent.is_remote else _HAS_IS_REMOTE
     else:
         flags = _flags(parent)
@@ -369,9 +372,9 @@ _KINDS = {kind: str(kind.value + 1) for kind in SpanKind}
 def _ids(trace_id: int, span_id: int) -> list[str]:
     ids = []
     if trace_id:
-        ids.append(f'"traceId":"{trace_id:032x}"')
+        ids.append(f'"traceId":"{trace_id.to_bytes(16).hex()}"')
     if span_id:
-        ids.append(f'"spanId":"{span_id:016x}"')
+        ids.append(f'"spanId":"{span_id.to_bytes(8).hex()}"')
     return ids
 
 

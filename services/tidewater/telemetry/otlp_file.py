@@ -46,7 +46,7 @@ DEFAULT_MAX_QUEUE_SIZE = 2048
 # SpanFlags: bit 8 says whether the parent's remoteness is known (always), bit 9 that it is.
 _HAS_IS_REMOTE = 0x100
 _IS_REMOTE = 0x200
-_UNSET = Status(StatusCode.UNSET)
+UNSET = Status(StatusCode.UNSET)
 
 
 class OtlpJsonFileSpanExporter(SpanExporter):
@@ -319,7 +319,7 @@ def encode_fields(
     attributes: Attributes,
     events: Sequence[Event] = (),
     links: Sequence[Link] = (),
-    status: Status = _UNSET,
+    status: Status = UNSET,
     dropped: tuple[int, int, int] = (0, 0, 0),
 ) -> str:
     """A span's OTLP/JSON object from its fields (`dropped`: attributes, events, links):

@@ -57,6 +57,7 @@ from opentelemetry.trace import (
 )
 
 from tidewater.telemetry.otlp_file import (
+    UNSET,
     OtlpJsonFileSpanExporter,
     OtlpJsonFileSpanProcessor,
     encode_fields,
@@ -74,7 +75,6 @@ BROKER_ID = "tidewater.broker.id"
 DATA_PLANE_METHODS = frozenset({"Produce", "ProduceStream", "Fetch", "FetchStream"})
 UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
 MESSAGING_SYSTEM = "tidewater"
-UNSET = Status(StatusCode.UNSET)
 TRACEPARENT = "traceparent"
 W3C_FIELDS = frozenset({TRACEPARENT, "tracestate", "baggage"})
 _TRACE_ID_LOW_BITS = TraceIdRatioBased.TRACE_ID_LIMIT

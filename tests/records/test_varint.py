@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -102,18 +104,23 @@ def test_malformed_varint_is_corrupt(encoded: str, pos: int, message: str) -> No
         decode_varint(bytes.fromhex(encoded), pos)
 
 
+@pytest.mark.parametrize("decode", [decode_varlong, decode_unsigned_varint])
 @pytest.mark.parametrize(
     ("encoded", "message"),
     [
         ("", "cut off"),
+        ("80", "cut off"),
         ("ffffffffffffffffff", "cut off"),
         ("8080808080808080808000", "longer than 10 bytes"),
         ("ffffffffffffffffff02", "overflows 64 bits"),
     ],
 )
-def test_malformed_varlong_is_corrupt(encoded: str, message: str) -> None:
+def test_malformed_64_bit_varint_is_corrupt(
+    decode: Callable[[bytes, int], tuple[int, int]], encoded: str, message: str
+) -> None:
+    """A zigzag varlong and a plain (protobuf) varint share their limits."""
     with pytest.raises(CorruptMessage, match=message):
-        decode_varlong(bytes.fromhex(encoded), 0)
+        decode(bytes.fromhex(encoded), 0)
 
 
 @given(st.integers(0, 2**64 - 1), st.binary(max_size=3), st.binary(max_size=3))
@@ -122,17 +129,3 @@ def test_plain_varint_round_trips_inside_a_buffer(value: int, before: bytes, aft
     buf = before + encoded + after
     for kind in (bytes, bytearray, memoryview):
         assert decode_unsigned_varint(kind(buf), len(before)) == (value, len(before) + len(encoded))
-
-
-@pytest.mark.parametrize(
-    ("encoded", "message"),
-    [
-        ("", "cut off"),
-        ("80", "cut off"),
-        ("8080808080808080808000", "longer than 10 bytes"),
-        ("ffffffffffffffffff02", "overflows 64 bits"),
-    ],
-)
-def test_malformed_plain_varint_is_corrupt(encoded: str, message: str) -> None:
-    with pytest.raises(CorruptMessage, match=message):
-        decode_unsigned_varint(bytes.fromhex(encoded), 0)

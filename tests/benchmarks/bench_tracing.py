@@ -153,19 +153,84 @@ def settle(pids: list[int]) -> None:
             return
 
 
+Results = dict[str, tuple[float, dict[str, float]]]
+
+
+def run_round(
+    clusters: dict[str, LocalCluster], order: list[str], records: int, work: Path, label: str
+) -> Results:
+    """Each mode's records/s and CPU us per record by role (and "all") in one round."""
+    results = {}
+    for mode in order:
+        trace_file = work / MODE_DIRS[mode] / "traces" / f"client-{label.replace(' ', '-')}.jsonl"
+        rate, cpu = run_once(clusters[mode], mode, records, trace_file)
+        cpu["all"] = sum(cpu.values())
+        results[mode] = (rate, cpu)
+        print(
+            f"{label} tracing {mode:>9}: {rate:10,.0f} records/s, {cpu['all']:5.1f} us CPU per "
+            f"record (all processes; brokers {cpu['brokers']:.1f}, producer "
+            f"{cpu['producer']:.1f})",
+            flush=True,
+        )
+    return results
+
+
+class Tally:
+    """Per round, each traced mode's rate and CPU per record by role, beside the same round's
+    off clusters' (their mean: two clusters' biases half cancel); and the A/A control."""
+
+    def __init__(self) -> None:
+        self.ratios: dict[str, list[float]] = {mode: [] for mode in GOALS}
+        self.cpu_ratios: dict[str, list[float]] = {mode: [] for mode in GOALS}
+        self.added: dict[str, dict[str, list[float]]] = {mode: {} for mode in GOALS}
+        self.control: list[float] = []
+        self.off_rates: list[float] = []
+
+    def count(self, results: Results) -> None:
+        off_rate = statistics.mean(results[m][0] for m in OFF)
+        off_cpu = {
+            role: statistics.mean(results[m][1][role] for m in OFF) for role in results["off"][1]
+        }
+        self.off_rates.append(off_rate)
+        self.control.append(results[CONTROL][0] / results["off"][0])
+        for mode in GOALS:
+            rate, cpu = results[mode]
+            self.ratios[mode].append(rate / off_rate)
+            self.cpu_ratios[mode].append(off_cpu["all"] / cpu["all"])
+            for role in cpu:
+                self.added[mode].setdefault(role, []).append(cpu[role] - off_cpu[role])
+
+    def summary(self) -> str:
+        aa = statistics.median(self.control)
+        summary = [
+            f"off {statistics.median(self.off_rates):,.0f} records/s",
+            f"A/A control (off again / off) {aa:.3f}x",
+        ]
+        for mode, goal in GOALS.items():
+            ratio = statistics.median(self.ratios[mode])
+            verdict = f"goal >= {goal}: {'met' if ratio >= goal else 'MISSED'}; "
+            cpu_ratio = statistics.median(self.cpu_ratios[mode])
+            by_role = ", ".join(
+                f"{role} {statistics.median(us):+.2f}" for role, us in self.added[mode].items()
+            )
+            summary.append(
+                f"{mode} {ratio:.3f}x ({verdict}CPU per record {cpu_ratio:.3f}x off's, plus us "
+                f"per record: {by_role})"
+            )
+        return (
+            "medians of each round's ratio to off: "
+            + "; ".join(summary)
+            + f"; differences within {abs(aa - 1):.3f} (the A/A control's) are noise"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=30_000, help="per round and mode")
     parser.add_argument("--rounds", type=int, default=4, help="per generation")
     parser.add_argument("--generations", type=int, default=4, help="of clusters, one per mode each")
     args = parser.parse_args()
-    # Per round, each traced mode's rate and CPU per record by role, beside the same round's
-    # off clusters' (their mean: two clusters' biases half cancel); and the A/A control.
-    ratios: dict[str, list[float]] = {mode: [] for mode in GOALS}
-    control: list[float] = []
-    cpu_ratios: dict[str, list[float]] = {mode: [] for mode in ratios}
-    added: dict[str, dict[str, list[float]]] = {mode: {} for mode in ratios}
-    off_rates: list[float] = []
+    tally = Tally()
     with tempfile.TemporaryDirectory(prefix="tidewater-bench-tracing-") as tmp:
         for generation in range(args.generations):
             with contextlib.ExitStack() as stack:
@@ -183,53 +248,11 @@ def main() -> None:
                     # A new order every round (rotating one kept each mode's neighbours).
                     order = list(MODES)
                     random.Random(generation * args.rounds + round_).shuffle(order)
-                    results = {}
-                    for mode in order:
-                        trace_file = work / MODE_DIRS[mode] / "traces" / f"client-{round_}.jsonl"
-                        rate, cpu = run_once(clusters[mode], mode, args.records, trace_file)
-                        cpu["all"] = sum(cpu.values())
-                        results[mode] = (rate, cpu)
-                        print(
-                            f"generation {generation + 1} round {round_ + 1} tracing "
-                            f"{mode:>9}: {rate:10,.0f} records/s, {cpu['all']:5.1f} us CPU per "
-                            f"record (all processes; brokers {cpu['brokers']:.1f}, producer "
-                            f"{cpu['producer']:.1f})",
-                            flush=True,
-                        )
-                    off_rate = statistics.mean(results[m][0] for m in OFF)
-                    off_cpu = {
-                        role: statistics.mean(results[m][1][role] for m in OFF)
-                        for role in results["off"][1]
-                    }
-                    off_rates.append(off_rate)
-                    control.append(results[CONTROL][0] / results["off"][0])
-                    for mode in ratios:
-                        rate, cpu = results[mode]
-                        ratios[mode].append(rate / off_rate)
-                        cpu_ratios[mode].append(off_cpu["all"] / cpu["all"])
-                        for role in cpu:
-                            added[mode].setdefault(role, []).append(cpu[role] - off_cpu[role])
-    aa = statistics.median(control)
-    summary = [
-        f"off {statistics.median(off_rates):,.0f} records/s",
-        f"A/A control (off again / off) {aa:.3f}x",
-    ]
-    for mode, goal in GOALS.items():
-        ratio = statistics.median(ratios[mode])
-        verdict = f"goal >= {goal}: {'met' if ratio >= goal else 'MISSED'}; "
-        cpu_ratio = statistics.median(cpu_ratios[mode])
-        by_role = ", ".join(
-            f"{role} {statistics.median(us):+.2f}" for role, us in added[mode].items()
-        )
-        summary.append(
-            f"{mode} {ratio:.3f}x ({verdict}CPU per record {cpu_ratio:.3f}x off's, plus us per "
-            f"record: {by_role})"
-        )
+                    label = f"generation {generation + 1} round {round_ + 1}"
+                    tally.count(run_round(clusters, order, args.records, work, label))
     print(
         f"tracing cost, {args.records:,} records x {args.rounds} rounds x {args.generations} "
-        "generations, medians of each round's ratio to off: "
-        + "; ".join(summary)
-        + f"; differences within {abs(aa - 1):.3f} (the A/A control's) are noise"
+        f"generations, {tally.summary()}"
     )
 
 

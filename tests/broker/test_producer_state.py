@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.log import FlushJob, Log
+from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_state import (
     SEQUENCE_MAX,
     Duplicate,
@@ -14,6 +17,7 @@ from tidewater.broker.producer_state import (
     batch_headers,
     snapshot_path,
 )
+from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
     InvalidProducerEpoch,
     InvalidRequest,
@@ -22,6 +26,7 @@ from tidewater.errors import (
 )
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import BatchHeader, read_header
+from tidewater.replication.partition import Partition
 
 PID = 7
 
@@ -200,6 +205,23 @@ def test_loading_skips_snapshots_past_the_log_end_and_corrupt_ones(
     assert not snapshot_path(tmp_path, 3).exists()
 
 
+def test_a_snapshot_file_holding_another_offsets_state_is_discarded(
+    tmp_path: Path, state: ProducerStateManager
+) -> None:
+    # A crash before a snapshot written without fsync (on roll) reached the disk can leave
+    # its name on blocks that hold an older snapshot's bytes.
+    append(state, batch(0), 0)
+    state.take_snapshot(1)
+    append(state, batch(1), 1)
+    written = state.take_snapshot(2, durable=False)
+    assert written == snapshot_path(tmp_path, 2)
+    written.write_bytes(snapshot_path(tmp_path, 1).read_bytes())
+
+    loaded = ProducerStateManager(tmp_path)
+    assert loaded.load_snapshot(log_end_offset=2) == 1
+    assert not written.exists()
+
+
 def test_only_the_newest_snapshots_are_kept_and_truncation_drops_later_ones(
     tmp_path: Path, state: ProducerStateManager
 ) -> None:
@@ -219,3 +241,25 @@ def test_no_snapshot_leaves_the_state_empty(tmp_path: Path) -> None:
     state = ProducerStateManager(tmp_path)
     assert state.load_snapshot(log_end_offset=100) is None
     assert state.producers == {}
+
+
+def test_a_roll_snapshots_the_state_and_leaves_the_fsync_to_the_background(
+    tmp_path: Path,
+) -> None:
+    config = TopicConfig(log=LogConfig(segment_bytes=300))
+    log = Log.open(tmp_path / "t-0", config.log, 0, lambda: 1_000)
+    jobs: list[FlushJob] = []
+    log.flush_in_background = lambda lg, job: jobs.append(job)
+    state = Partition("t", 0, 1, log, replication_config(config, 30_000), 0)
+    hosted = HostedPartition(state, log, config)
+    while len(log.segments) < 2:
+        hosted.append_as_follower(raw_batch(log.log_end_offset, offset=log.log_end_offset))
+    # The appending request did not wait for an fsync of the snapshot: a job after the
+    # rolled segment's own does it.
+    snapshot = snapshot_path(log.dir, log.log_end_offset)
+    assert [(job.offset, job.paths) for job in jobs][-1] == (None, [snapshot])
+
+    loaded = ProducerStateManager(log.dir)
+    assert loaded.load_snapshot(log.log_end_offset) == log.log_end_offset
+    assert loaded.producers == hosted.producer_state.producers
+    log.close()

@@ -204,11 +204,14 @@ class ProducerStateManager:
 
     # -- snapshots ---------------------------------------------------------------------------
 
-    def take_snapshot(self, offset: int) -> None:
+    def take_snapshot(self, offset: int, durable: bool = True) -> Path:
         """Write the state as of `offset` (every batch below it applied) atomically, and drop
-        all but the newest SNAPSHOTS_KEPT snapshots."""
+        all but the newest SNAPSHOTS_KEPT snapshots; returns its path. Without `durable` the
+        caller fsyncs it later (write_atomically): a crash before then may leave a torn or
+        stale file, which load_snapshot() discards."""
         document = {
             "version": _SNAPSHOT_VERSION,
+            "offset": offset,
             "producers": [
                 [
                     pid,
@@ -222,9 +225,11 @@ class ProducerStateManager:
                 for pid, entry in self.producers.items()
             ],
         }
-        write_atomically(snapshot_path(self.dir, offset), json.dumps(document).encode())
+        written = snapshot_path(self.dir, offset)
+        write_atomically(written, json.dumps(document).encode(), durable)
         for _, path in self._snapshots()[:-SNAPSHOTS_KEPT]:
             path.unlink()
+        return written
 
     def load_snapshot(self, log_end_offset: int) -> int | None:
         """Replace the state with the newest readable snapshot at or below the LEO and return
@@ -236,7 +241,7 @@ class ProducerStateManager:
                 path.unlink()
                 continue
             try:
-                self.producers = _parse_snapshot(path.read_bytes())
+                self.producers = _parse_snapshot(path.read_bytes(), offset)
             except CorruptSnapshot as e:
                 log.warning("%s: %s; deleting it", path, e)
                 path.unlink()
@@ -254,11 +259,15 @@ class ProducerStateManager:
         return sorted(found)
 
 
-def _parse_snapshot(data: bytes) -> dict[int, ProducerEntry]:
+def _parse_snapshot(data: bytes, offset: int) -> dict[int, ProducerEntry]:
     try:
         document = json.loads(data)
         if document["version"] != _SNAPSHOT_VERSION:
             raise CorruptSnapshot(f"unknown snapshot version {document['version']}")
+        # A crash before an unsynced snapshot reached the disk can leave its name on blocks
+        # that still hold an older snapshot. (Snapshots written before the field have none.)
+        if document.get("offset", offset) != offset:
+            raise CorruptSnapshot(f"holds the state as of offset {document['offset']}")
         producers = {}
         for pid, epoch, last_timestamp, batches in document["producers"]:
             entry = ProducerEntry(int(epoch), int(last_timestamp))

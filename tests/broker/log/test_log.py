@@ -551,6 +551,26 @@ def test_a_flush_job_of_a_truncated_log_does_not_move_the_recovery_point(
     assert log.recovery_point == 0 < log.log_end_offset == 3
 
 
+def test_files_synced_in_the_background_move_no_recovery_point_and_are_not_recreated(
+    open_log: OpenLog, make_batch: MakeBatch, log_dir: Path
+) -> None:
+    log = open_log()
+    jobs: list[FlushJob] = []
+    log.flush_in_background = lambda lg, job: jobs.append(job)
+    fill(log, make_batch, 2)
+    kept, deleted = log_dir / "kept.snapshot", log_dir / "deleted.snapshot"
+    kept.write_bytes(b"x")
+    deleted.write_bytes(b"y")
+    log.sync_files([kept, deleted])
+    (job,) = jobs
+    assert (job.offset, job.paths, job.dirs) == (None, [kept, deleted], [log_dir])
+    deleted.unlink()  # as truncation deletes snapshots past its offset
+    job.run()
+    log.finish_flush(job)
+    assert log.recovery_point == 0 < log.log_end_offset
+    assert kept.read_bytes() == b"x" and not deleted.exists()
+
+
 # -- truncation --------------------------------------------------------------------------
 
 

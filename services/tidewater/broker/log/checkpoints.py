@@ -40,20 +40,24 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new content:
-    write a temp file in the same directory, fsync it, rename it over, fsync the directory."""
+def write_atomically(path: Path, data: bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` so that a reader sees either the old or the new content:
+    write a temp file in the same directory and rename it over. `durable` fsyncs the file
+    before the rename and the directory after, so that a crash too leaves one or the other;
+    without, the caller makes it durable later, and a crash may leave a torn file."""
     temp = path.with_name(path.name + TEMP_SUFFIX)
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(temp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 class _CheckpointFile:

@@ -546,12 +546,26 @@ class Log:
                 break
             fds, paths = segment.unflushed_files()
             job.fds += fds
-            job.index_paths += paths
+            job.paths += paths
         return job
+
+    def sync_files(self, paths: Sequence[Path]) -> None:
+        """fsync files written into the log's directory without it (and the directory): in
+        the background after any rolled segment's flush when a log manager runs the log,
+        else now. Moves no recovery point."""
+        job = FlushJob(None, self._generation, [], list(paths), [self.dir])
+        if self.flush_in_background is None:
+            job.run()
+        else:
+            self.flush_in_background(self, job)
 
     def finish_flush(self, job: FlushJob) -> None:
         """A flush job ran: move the recovery point, unless the log changed under it."""
-        if job.generation != self._generation or job.offset <= self.recovery_point:
+        if (
+            job.offset is None
+            or job.generation != self._generation
+            or job.offset <= self.recovery_point
+        ):
             return
         for i in range(self._floor(self.recovery_point), len(self._segments)):
             segment = self._segments[i]
@@ -594,21 +608,22 @@ class Log:
 
 @dataclass
 class FlushJob:
-    """The fsyncs that make a log durable below `offset`, runnable in a worker thread: it
-    holds its own descriptors of the segment files, and index files or directories deleted
-    meanwhile need no fsync. `generation` tells the log whether it still applies."""
+    """The fsyncs that make a log durable below `offset` (None: files that move no recovery
+    point, see Log.sync_files), runnable in a worker thread: it holds its own descriptors of
+    the segment files, and other files (`paths`) or directories deleted meanwhile need no
+    fsync. `generation` tells the log whether it still applies."""
 
-    offset: int
+    offset: int | None
     generation: int
     fds: list[int]
-    index_paths: list[Path]
+    paths: list[Path]
     dirs: list[Path]
 
     def run(self) -> None:
         try:
             for fd in self.fds:
                 os.fsync(fd)
-            for path in self.index_paths:
+            for path in self.paths:
                 with contextlib.suppress(FileNotFoundError):
                     fd = os.open(path, os.O_RDONLY)
                     try:

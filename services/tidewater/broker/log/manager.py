@@ -3,8 +3,8 @@
 Each log dir holds partition directories and a `recovery-point-offset-checkpoint`; a `.lock`
 file keeps a second broker out. Background work (retention, flush.ms, recovery point
 checkpoints) runs in `run_background_tasks` on the broker's event loop; the fsyncs of rolled
-segments run in a worker thread, one after the other, so an append never waits for a disk
-flush of a whole segment.
+segments, and of the producer state snapshots taken when they roll, run in a worker thread, one
+after the other, so an append never waits for the disk.
 """
 
 from __future__ import annotations
@@ -168,8 +168,8 @@ class LogManager:
         try:
             await asyncio.to_thread(job.run)  # which closes the job's descriptors
         except OSError:
-            # The segment stays unflushed: the next flush (flush.ms, shutdown) tries again.
-            log.exception("%s: flushing a rolled segment failed", lg.name)
+            # What it covered stays unflushed: the next flush (flush.ms, shutdown) tries again.
+            log.exception("%s: a background flush failed", lg.name)
             return
         lg.finish_flush(job)
 

@@ -59,10 +59,17 @@ def broker_processes(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
     """Broker child processes; every one is killed at teardown, even when the test fails."""
     started: list[ManagedProcess] = []
 
-    def make(broker_id: int = 1, listen: str = "127.0.0.1:0", **settings: str) -> ManagedProcess:
+    def make(
+        broker_id: int = 1,
+        listen: str = "127.0.0.1:0",
+        config: Path | None = None,
+        **settings: str,
+    ) -> ManagedProcess:
         proc = ManagedProcess(
             f"broker-{broker_id}",
-            broker_args(broker_id, tmp_path / f"broker-{broker_id}", listen, settings),
+            broker_args(
+                broker_id, tmp_path / f"broker-{broker_id}", listen, settings, config=config
+            ),
             tmp_path,
         )
         started.append(proc)

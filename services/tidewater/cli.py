@@ -13,6 +13,7 @@ from typing import NoReturn
 
 import grpc
 
+from tidewater.broker.config import BrokerConfig, load_properties
 from tidewater.broker.controller_client import ControllerUnavailable
 from tidewater.client.errors import ClientError
 from tidewater.errors import InvalidConfig, TidewaterError
@@ -32,12 +33,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="tidewater", description=__doc__)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def parser() -> argparse.ArgumentParser:
+    """The whole command line (deploy/'s tests hold the systemd units' ExecStart to it)."""
+    tidewater = _Parser(prog="tidewater", description=__doc__)
+    tidewater.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    commands = tidewater.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    broker = commands.add_parser("broker", help="run a broker")
+    # The services take their flags as written (allow_abbrev=False): a flag in a unit file or
+    # script must not quietly stand for a longer one it happens to prefix.
+    broker = commands.add_parser("broker", help="run a broker", allow_abbrev=False)
     broker.add_argument("--config", type=Path, help="TOML file with Kafka-named broker configs")
     broker.add_argument("--broker-id", help="broker.id")
     broker.add_argument("--listen", help="listeners: HOST:PORT (port 0 picks a free one)")
@@ -52,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     broker.add_argument("--ready-file", type=Path, help="write the bound address here once serving")
 
-    controller = commands.add_parser("controller", help="run a controller")
+    controller = commands.add_parser("controller", help="run a controller", allow_abbrev=False)
     controller.add_argument("--controller-id", type=int, required=True)
     controller.add_argument("--listen", default="127.0.0.1:9093", help="HOST:PORT (0: any port)")
     controller.add_argument(
@@ -74,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
-    metadata = commands.add_parser("metadata", help="run a metadata service")
+    metadata = commands.add_parser("metadata", help="run a metadata service", allow_abbrev=False)
     metadata.add_argument("--listen", default="127.0.0.1:9094", help="HOST:PORT (0: any port)")
     metadata.add_argument("--ready-file", type=Path, help="write the bound address here")
     for service in (broker, controller, metadata):
@@ -130,11 +134,11 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--html", type=Path, metavar="OUT", help="also write a page with charts")
     for client_command in (topics, produce, consume, bench):
         client_command.add_parser(commands)
-    return parser
+    return tidewater
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -227,19 +231,23 @@ def _cluster(args: argparse.Namespace) -> int:
         return 1
 
 
-def _broker(args: argparse.Namespace) -> int:
-    import uvloop
-
-    from tidewater.broker.config import BrokerConfig, load_properties
-    from tidewater.broker.server import run_broker
-
+def broker_config(args: argparse.Namespace) -> BrokerConfig:
+    """`tidewater broker`'s config: the --config file, then the flags and --set on top."""
     overrides = {
         "broker.id": args.broker_id,
         "listeners": args.listen,
         "log.dirs": args.log_dirs,
         **dict(args.set),
     }
-    config = BrokerConfig.from_properties(load_properties(args.config, overrides))
+    return BrokerConfig.from_properties(load_properties(args.config, overrides))
+
+
+def _broker(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from tidewater.broker.server import run_broker
+
+    config = broker_config(args)
     tracing.setup("tidewater-broker", args.trace_file, {tracing.BROKER_ID: config.broker_id})
     for log_dir in config.log_dirs:
         try:

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from tidewater.telemetry.metrics import MetricsEndpoint
 
 log = logging.getLogger(__name__)
+# How long a stopping broker lets requests in progress finish (after its controlled shutdown).
+STOP_GRACE_S = 5.0
 
 
 def wall_clock_ms() -> int:
@@ -116,7 +118,7 @@ class BrokerServer:
                 self.config.controlled_shutdown_timeout_ms / 1000
             )
 
-    async def stop(self, grace_s: float = 5.0) -> None:
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """Clean shutdown: stop serving, answer waiting requests, flush and checkpoint."""
         await self.host.stop(grace_s)
         for task in self._tasks:

@@ -106,8 +106,12 @@ def broker_args(
     listen: str,
     settings: dict[str, str],
     metrics_port: int | None = None,
+    config: Path | None = None,
 ) -> list[str]:
+    """`config`: a broker TOML file under the flags and settings."""
     args = ["broker", "--broker-id", str(broker_id), "--listen", listen, "--log-dirs", str(log_dir)]
+    if config is not None:
+        args += ["--config", str(config)]
     for key, value in settings.items():
         args += ["--set", f"{key}={value}"]
     return args + metrics_args(metrics_port)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import os
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import aetcd
 import pytest
 
 from tidewater.controller.store import PARTITIONS_PER_TXN, ControllerStore
@@ -127,6 +129,41 @@ async def test_one_of_two_campaigners_wins_then_the_other_after_resign(
     finally:
         for task in tasks.values():
             task.cancel()
+
+
+async def test_a_standby_waits_quietly_after_etcd_compacted_the_election_history(
+    connect_store: Connect, etcd: EtcdProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Production etcd compacts its history (--auto-compaction-*): a standby must not watch
+    # from the revision the active controller was elected at, which is gone by then.
+    active, standby = await connect_store(), await connect_store()
+    assert await active.campaign(1, "127.0.0.1:9101", 5) == 1
+    host, _, port = etcd.endpoint.rpartition(":")
+    async with aetcd.Client(host, int(port)) as raw:
+        for i in range(3):
+            put = await raw.put(f"elsewhere/{i}".encode(), b"x")
+        await raw.compact(put.header.revision)
+    watches = 0
+    watching = asyncio.Event()
+    wait_for_vacancy = standby._wait_for_vacancy
+
+    async def counted(from_revision: int) -> None:
+        nonlocal watches
+        watches += 1
+        watching.set()
+        await wait_for_vacancy(from_revision)
+
+    standby._wait_for_vacancy = counted  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="tidewater.controller.store")
+    standby_won = asyncio.create_task(standby.campaign(2, "127.0.0.1:9102", 5))
+    try:
+        await asyncio.wait_for(watching.wait(), WAIT_S)
+        await active.resign()
+        assert await won(standby_won) == 2
+        assert watches == 1  # woken by the resignation, not by a failed watch
+        assert not caplog.records
+    finally:
+        standby_won.cancel()
 
 
 async def test_lease_expiry_sets_lost_and_the_standby_wins(

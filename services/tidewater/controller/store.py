@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
+from aetcd.rtypes import Get
 from aetcd.utils import prefix_range_end
 
 from tidewater.errors import NotController, StoreUnavailable
@@ -60,8 +61,8 @@ def _encode(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _first(range_response: list[tuple[bytes, aetcd.KeyValue]]) -> aetcd.KeyValue | None:
-    """aetcd turns a txn's range response into a list of (value, KeyValue)."""
+def _first(range_response: list[tuple[bytes, Get]]) -> Get | None:
+    """aetcd turns a txn's range response into a list of (value, KeyValue with the header)."""
     return range_response[0][1] if range_response else None
 
 
@@ -153,7 +154,9 @@ class ControllerStore:
                     if epoch is not None:
                         return epoch
                 else:
-                    await self._wait_for_vacancy(holder.mod_revision + 1)
+                    # From the read on, not from the holder's election: etcd compacts its
+                    # history, and a watch from a compacted revision fails at once.
+                    await self._wait_for_vacancy(holder.header.revision + 1)
             except StoreUnavailable as e:
                 log.warning("controller %d campaign: %s; retrying", controller_id, e)
                 await asyncio.sleep(RETRY_DELAY_S)
@@ -429,8 +432,8 @@ class ControllerStore:
             )
         return bool(ok), responses
 
-    async def _read(self, *keys: bytes) -> list[aetcd.KeyValue | None]:
-        """Several keys at one revision."""
+    async def _read(self, *keys: bytes) -> list[Get | None]:
+        """Several keys at one revision (each found key's `header.revision`)."""
         with _etcd_call("read"):
             _, responses = await self._client.transaction(
                 compare=[], success=[self._ops.get(key) for key in keys], failure=[]

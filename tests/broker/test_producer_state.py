@@ -187,39 +187,29 @@ def test_a_snapshot_round_trips_the_state(tmp_path: Path, state: ProducerStateMa
     assert loaded.check(batch(0, pid=9, epoch=4, records=2)) == Duplicate(6, 7)
 
 
-def test_loading_skips_snapshots_past_the_log_end_and_corrupt_ones(
-    tmp_path: Path, state: ProducerStateManager
+@pytest.mark.parametrize("spoiled", ["torn", "another offset's", "past the log end"])
+def test_a_snapshot_that_cannot_be_used_is_deleted_and_the_one_before_it_loaded(
+    tmp_path: Path, state: ProducerStateManager, spoiled: str
 ) -> None:
     append(state, batch(0), 0)
     state.take_snapshot(1)
     append(state, batch(1), 1)
-    state.take_snapshot(2)
-    append(state, batch(2), 2)
-    state.take_snapshot(3)
-    snapshot_path(tmp_path, 3).write_bytes(b'{"version": 1, "produc')
+    newest = state.take_snapshot(2, durable=False)  # as on a roll: fsynced later
+    assert newest == snapshot_path(tmp_path, 2)
+    log_end = 2
+    if spoiled == "torn":
+        newest.write_bytes(b'{"version": 1, "produc')
+    elif spoiled == "another offset's":
+        # A crash before the unsynced file reached the disk can leave its name on blocks
+        # that hold an older snapshot's bytes.
+        newest.write_bytes(snapshot_path(tmp_path, 1).read_bytes())
+    else:
+        log_end = 1  # a crash took back the log behind it
 
     loaded = ProducerStateManager(tmp_path)
-    # The log ends at 2 after a crash: snapshot 3 is corrupt and would be too new anyway.
-    assert loaded.load_snapshot(log_end_offset=2) == 2
-    assert loaded.check(batch(1)) == Duplicate(1, 1)
-    assert not snapshot_path(tmp_path, 3).exists()
-
-
-def test_a_snapshot_file_holding_another_offsets_state_is_discarded(
-    tmp_path: Path, state: ProducerStateManager
-) -> None:
-    # A crash before a snapshot written without fsync (on roll) reached the disk can leave
-    # its name on blocks that hold an older snapshot's bytes.
-    append(state, batch(0), 0)
-    state.take_snapshot(1)
-    append(state, batch(1), 1)
-    written = state.take_snapshot(2, durable=False)
-    assert written == snapshot_path(tmp_path, 2)
-    written.write_bytes(snapshot_path(tmp_path, 1).read_bytes())
-
-    loaded = ProducerStateManager(tmp_path)
-    assert loaded.load_snapshot(log_end_offset=2) == 1
-    assert not written.exists()
+    assert loaded.load_snapshot(log_end_offset=log_end) == 1
+    assert loaded.check(batch(0)) == Duplicate(0, 0)
+    assert not newest.exists()
 
 
 def test_only_the_newest_snapshots_are_kept_and_truncation_drops_later_ones(

@@ -166,6 +166,30 @@ async def test_a_standby_waits_quietly_after_etcd_compacted_the_election_history
         standby_won.cancel()
 
 
+async def test_a_campaign_warns_once_per_etcd_outage(
+    connect_store: Connect, proxy: TcpProxy, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = await connect_store(proxy.address, request_timeout_s=0.3)
+    caplog.set_level(logging.DEBUG, logger="tidewater.controller.store")
+
+    def said(level: int) -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == level]
+
+    proxy.pause()
+    campaign = asyncio.create_task(store.campaign(1, "127.0.0.1:9101", 5))
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while len(said(logging.DEBUG)) < 3:  # three more failed attempts
+                await asyncio.sleep(0.05)
+        proxy.resume()
+        assert await won(campaign) == 1
+    finally:
+        campaign.cancel()
+    (warning,) = said(logging.WARNING)
+    assert warning.startswith("controller 1 campaign: ")
+    assert said(logging.INFO) == ["controller 1 campaign: etcd answers again"]
+
+
 async def test_lease_expiry_sets_lost_and_the_standby_wins(
     connect_store: Connect, proxy: TcpProxy
 ) -> None:

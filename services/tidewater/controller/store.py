@@ -146,9 +146,13 @@ class ControllerStore:
         From then on the lease is kept alive and `lost` is set once it may have expired."""
         if self._keepalive is not None:
             raise RuntimeError("campaign while already the active controller")
+        failing = False
         while True:
             try:
                 holder, epoch_kv = await self._read(self._controller_key, self._epoch_key)
+                if failing:
+                    log.info("controller %d campaign: etcd answers again", controller_id)
+                    failing = False
                 if holder is None:
                     epoch = await self._try_to_win(controller_id, endpoint, lease_ttl_s, epoch_kv)
                     if epoch is not None:
@@ -158,7 +162,14 @@ class ControllerStore:
                     # history, and a watch from a compacted revision fails at once.
                     await self._wait_for_vacancy(holder.header.revision + 1)
             except StoreUnavailable as e:
-                log.warning("controller %d campaign: %s; retrying", controller_id, e)
+                # Once per outage: a standby retries five times a second while etcd is away.
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "controller %d campaign: %s; retrying until etcd answers",
+                    controller_id,
+                    e,
+                )
+                failing = True
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _try_to_win(

@@ -3,6 +3,7 @@ the log, truncation and snapshots."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -243,7 +244,8 @@ def test_a_roll_snapshots_the_state_and_leaves_the_fsync_to_the_background(
     state = Partition("t", 0, 1, log, replication_config(config, 30_000), 0)
     hosted = HostedPartition(state, log, config)
     while len(log.segments) < 2:
-        hosted.append_as_follower(raw_batch(log.log_end_offset, offset=log.log_end_offset))
+        batch = raw_batch(log.log_end_offset, offset=log.log_end_offset)
+        asyncio.run(hosted.append_as_follower(batch))
     # The appending request did not wait for an fsync of the snapshot: a job after the
     # rolled segment's own does it.
     snapshot = snapshot_path(log.dir, log.log_end_offset)

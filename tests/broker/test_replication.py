@@ -3,11 +3,13 @@ stand-in controller answering ISR proposals."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
+from tidewater.broker.log.log import OFF_LOOP_WRITE_BYTES
 from tidewater.broker.server import BrokerServer
 from tidewater.local.fetch import log_bytes as stored
 from tidewater.local.standin_controller import StandinController
@@ -50,14 +52,18 @@ def log_bytes(server: BrokerServer, up_to: int) -> bytes:
     return stored(server.replica_manager.partitions[TP].log, up_to)
 
 
-async def produce(client: Any, value: bytes, acks: int = -1) -> pb.PartitionProduceResponse:
+async def produce(
+    client: Any, value: bytes, acks: int = -1, partition: int = 0
+) -> pb.PartitionProduceResponse:
     response = await client.service.Produce(
         pb.ProduceRequest(
             acks=acks,
             timeout_ms=10_000,
             partitions=[
                 pb.PartitionProduceData(
-                    topic=TOPIC, partition=0, record_batch=build_batch([Record(value=value)] * 3)
+                    topic=TOPIC,
+                    partition=partition,
+                    record_batch=build_batch([Record(value=value)] * 3),
                 )
             ],
         )
@@ -168,3 +174,38 @@ async def test_large_batches_replicate_whichever_way_they_are_produced(cluster: 
     assert all(log_bytes(servers[b], 7) == expected for b in (2, 3))
     values = [r.value for r in decode_batches(expected)]
     assert values == [value + bytes([i]) for i in (0, 0, 1, 2, 2, 3, 3)]
+
+
+async def test_a_followers_stalled_disk_write_holds_up_no_partition_its_broker_leads(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower writes what it fetched on a worker thread: while its write waits for the
+    disk (here: for a gate), its event loop goes on acknowledging acks=all produces of the
+    partitions its broker leads. The three brokers share this test's event loop, so a write
+    on the loop would stall all of them, and the test with them."""
+    controller, servers, clients = cluster
+    await controller.elect(TOPIC, 1, leader=2, replicas=[2, 1, 3])
+    stalled = servers[2].replica_manager.partitions[TP].log
+    segment = stalled.segments[-1]
+    write = segment.write
+    entered, gate = threading.Event(), threading.Event()
+
+    def write_when_the_gate_opens(data: Any, drop_behind_bytes: int = -1) -> None:
+        entered.set()
+        gate.wait(WAIT_S)
+        write(data, drop_behind_bytes)
+
+    monkeypatch.setattr(segment, "write", write_when_the_gate_opens)
+    value = b"x" * OFF_LOOP_WRITE_BYTES  # large enough for the worker thread
+    assert (await produce(clients[1], value, acks=1)).error_code == ErrorCode.NONE
+    await eventually(entered.is_set, WAIT_S, POLL_S)
+    try:
+        for i in range(3):
+            result = await produce(clients[2], f"led-{i}".encode(), partition=1)
+            assert result.error_code == ErrorCode.NONE, result.error_message
+        assert stalled.log_end_offset == 0  # the stalled write is still under way
+    finally:
+        gate.set()
+    leader_end = servers[1].replica_manager.partitions[TP].log.log_end_offset
+    await eventually(lambda: stalled.log_end_offset == leader_end, WAIT_S, POLL_S)
+    assert log_bytes(servers[2], leader_end) == log_bytes(servers[1], leader_end)

@@ -18,10 +18,10 @@ from tidewater.errors import OffsetOutOfRange
 from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
-    apply_fetch_response,
     apply_out_of_range,
     next_fetch,
     on_offset_out_of_range,
+    truncate_if_diverged,
 )
 from tidewater.replication.partition import (
     ACKS_ALL,
@@ -318,7 +318,10 @@ class Cluster:
         diverging = outcome.diverging_epoch
         records = [] if diverging is not None else leader.log.read(request.fetch_offset)
         response = FetchedPartition(leader.partition.high_watermark, diverging, records)
-        apply_fetch_response(follower.partition, follower.log, response)
+        if not truncate_if_diverged(follower.partition, follower.log, response):
+            if records:
+                follower.log.append_as_follower(records)
+            follower.partition.update_follower_high_watermark(response.high_watermark)
 
     def check_isr(self) -> None:
         """The leader's periodic ISR check."""

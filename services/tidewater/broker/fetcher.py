@@ -27,10 +27,10 @@ from tidewater.errors import NO_ERROR, TidewaterError
 from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
-    apply_fetch_response,
     apply_out_of_range,
     next_fetch,
     on_offset_out_of_range,
+    truncate_if_diverged,
 )
 from tidewater.replication.partition import FollowerFetch
 from tidewater.rpc.lifted import Lifted, Lifter
@@ -286,8 +286,8 @@ class ReplicaFetcher:
                 state is None
                 or hosted is None
                 or sent is None
-                or hosted.state.leader_epoch != state.leader_epoch
                 or sent.current_leader_epoch != state.leader_epoch
+                or not self._still_follows(tp, state, hosted)
             ):
                 continue  # removed, or a newer epoch arrived while the fetch was in flight
             code = result.error_code
@@ -300,15 +300,17 @@ class ReplicaFetcher:
                             result.diverging_epoch.end_offset,
                         )
                     records = result.record_batches if lifted is None else lifted
-                    start_ns = time.time_ns() if fetch_trace is not None else 0
-                    apply_fetch_response(
-                        hosted.state,
-                        hosted,
-                        FetchedPartition(result.high_watermark, diverging, records),
-                    )
+                    fetched = FetchedPartition(result.high_watermark, diverging, records)
+                    if not truncate_if_diverged(hosted.state, hosted, fetched):
+                        if records:
+                            start_ns = time.time_ns() if fetch_trace is not None else 0
+                            await hosted.append_as_follower(records)
+                            if fetch_trace is not None:
+                                fetch_trace.appended(tp, len(records), start_ns)
+                            if not self._still_follows(tp, state, hosted):
+                                continue  # a LeaderAndIsr came while the data was written
+                        hosted.state.update_follower_high_watermark(fetched.high_watermark)
                     state.leader_end_offset = result.log_end_offset
-                    if fetch_trace is not None and records:
-                        fetch_trace.appended(tp, len(records), start_ns)
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     await self._handle_out_of_range(stub, hosted, state)
                 elif code == ErrorCode.FENCED_LEADER_EPOCH:
@@ -321,6 +323,16 @@ class ReplicaFetcher:
             except TidewaterError as e:
                 log.warning("%s-%d: cannot apply fetched data: %s", *tp, e)
                 state.delayed_until = time.monotonic() + backoff_s
+
+    def _still_follows(
+        self, tp: TopicPartition, state: PartitionFetchState, hosted: HostedPartition
+    ) -> bool:
+        """Whether this fetcher still replicates `hosted` in the epoch it fetched for."""
+        return (
+            self.partitions.get(tp) is state
+            and self.lookup(tp) is hosted
+            and hosted.state.leader_epoch == state.leader_epoch
+        )
 
     async def _handle_out_of_range(
         self,

@@ -106,14 +106,17 @@ class HostedPartition:
             info = await self.log.append_batch_off_loop(batch, self.state.leader_epoch, appended)
             return info, high_watermark_moved
 
-    def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
-        """Append what the leader sent and replay it into the producer state, so this replica
-        deduplicates retries if it becomes leader."""
+    async def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append what the leader sent (large data on a worker thread) and replay it into the
+        producer state, so this replica deduplicates retries if it becomes leader."""
         active_segment = self._active_segment_base()
-        info = self.log.append_as_follower(batches)
-        self.producer_state.load_from_log(batch_headers(batches))
-        self._snapshot_if_rolled(active_segment)
-        return info
+
+        def appended(_: AppendInfo) -> None:
+            # Runs as the data enters the log, before anything else changes it.
+            self.producer_state.load_from_log(batch_headers(batches))
+            self._snapshot_if_rolled(active_segment)
+
+        return await self.log.append_as_follower_off_loop(batches, appended)
 
     def truncate_to(self, offset: int) -> None:
         self.log.truncate_to(offset)

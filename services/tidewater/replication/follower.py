@@ -17,9 +17,8 @@ from tidewater.replication.replica import UNKNOWN_OFFSET
 
 
 class FollowerLog(ReplicaLog, Protocol):
-    """The log operations a follower performs on what its leader sends."""
-
-    def append_as_follower(self, batches: Any) -> Any: ...
+    """The truncations a follower performs on what its leader sends (its appends are the
+    fetcher's, which may write off the event loop)."""
 
     def truncate_to(self, offset: int) -> None: ...
 
@@ -113,18 +112,17 @@ def next_fetch(partition: Partition) -> FollowerFetch:
     )
 
 
-def apply_fetch_response(partition: Partition, log: FollowerLog, fetched: FetchedPartition) -> None:
-    """Truncate to where a diverging history agrees, or append what the leader sent and take
-    its HW (capped by our LEO). Truncation is decided by leader epochs, never by the HW."""
-    if fetched.diverging_epoch is not None:
-        log.truncate_to(
-            truncation_offset(log.leader_epoch_cache, log.log_end_offset, fetched.diverging_epoch)
-        )
-        partition.after_truncation()
-        return
-    if fetched.records:
-        log.append_as_follower(fetched.records)
-    partition.update_follower_high_watermark(fetched.high_watermark)
+def truncate_if_diverged(partition: Partition, log: FollowerLog, fetched: FetchedPartition) -> bool:
+    """Truncate to where a diverging history agrees, and say so. Truncation is decided by
+    leader epochs, never by the HW. Otherwise (False) the follower appends what the leader
+    sent, then takes its HW (Partition.update_follower_high_watermark caps it by our LEO)."""
+    if fetched.diverging_epoch is None:
+        return False
+    log.truncate_to(
+        truncation_offset(log.leader_epoch_cache, log.log_end_offset, fetched.diverging_epoch)
+    )
+    partition.after_truncation()
+    return True
 
 
 def apply_out_of_range(partition: Partition, log: FollowerLog, action: OutOfRangeAction) -> None:

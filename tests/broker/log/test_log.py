@@ -6,7 +6,7 @@ import logging
 import mmap
 import os
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +24,12 @@ from tidewater.broker.log.log import (
 )
 from tidewater.broker.log.segment import KEPT_BATCH_BYTES, KeptBatches, wait_for_drop_behind
 from tidewater.errors import CorruptMessage, MessageTooLarge, OffsetOutOfRange, StorageError
-from tidewater.records.header import HEADER_SIZE, crc_matches, read_header
+from tidewater.records.header import (
+    HEADER_SIZE,
+    crc_matches,
+    patch_base_offset_and_epoch,
+    read_header,
+)
 
 if TYPE_CHECKING:
     from conftest import Clock
@@ -255,6 +260,26 @@ def test_topic_and_partition_come_from_the_directory_name(tmp_path: Path) -> Non
 
 # -- appends written off the event loop ---------------------------------------------------
 
+OnAppended = Callable[[AppendInfo], None]
+
+
+def as_leader(
+    log: Log, batch: bytearray, epoch: int, on_appended: OnAppended
+) -> Awaitable[AppendInfo]:
+    return log.append_batch_off_loop(batch, epoch, on_appended)
+
+
+def as_follower(
+    log: Log, batch: bytearray, epoch: int, on_appended: OnAppended
+) -> Awaitable[AppendInfo]:
+    """The same batch as the leader sent it: offsets and epoch already assigned."""
+    patch_base_offset_and_epoch(batch, 0, log.log_end_offset, epoch)
+    return log.append_as_follower_off_loop(batch, on_appended)
+
+
+Append = Callable[[Log, bytearray, int, OnAppended], Awaitable[AppendInfo]]
+both_roles = pytest.mark.parametrize("append", [as_leader, as_follower], ids=["leader", "follower"])
+
 
 async def test_a_small_batch_is_in_the_log_before_the_loop_runs_anything_else(
     open_log: OpenLog, make_batch: MakeBatch, split: Split
@@ -276,9 +301,10 @@ async def test_a_small_batch_is_in_the_log_before_the_loop_runs_anything_else(
     assert read_header(read_all(log, split)[-1]).partition_leader_epoch == 2
 
 
+@both_roles
 @pytest.mark.usefixtures("off_loop_writes")
 async def test_a_batch_written_off_the_loop_is_in_the_log_when_the_append_returns(
-    open_log: OpenLog, make_batch: MakeBatch, split: Split
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, append: Append
 ) -> None:
     log = open_log(segment_bytes=1000)
     seen: list[tuple[AppendInfo, int]] = []
@@ -286,9 +312,7 @@ async def test_a_batch_written_off_the_loop_is_in_the_log_when_the_append_return
     def appended(info: AppendInfo) -> None:
         seen.append((info, log.log_end_offset))
 
-    infos = [
-        await log.append_batch_off_loop(make_batch(3, body=body(i)), 4, appended) for i in range(10)
-    ]
+    infos = [await append(log, make_batch(3, body=body(i)), 4, appended) for i in range(10)]
     assert [(i.first_offset, i.last_offset) for i in infos] == [
         (3 * n, 3 * n + 2) for n in range(10)
     ]
@@ -298,45 +322,48 @@ async def test_a_batch_written_off_the_loop_is_in_the_log_when_the_append_return
     assert {read_header(b).partition_leader_epoch for b in read_all(log, split)} == {4}
 
 
+@both_roles
 @pytest.mark.usefixtures("off_loop_writes")
 async def test_other_changes_to_the_log_take_in_a_write_under_way_first(
-    open_log: OpenLog, make_batch: MakeBatch, split: Split
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, append: Append
 ) -> None:
     log = open_log()
     fill(log, make_batch, 2)  # offsets 0-5
     appended: list[AppendInfo] = []
-    append = asyncio.create_task(
-        log.append_batch_off_loop(make_batch(3, body=body(2)), 1, appended.append)
-    )
+    task = asyncio.create_task(append(log, make_batch(3, body=body(2)), 1, appended.append))
     await asyncio.sleep(0)  # the append has handed its batch to a writer thread
     assert log.log_end_offset == 6
     log.truncate_to(7)  # inside the batch being written: it goes again, whole
     assert [(i.first_offset, i.last_offset) for i in appended] == [(6, 8)]
-    assert (await append).first_offset == 6
+    assert (await task).first_offset == 6
     assert log.log_end_offset == 6
     log.append_as_leader(make_batch(1, body=body(3)), leader_epoch=1)
     assert bodies(read_all(log, split)) == [body(0), body(1), body(3)]
 
 
+@both_roles
 @pytest.mark.usefixtures("off_loop_writes")
 async def test_closing_the_log_waits_for_a_write_under_way(
-    open_log: OpenLog, make_batch: MakeBatch, split: Split
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, append: Append
 ) -> None:
     log = open_log()
-    append = asyncio.create_task(
-        log.append_batch_off_loop(make_batch(2, body=body(0)), 1, lambda _: None)
-    )
+    task = asyncio.create_task(append(log, make_batch(2, body=body(0)), 1, lambda _: None))
     await asyncio.sleep(0)
     log.close()
-    assert (await append).last_offset == 1
+    assert (await task).last_offset == 1
     reopened = open_log()
     assert reopened.log_end_offset == 2
     assert bodies(read_all(reopened, split)) == [body(0)]
 
 
+@both_roles
 @pytest.mark.usefixtures("off_loop_writes")
 async def test_a_failed_write_off_the_loop_leaves_the_log_as_it_was(
-    open_log: OpenLog, make_batch: MakeBatch, split: Split, monkeypatch: pytest.MonkeyPatch
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    monkeypatch: pytest.MonkeyPatch,
+    append: Append,
 ) -> None:
     log = open_log()
     fill(log, make_batch, 1)
@@ -348,11 +375,13 @@ async def test_a_failed_write_off_the_loop_leaves_the_log_as_it_was(
     monkeypatch.setattr(segment, "write", fail)
     appended: list[AppendInfo] = []
     with pytest.raises(StorageError, match="disk full"):
-        await log.append_batch_off_loop(make_batch(3), 1, appended.append)
+        await append(log, make_batch(3), 2, appended.append)
     assert appended == []
     assert log.log_end_offset == 3
+    # The failed batch's new epoch is not in the history either.
+    assert log.leader_epoch_cache.epoch_entries == [EpochEntry(1, 0)]
     monkeypatch.undo()
-    info = await log.append_batch_off_loop(make_batch(2, body=body(1)), 1, appended.append)
+    info = await append(log, make_batch(2, body=body(1)), 1, appended.append)
     assert (info.first_offset, info.last_offset) == (3, 4)
     assert bodies(read_all(log, split)) == [body(0), body(1)]
 

@@ -5,7 +5,8 @@ Appends go to the last (active) segment, which rolls on segment.bytes, segment.m
 index. Reads serve whole stored batches without decoding them. Loading recovers what a crash
 may have left half-written after the recovery point (the offset up to which everything was
 fsynced). The log is not thread-safe: the broker drives it from its event loop, and only the
-bytes of a produced batch are written by a worker thread, which the log takes in on the loop.
+bytes of a large append (a produced batch, a follower's fetched data) are written by a worker
+thread, which the log takes in on the loop.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ DELETE_DIR_SUFFIX = "-delete"
 _STRAY_SUFFIXES = (".deleted", ".cleaned", TEMP_SUFFIX)
 _SEGMENT_FILE = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)")
 _PARTITION = re.compile(r"[0-9]+")
-# Threads that copy produced batches into the page cache, off the event loop; each log has at
+# Threads that copy large appends into the page cache, off the event loop; each log has at
 # most one write in flight.
 _WRITERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="log-writer")
 # Smaller batches are written on the loop: their write takes less than a hop to a thread.
@@ -96,11 +97,13 @@ class AppendInfo(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class _PendingWrite:
-    """A batch that a worker thread is writing to the end of `segment`."""
+    """Batches that a worker thread is writing to the end of `segment`."""
 
     segment: LogSegment
-    batch: bytearray
-    header: BatchHeader
+    headers: Sequence[BatchHeader]
+    size: int
+    # A produced batch, handed over to serve reads of it (keep_appended_batch).
+    kept: bytearray | None
     write: Future[None]
     appended: asyncio.Future[AppendInfo]
     on_appended: Callable[[AppendInfo], None]
@@ -239,9 +242,51 @@ class Log:
             info = self._appended(headers, header.size)
             on_appended(info)
             return info
+        return await self._write_off_loop(segment, batch, headers, batch, on_appended)
+
+    async def append_as_follower_off_loop(
+        self, batches: bytes | bytearray | memoryview, on_appended: Callable[[AppendInfo], None]
+    ) -> AppendInfo:
+        """append_as_follower, with the file write of large data on a worker thread, as for a
+        produce: on a busy disk a write can wait 100 ms and more for the file's inode lock
+        while writeback allocates its blocks, and the event loop goes on serving the
+        partitions this broker leads. `on_appended` runs as the data enters the log, before
+        any other change to it. Data that rolls a segment is written inline (once a segment)."""
+        self.take_in_pending_write()
+        headers = self._check_follower_batches(batches)
+        view = memoryview(batches)
+        segment = self._segments[-1]
+        if len(view) < OFF_LOOP_WRITE_BYTES or self._rolls(segment, headers, self._time_ms()):
+            info = self._append(view, headers)
+            on_appended(info)
+            return info
+        self._assign_epochs(headers)
+        return await self._write_off_loop(segment, view, headers, None, on_appended)
+
+    def _rolls(self, segment: LogSegment, headers: Sequence[BatchHeader], now_ms: int) -> bool:
+        """Whether appending these batches would roll `segment` before any of them."""
+        pending = 0
+        for header in headers:
+            if self._should_roll(segment, pending, header, now_ms):
+                return True
+            pending += header.size
+        return False
+
+    async def _write_off_loop(
+        self,
+        segment: LogSegment,
+        data: bytes | bytearray | memoryview,
+        headers: Sequence[BatchHeader],
+        kept: bytearray | None,
+        on_appended: Callable[[AppendInfo], None],
+    ) -> AppendInfo:
+        """Write whole batches at the end of `segment` on a worker thread; the log takes them
+        in on the loop (take_in_pending_write), and the caller resumes after on_appended."""
         loop = asyncio.get_running_loop()
-        write = _WRITERS.submit(segment.write, batch, config.cache_drop_behind_bytes)
-        pending = _PendingWrite(segment, batch, header, write, loop.create_future(), on_appended)
+        write = _WRITERS.submit(segment.write, data, self.config.cache_drop_behind_bytes)
+        pending = _PendingWrite(
+            segment, headers, len(data), kept, write, loop.create_future(), on_appended
+        )
         self._pending_write = pending
         write.add_done_callback(lambda _: loop.call_soon_threadsafe(self._take_in_write, pending))
         return await asyncio.shield(pending.appended)
@@ -259,15 +304,17 @@ class Log:
             return
         try:
             pending.write.result()
-        except StorageError as e:
+        except (StorageError, OSError) as e:  # OSError: the files were closed under the write
+            # The epochs of the batches not written must not stay in the history.
+            self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+            if not isinstance(e, StorageError):
+                e = StorageError(f"{self.name}: write failed: {e}")
             pending.appended.set_exception(e)
             return
-        except OSError as e:  # the files were closed under the write
-            pending.appended.set_exception(StorageError(f"{self.name}: write failed: {e}"))
-            return
-        pending.segment.take_in([pending.header], self.config.index_interval_bytes)
-        pending.segment.keep_appended_batch(pending.batch)
-        info = self._appended([pending.header], pending.header.size)
+        pending.segment.take_in(pending.headers, self.config.index_interval_bytes)
+        if pending.kept is not None:
+            pending.segment.keep_appended_batch(pending.kept)
+        info = self._appended(pending.headers, pending.size)
         # The appender resumes only after on_appended, which may not leave it waiting.
         pending.appended.set_result(info)
         pending.on_appended(info)
@@ -296,6 +343,10 @@ class Log:
         """Append batches copied from the leader, offsets already assigned: the first must
         start at our LEO and each must start after the previous one ends."""
         self.take_in_pending_write()
+        return self._append(memoryview(batches), self._check_follower_batches(batches))
+
+    def _check_follower_batches(self, batches: bytes | bytearray | memoryview) -> list[BatchHeader]:
+        """The headers of a follower's batches, which must continue this log intact."""
         headers = _split_batches(batches)
         view = memoryview(batches)
         expected = self.log_end_offset
@@ -317,7 +368,7 @@ class Log:
                 )
             expected = header.next_offset
             position += header.size
-        return self._append(view, headers)
+        return headers
 
     def _append(
         self, data: bytes | bytearray | memoryview, headers: Sequence[BatchHeader]

@@ -10,11 +10,18 @@ and written as a cluster does, into the trace file processor of each role. Compa
 with the CPU per batch of the processes with tracing off (bench_tracing.py's cluster: client
 ~1 ms, leader ~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135 records).
 
-Run: .venv/bin/python tests/benchmarks/bench_span_cost.py [--batches N]"""
+At 1% sampling (parentbased_traceidratio 0.01), what a follower's fetch costs to start its
+trace, over making the request alone: with the SDK's ids, as a broker has them (sampled out,
+the fetch carries its fetcher's constant context, tracing.NewTraces), and with another id
+generator drawing the same ids, which has each fetch asked and given a context of its own
+(as every fetch was before NewTraces); rounds interleaved, medians.
+
+Run: .venv/bin/python tests/benchmarks/bench_span_cost.py [--batches N] [--fetches N]"""
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,6 +29,8 @@ from pathlib import Path
 from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 
 from tidewater.broker import spans
 from tidewater.client.spans import BatchTrace
@@ -66,6 +75,7 @@ class Roles:
                 provider.add_span_processor(self.files[role])
             self.providers[role] = provider
         self.tracers = {role: p.get_tracer(tracing.SCOPE) for role, p in self.providers.items()}
+        self.fetchers = {follower: tracing.NewTraces() for follower in (2, 3)}
         tracing.install(self.providers["leader"])
         self.cpu = dict.fromkeys(ROLES, 0.0)
         self._role = "client"
@@ -119,7 +129,7 @@ def one_batch(roles: Roles, client: BatchTrace, waits: spans.ReplicationWaits, i
         request = pb.FetchRequest(replica_id=follower)
         request.partitions.add(topic=TP[0], partition=TP[1], fetch_offset=end)
         roles.now("follower")
-        replica_fetch = spans.ReplicaFetchTrace.start(request, 1)
+        replica_fetch = spans.ReplicaFetchTrace.start(request, 1, roles.fetchers[follower])
         assert replica_fetch is not None
         roles.now("leader")
         fetch = spans.FetchTrace.start(request, None)
@@ -145,10 +155,52 @@ def one_batch(roles: Roles, client: BatchTrace, waits: spans.ReplicationWaits, i
 BATCH = bytearray(build_batch([Record(key=None, value=bytes(100))] * RECORDS))
 
 
+class OtherIds(RandomIdGenerator):
+    """The SDK's random ids, but not its generator: a fetch's trace is then asked for."""
+
+
+def fetch_cost(fetches: int, rounds: int = 7) -> dict[str, float]:
+    """CPU us per follower fetch at 1% of starting its trace (sampled ones ended, to no
+    processor), over making its request alone (`request`), by the ids' generator."""
+    ratio = ParentBasedTraceIdRatio(0.01)
+    providers = {
+        "constant": TracerProvider(sampler=ratio),
+        "per fetch": TracerProvider(sampler=ratio, id_generator=OtherIds()),
+    }
+    new_traces = tracing.NewTraces()
+
+    def run(provider: TracerProvider | None) -> float:
+        if provider is not None:
+            tracing.install(provider)
+        start = time.process_time()
+        for _ in range(fetches):
+            request = pb.FetchRequest(replica_id=2)
+            if provider is not None:
+                fetch = spans.ReplicaFetchTrace.start(request, 1, new_traces)
+                if fetch is not None:
+                    fetch.span.end()
+        return 1e6 * (time.process_time() - start) / fetches
+
+    cpu: dict[str, list[float]] = {"request": [], **{name: [] for name in providers}}
+    for _ in range(rounds):
+        cpu["request"].append(run(None))
+        for name, provider in providers.items():
+            cpu[name].append(run(provider))
+    tracing.shutdown()
+    request = statistics.median(cpu["request"])
+    return {name: statistics.median(cpu[name]) - request for name in providers}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=4096)
+    parser.add_argument("--fetches", type=int, default=100_000)
     args = parser.parse_args()
+    per_fetch = fetch_cost(args.fetches)
+    print(
+        "a follower fetch's trace at 1%, us of CPU per fetch over making its request: "
+        + ", ".join(f"{name} {cpu:.2f}" for name, cpu in per_fetch.items())
+    )
     roles = Roles()
     per_batch = roles.run(args.batches)
     count = sum(len(k.spans) for k in roles.kept.values()) / args.batches
@@ -191,7 +243,11 @@ def main() -> None:
         + f"; all processes: {total:.0f} us per batch"
     )
     summary.append(f"as a cluster writes trace files {total:.0f} us")
-    print(f"tracing CPU per producer batch at 100% sampling: {'; '.join(summary)}")
+    print(
+        f"tracing CPU per producer batch at 100% sampling: {'; '.join(summary)}; "
+        "per follower fetch at 1%: "
+        + ", ".join(f"{name} context {cpu:.2f} us" for name, cpu in per_fetch.items())
+    )
 
 
 if __name__ == "__main__":

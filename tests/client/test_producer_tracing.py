@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, ParentBasedTraceIdRatio
 
 from tidewater.client.producer import Producer
 from tidewater.telemetry import tracing
@@ -80,3 +80,36 @@ async def test_a_batch_the_sampler_drops_is_delivered_and_recorded_nowhere(clust
     fetches = {s.context.span_id for s in finished if s.name == "replica.fetch"}
     for append in (s for s in finished if s.name == "log.append"):
         assert append.parent is not None and append.parent.span_id in fetches
+
+
+async def test_a_traced_batch_links_sampled_out_fetches_by_their_fetchers_constant(
+    cluster,
+) -> None:
+    """The brokers sample their own traces by ratio and keep none (a follower's fetches among
+    them); the client records everything. The batch's replication.wait links each follower's
+    fetch by the constant context its fetcher sends for every sampled-out fetch."""
+    exporter = InMemorySpanExporter()
+    services = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
+    services.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(services)
+    try:
+        await cluster.create_topic("linked")  # leader 1
+        client = TracerProvider()
+        client.add_span_processor(SimpleSpanProcessor(exporter))
+        async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
+            await asyncio.wait_for(producer.send_and_wait("linked", b"v", partition=0), 30)
+    finally:
+        tracing.shutdown()
+    finished = exporter.get_finished_spans()
+    assert not {s.name for s in finished} & {"replica.fetch", "Fetch"}
+    [wait] = [s for s in finished if s.name == "replication.wait"]
+    constants = {}
+    for follower in (2, 3):
+        fetchers = cluster.brokers[follower].replica_manager.fetcher_manager.fetchers.values()
+        [fetcher] = [f for f in fetchers if f.source.broker_id == 1]
+        constants[follower] = (fetcher.new_traces.trace_id, fetcher.new_traces.span_id)
+    linked = {
+        link.attributes["tidewater.follower_id"]: (link.context.trace_id, link.context.span_id)
+        for link in wait.links
+    }
+    assert linked == constants

@@ -5,6 +5,7 @@ picks its links."""
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -330,11 +331,160 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
         request = pb.FetchRequest(replica_id=2)
         # Sampled out, it still hands its (not sampled) context to the leader, whose
         # parent-based sampler then records nothing either.
-        assert ReplicaFetchTrace.start(request, 1) is None
+        assert ReplicaFetchTrace.start(request, 1, tracing.NewTraces()) is None
         carried = tracing.carried_span_context(request.trace_context)
         assert carried.is_valid and not carried.trace_flags.sampled
         assert FetchTrace.start(request, None) is None
         assert exporter.get_finished_spans() == ()
+    finally:
+        tracing.shutdown()
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        ParentBased(ALWAYS_OFF),
+        ParentBasedTraceIdRatio(0.0),
+        ParentBasedTraceIdRatio(0.01),
+        TraceIdRatioBased(0.5),
+        ParentBasedTraceIdRatio(1.0),
+    ],
+    ids=lambda sampler: sampler.get_description(),
+)
+def test_a_fetchers_fetch_is_sampled_as_its_sdk_sampler_decides_on_the_same_id(
+    exporter: InMemorySpanExporter, sampler: Sampler
+) -> None:
+    """With the SDK's ids and a ratio-based or always-off sampler, a fetch draws the low 64
+    bits its sampler reads and the high ones only when it keeps the trace; the decision and
+    the trace id are those the SDK's sampler and ids would make of the same random bits."""
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    new_traces = tracing.NewTraces()
+    random.seed(6)
+    kept = 0
+    for _ in range(3000):
+        state = random.getstate()
+        trace_id = random.getrandbits(64) | random.getrandbits(64) << 64
+        random.setstate(state)
+        expected = sampler.should_sample(None, trace_id, "replica.fetch").decision.is_sampled()
+        request = pb.FetchRequest(replica_id=2)
+        fetch = ReplicaFetchTrace.start(request, 1, new_traces)
+        assert (fetch is not None) is expected, hex(trace_id)
+        carried = tracing.carried_span_context(request.trace_context)
+        assert carried.trace_flags.sampled is expected
+        assert carried.trace_flags.random_trace_id
+        if fetch is None:
+            assert dict(request.trace_context) == {"traceparent": new_traces.traceparent}
+            continue
+        kept += 1
+        assert carried.trace_id == trace_id
+        assert sampler.should_sample(None, carried.trace_id, "x").decision.is_sampled()
+        span = fetch.span.get_span_context()
+        assert (span.trace_id, span.span_id, span.trace_flags) == (
+            carried.trace_id,
+            carried.span_id,
+            carried.trace_flags,
+        )
+        fetch.span.end()
+    spans = exporter.get_finished_spans()
+    assert len(spans) == kept
+    assert all((s.name, s.kind) == ("replica.fetch", trace.SpanKind.CLIENT) for s in spans)
+    bound = tracing._facts(tracing.TRACER).new_trace_bound
+    assert (kept == 0) is (bound == 0)
+    assert (kept == 3000) is (bound == 1 << 64)
+
+
+def test_a_sampled_out_fetch_carries_its_fetchers_constant_context_and_the_leader_follows(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """The leader (here with parent-based always-on, the default) records no `Fetch` for a
+    fetch carrying its fetcher's constant, and replication.wait links that constant."""
+    fetchers = {2: tracing.NewTraces(), 3: tracing.NewTraces()}
+    assert fetchers[2].traceparent != fetchers[3].traceparent
+    requests = []
+    tracing.install(TracerProvider(sampler=ParentBasedTraceIdRatio(0.01)))
+    try:
+        random.seed(6)
+        for follower_id, new_traces in fetchers.items():
+            for _ in range(20):
+                request = pb.FetchRequest(replica_id=follower_id)
+                if ReplicaFetchTrace.start(request, 1, new_traces) is None:
+                    assert dict(request.trace_context) == {"traceparent": new_traces.traceparent}
+                    requests.append(request)
+    finally:
+        tracing.shutdown()
+    assert {r.replica_id for r in requests} == {2, 3}
+
+    leader = TracerProvider()
+    leader.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(leader)
+    data = pb.PartitionProduceData(topic="t", partition=0)
+    waits = ReplicationWaits()
+    started = waits.start([data], [traced(data)], {("t", 0): 10})
+    for request in requests:
+        carried = tracing.carried_span_context(request.trace_context)
+        new_traces = fetchers[request.replica_id]
+        assert (carried.trace_id, carried.span_id) == (new_traces.trace_id, new_traces.span_id)
+        assert not carried.trace_flags.sampled
+        fetch = FetchTrace.start(request, None)
+        assert fetch is None
+        waits.follower_fetched(("t", 0), request.replica_id, 10, fetch_link(request, fetch))
+    waits.finish(started, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
+
+    assert [s.name for s in exporter.get_finished_spans()] == ["replication.wait"]
+    [wait] = exporter.get_finished_spans()
+    assert [(link.context.span_id, dict(link.attributes or {})) for link in wait.links] == [
+        (fetchers[f].span_id, {"tidewater.follower_id": f, "tidewater.fetch_offset": 10})
+        for f in (2, 3)
+    ]
+
+
+class Asked(Sampler):
+    """A sampler of the application's own that drops everything and counts its calls."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.asked += 1
+        return SamplingResult(Decision.DROP)
+
+    def get_description(self) -> str:
+        return "Asked"
+
+
+def test_another_sampler_is_asked_for_every_fetch_which_carries_a_context_of_its_own() -> None:
+    sampler = Asked()
+    tracing.install(TracerProvider(sampler=sampler))
+    try:
+        new_traces = tracing.NewTraces()
+        requests = [pb.FetchRequest(replica_id=2) for _ in range(5)]
+        for request in requests:
+            assert ReplicaFetchTrace.start(request, 1, new_traces) is None
+        assert sampler.asked == 5
+        carried = [tracing.carried_span_context(r.trace_context) for r in requests]
+        assert len({c.trace_id for c in carried}) == 5
+        assert new_traces.trace_id not in {c.trace_id for c in carried}
+        assert not any(c.trace_flags.sampled for c in carried)
+    finally:
+        tracing.shutdown()
+
+
+def test_another_id_generator_makes_every_fetchs_trace_id() -> None:
+    """A ratio sampler with ids of the application's: each fetch's trace id is the
+    generator's, decided by the sampler's rule on it, as start_span decides any new trace."""
+    provider = TracerProvider(sampler=RATIO, id_generator=Ids(EDGE_IDS, random=True))
+    tracing.install(provider)
+    try:
+        new_traces = tracing.NewTraces()
+        for trace_id in EDGE_IDS:
+            request = pb.FetchRequest(replica_id=2)
+            fetch = ReplicaFetchTrace.start(request, 1, new_traces)
+            expected = RATIO.should_sample(None, trace_id, "replica.fetch").decision.is_sampled()
+            assert (fetch is not None) is expected
+            carried = tracing.carried_span_context(request.trace_context)
+            assert (carried.trace_id, carried.trace_flags.sampled) == (trace_id, expected)
     finally:
         tracing.shutdown()
 
@@ -380,6 +530,20 @@ def test_other_propagators_than_w3c_write_every_context() -> None:
         assert carrier["x-marker"] == "1"
         assert carrier["traceparent"] == f"00-{1:032x}-{2:016x}-00"
     finally:
+        propagate.set_global_textmap(before)
+
+
+def test_other_propagators_than_w3c_carry_a_fetchers_constant_context_too() -> None:
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([before, Marker()]))
+    tracing.install(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
+    try:
+        new_traces = tracing.NewTraces()
+        carrier: dict[str, str] = {}
+        assert new_traces.next(carrier) is None
+        assert carrier == {"traceparent": new_traces.traceparent, "x-marker": "1"}
+    finally:
+        tracing.shutdown()
         propagate.set_global_textmap(before)
 
 

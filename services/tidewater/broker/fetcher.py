@@ -147,6 +147,8 @@ class ReplicaFetcher:
     session: FetchSessionHandler[TopicPartition, FollowerFetch] = field(
         default_factory=FetchSessionHandler
     )
+    # Its fetches' traces; sampled out, they carry its constant context.
+    new_traces: tracing.NewTraces = field(default_factory=tracing.NewTraces)
 
     def start(self) -> None:
         name = f"fetcher-{self.source.broker_id}-{self.fetcher_id}"
@@ -187,7 +189,7 @@ class ReplicaFetcher:
                 correlation_id += 1
                 request.correlation_id = correlation_id
                 fetch_trace = (
-                    ReplicaFetchTrace.start(request, self.source.broker_id)
+                    ReplicaFetchTrace.start(request, self.source.broker_id, self.new_traces)
                     if tracing.ENABLED
                     else None
                 )

@@ -216,9 +216,10 @@ def fetch_link(
     request: pb.FetchRequest, fetch_trace: FetchTrace | None
 ) -> Callable[[], SpanContext]:
     """What replication.wait links for a follower's fetch: the leader's `Fetch` span when the
-    fetch is traced; else the follower's `replica.fetch` context it carries, sampled out (no
-    span of it is exported, but the link still names the follower and its offset, at any
-    sampling ratio). Read only when a traced produce waits on the fetch's partition."""
+    fetch is traced; else the sampled-out context the fetch carries, mostly its fetcher's
+    constant one (tracing.NewTraces): no span of it is exported, but the link's attributes
+    still name the follower and the fetch's offset, at any sampling ratio. Read only when a
+    traced produce waits on the fetch's partition."""
     if fetch_trace is not None:
         return lambda: fetch_trace.span_context
     return lambda: tracing.carried_span_context(request.trace_context)
@@ -273,8 +274,15 @@ class ReplicaFetchTrace(_Traced):
     __slots__ = ()
 
     @classmethod
-    def start(cls, request: pb.FetchRequest, leader_id: int) -> ReplicaFetchTrace | None:
-        """Sampled out, the request still carries the (not sampled) context to the leader."""
+    def start(
+        cls, request: pb.FetchRequest, leader_id: int, new_traces: tracing.NewTraces
+    ) -> ReplicaFetchTrace | None:
+        """Sampled out, the request still carries a not sampled context to the leader: with
+        the SDK's ratio or always-off sampler and ids, the fetcher's constant one
+        (`new_traces`, see tracing.NewTraces)."""
+        trace_id = new_traces.next(request.trace_context)
+        if trace_id is None:
+            return None
         # A new trace: a fetch is nobody's child (the produce it serves links to it).
         span = tracing.start_span(
             "replica.fetch",
@@ -287,6 +295,7 @@ class ReplicaFetchTrace(_Traced):
                 "tidewater.partitions": len(request.partitions),
             },
             carrier=request.trace_context,
+            new_trace_id=trace_id,
         )
         return None if span is None else cls(span)
 

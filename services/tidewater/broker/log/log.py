@@ -64,8 +64,11 @@ _STRAY_SUFFIXES = (".deleted", ".cleaned", TEMP_SUFFIX)
 _SEGMENT_FILE = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)")
 _PARTITION = re.compile(r"[0-9]+")
 # Threads that copy large appends into the page cache, off the event loop; each log has at
-# most one write in flight.
+# most one write in flight. Followers' writes have threads of their own, as Kafka's fetcher
+# threads write what they fetch: a follower's write stalled on the disk then holds up no
+# produce. A fetcher writes one partition at a time: four fetchers can write at once.
 _WRITERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="log-writer")
+_FOLLOWER_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="follower-writer")
 # Smaller batches are written on the loop: their write takes less than a hop to a thread.
 OFF_LOOP_WRITE_BYTES = 64 * 1024
 
@@ -242,7 +245,7 @@ class Log:
             info = self._appended(headers, header.size)
             on_appended(info)
             return info
-        return await self._write_off_loop(segment, batch, headers, batch, on_appended)
+        return await self._write_off_loop(_WRITERS, segment, batch, headers, batch, on_appended)
 
     async def append_as_follower_off_loop(
         self, batches: bytes | bytearray | memoryview, on_appended: Callable[[AppendInfo], None]
@@ -261,7 +264,9 @@ class Log:
             on_appended(info)
             return info
         self._assign_epochs(headers)
-        return await self._write_off_loop(segment, view, headers, None, on_appended)
+        return await self._write_off_loop(
+            _FOLLOWER_WRITERS, segment, view, headers, None, on_appended
+        )
 
     def _rolls(self, segment: LogSegment, headers: Sequence[BatchHeader], now_ms: int) -> bool:
         """Whether appending these batches would roll `segment` before any of them."""
@@ -274,6 +279,7 @@ class Log:
 
     async def _write_off_loop(
         self,
+        writers: ThreadPoolExecutor,
         segment: LogSegment,
         data: bytes | bytearray | memoryview,
         headers: Sequence[BatchHeader],
@@ -283,7 +289,7 @@ class Log:
         """Write whole batches at the end of `segment` on a worker thread; the log takes them
         in on the loop (take_in_pending_write), and the caller resumes after on_appended."""
         loop = asyncio.get_running_loop()
-        write = _WRITERS.submit(segment.write, data, self.config.cache_drop_behind_bytes)
+        write = writers.submit(segment.write, data, self.config.cache_drop_behind_bytes)
         pending = _PendingWrite(
             segment, headers, len(data), kept, write, loop.create_future(), on_appended
         )

@@ -340,6 +340,15 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
         tracing.shutdown()
 
 
+@pytest.fixture
+def seeded() -> Iterator[None]:
+    """The random bits trace ids are drawn from, the same in every run; restored after."""
+    state = random.getstate()
+    random.seed(6)
+    yield
+    random.setstate(state)
+
+
 @pytest.mark.parametrize(
     "sampler",
     [
@@ -352,7 +361,7 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
     ids=lambda sampler: sampler.get_description(),
 )
 def test_a_fetchers_fetch_is_sampled_as_its_sdk_sampler_decides_on_the_same_id(
-    exporter: InMemorySpanExporter, sampler: Sampler
+    exporter: InMemorySpanExporter, seeded: None, sampler: Sampler
 ) -> None:
     """With the SDK's ids and a ratio-based or always-off sampler, a fetch draws the low 64
     bits its sampler reads and the high ones only when it keeps the trace; the decision and
@@ -361,7 +370,6 @@ def test_a_fetchers_fetch_is_sampled_as_its_sdk_sampler_decides_on_the_same_id(
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(provider)
     new_traces = tracing.NewTraces()
-    random.seed(6)
     kept = 0
     for _ in range(3000):
         state = random.getstate()
@@ -396,7 +404,7 @@ def test_a_fetchers_fetch_is_sampled_as_its_sdk_sampler_decides_on_the_same_id(
 
 
 def test_a_sampled_out_fetch_carries_its_fetchers_constant_context_and_the_leader_follows(
-    exporter: InMemorySpanExporter,
+    exporter: InMemorySpanExporter, seeded: None
 ) -> None:
     """The leader (here with parent-based always-on, the default) records no `Fetch` for a
     fetch carrying its fetcher's constant, and replication.wait links that constant."""
@@ -405,7 +413,6 @@ def test_a_sampled_out_fetch_carries_its_fetchers_constant_context_and_the_leade
     requests = []
     tracing.install(TracerProvider(sampler=ParentBasedTraceIdRatio(0.01)))
     try:
-        random.seed(6)
         for follower_id, new_traces in fetchers.items():
             for _ in range(20):
                 request = pb.FetchRequest(replica_id=follower_id)

@@ -22,6 +22,7 @@ from tidewater import cli
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.server import STOP_GRACE_S
 from tidewater.broker.topic_config import TopicConfig
+from tidewater.errors import InvalidConfig
 from tidewater.local.cluster import SERVING, grpc_health
 from tidewater.local.etcd import free_port
 from tidewater.local.process import ManagedProcess
@@ -92,9 +93,11 @@ def unit_environment(role: str) -> dict[str, str]:
     return read_environment_file(INSTALLED[installed])
 
 
-def parsed_unit(role: str) -> argparse.Namespace:
-    """The unit's ExecStart through `tidewater`'s own parser."""
-    argv = command_line(read_unit(UNITS[role])["Service"]["ExecStart"], unit_environment(role))
+def parsed_unit(role: str, **edits: str) -> argparse.Namespace:
+    """The unit's ExecStart through `tidewater`'s own parser, with the example environment
+    file (and `edits` to it, as an operator would make)."""
+    env = {**unit_environment(role), **edits}
+    argv = command_line(read_unit(UNITS[role])["Service"]["ExecStart"], env)
     assert Path(argv[0]).name == "tidewater"
     try:
         args = cli.parser().parse_args(argv[1:])
@@ -104,9 +107,9 @@ def parsed_unit(role: str) -> argparse.Namespace:
     return args
 
 
-def broker_unit_config() -> BrokerConfig:
+def broker_unit_config(**edits: str) -> BrokerConfig:
     """The config tidewater-broker.service runs with: broker.toml under the unit's flags."""
-    args = parsed_unit("broker")
+    args = parsed_unit("broker", **edits)
     assert args.config in INSTALLED
     args.config = INSTALLED[args.config]
     return cli.broker_config(args)
@@ -144,6 +147,8 @@ def test_broker_unit_runs_with_the_deploy_broker_toml() -> None:
     env = unit_environment("broker")
     assert config.broker_id == int(env["TIDEWATER_BROKER_ID"])
     assert config.listen_address == env["TIDEWATER_LISTEN"]
+    # The example's empty advertised address: the broker registers its listen address.
+    assert str(config.advertised_address(config.port)) == env["TIDEWATER_LISTEN"]
     assert config.rack == env["TIDEWATER_RACK"]
     assert config.log_dirs == (Path("/var/lib/tidewater/data"),)
     assert config.topic_defaults["min.insync.replicas"] == "2"
@@ -152,6 +157,24 @@ def test_broker_unit_runs_with_the_deploy_broker_toml() -> None:
     assert config.replica_lag_time_max_ms == 30000
     # The topic defaults as the broker reads them when it starts.
     assert TopicConfig.from_properties(dict(config.topic_defaults)).min_insync_replicas == 2
+
+
+def test_broker_unit_binds_all_interfaces_with_an_advertised_address() -> None:
+    config = broker_unit_config(
+        TIDEWATER_LISTEN="0.0.0.0:9092", TIDEWATER_ADVERTISED="broker-1.internal:9092"
+    )
+    assert (config.host, str(config.advertised_address(9092))) == (
+        "0.0.0.0",
+        "broker-1.internal:9092",
+    )
+    with pytest.raises(InvalidConfig, match="--advertised-address"):
+        broker_unit_config(TIDEWATER_LISTEN="0.0.0.0:9092")
+
+
+def test_controller_unit_passes_its_advertised_address() -> None:
+    assert parsed_unit("controller").advertised_address == ""
+    edited = parsed_unit("controller", TIDEWATER_ADVERTISED="control-1.internal:9093")
+    assert edited.advertised_address == "control-1.internal:9093"
 
 
 def test_broker_unit_waits_out_controlled_shutdown_before_sigkill() -> None:

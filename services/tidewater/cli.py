@@ -44,7 +44,14 @@ def parser() -> argparse.ArgumentParser:
     broker = commands.add_parser("broker", help="run a broker", allow_abbrev=False)
     broker.add_argument("--config", type=Path, help="TOML file with Kafka-named broker configs")
     broker.add_argument("--broker-id", help="broker.id")
-    broker.add_argument("--listen", help="listeners: HOST:PORT (port 0 picks a free one)")
+    broker.add_argument(
+        "--listen", help="listeners: HOST:PORT to bind (port 0 picks a free one; 0.0.0.0: all)"
+    )
+    broker.add_argument(
+        "--advertised-address",
+        help="advertised.listeners: the HOST:PORT the broker registers, which clients and "
+        "followers dial (default: the --listen address; required when that is 0.0.0.0)",
+    )
     broker.add_argument("--log-dirs", help="log.dirs: comma-separated directories")
     broker.add_argument(
         "--set",
@@ -58,7 +65,16 @@ def parser() -> argparse.ArgumentParser:
 
     controller = commands.add_parser("controller", help="run a controller", allow_abbrev=False)
     controller.add_argument("--controller-id", type=int, required=True)
-    controller.add_argument("--listen", default="127.0.0.1:9093", help="HOST:PORT (0: any port)")
+    controller.add_argument(
+        "--listen", default="127.0.0.1:9093", help="HOST:PORT to bind (0: any port)"
+    )
+    controller.add_argument(
+        "--advertised-address",
+        default="",
+        help="the HOST:PORT the active controller writes to etcd, where brokers, metadata "
+        "services and admin clients are sent (default: the --listen address; required when "
+        "that is 0.0.0.0)",
+    )
     controller.add_argument(
         "--etcd", default="127.0.0.1:2379", help="etcd endpoints, comma-separated host:port"
     )
@@ -79,7 +95,12 @@ def parser() -> argparse.ArgumentParser:
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
     metadata = commands.add_parser("metadata", help="run a metadata service", allow_abbrev=False)
-    metadata.add_argument("--listen", default="127.0.0.1:9094", help="HOST:PORT (0: any port)")
+    metadata.add_argument(
+        "--listen",
+        default="127.0.0.1:9094",
+        help="HOST:PORT to bind (0: any port; 0.0.0.0 will do: clients and controllers are "
+        "given this service's address, it publishes none)",
+    )
     metadata.add_argument("--ready-file", type=Path, help="write the bound address here")
     for service in (broker, controller, metadata):
         service.add_argument(
@@ -165,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.leader_imbalance_check_interval_s,
                     tuple(a.strip() for a in args.metadata.split(",") if a.strip()),
                     args.metrics_port,
+                    args.advertised_address,
                 )
             )
             return 0
@@ -236,6 +258,7 @@ def broker_config(args: argparse.Namespace) -> BrokerConfig:
     overrides = {
         "broker.id": args.broker_id,
         "listeners": args.listen,
+        "advertised.listeners": args.advertised_address,
         "log.dirs": args.log_dirs,
         **dict(args.set),
     }

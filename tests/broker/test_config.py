@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tidewater import cli
 from tidewater.broker.config import BrokerConfig, load_properties
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import InvalidConfig
@@ -32,7 +33,10 @@ def test_toml_file_with_kafka_names_and_overrides(tmp_path: Path) -> None:
         ({"log.dirs": "/a"}, "broker.id is required"),
         ({"broker.id": "x", "log.dirs": "/a"}, "broker.id must be an integer"),
         ({"broker.id": 1}, "log.dirs is required"),
-        ({"broker.id": 1, "log.dirs": "/a", "listeners": "nope"}, "listeners must be host:port"),
+        (
+            {"broker.id": 1, "log.dirs": "/a", "listeners": "nope"},
+            "listeners \\(--listen\\) must be HOST:PORT",
+        ),
         ({"broker.id": 1, "log.dirs": "/a", "bogus.key": 1}, "unknown broker config: bogus.key"),
     ],
 )
@@ -69,3 +73,101 @@ def test_unset_settings_take_the_defaults_and_kafka_names_set_the_others() -> No
         {**required, "replica.fetch.max.bytes": 5, "num.replica.fetchers": 0}
     )
     assert (config.replica_fetch_max_bytes, config.num_replica_fetchers) == (5, 1)
+
+
+@pytest.mark.parametrize(
+    ("listeners", "advertised", "bind", "published"),
+    [
+        # Unset: the bound address, as before advertised.listeners existed.
+        ("127.0.0.1:0", "", ("127.0.0.1", 0), "127.0.0.1:41000"),
+        # Kafka's form; a wildcard bind with the name others dial.
+        (
+            "PLAINTEXT://0.0.0.0:9092",
+            "PLAINTEXT://broker-1.internal:9092",
+            ("0.0.0.0", 9092),
+            "broker-1.internal:9092",
+        ),
+        # A free port bound, an explicit port advertised (a proxy or NAT in front).
+        ("127.0.0.1:0", "broker-1.internal:19092", ("127.0.0.1", 0), "broker-1.internal:19092"),
+        ("[::]:9092", "[fd00::7]:9092", ("[::]", 9092), "[fd00::7]:9092"),
+    ],
+)
+def test_advertised_listeners_is_what_the_broker_publishes(
+    listeners: str, advertised: str, bind: tuple[str, int], published: str
+) -> None:
+    config = BrokerConfig.from_properties(
+        {
+            "broker.id": 1,
+            "log.dirs": "/d",
+            "listeners": listeners,
+            "advertised.listeners": advertised,
+        }
+    )
+    assert (config.host, config.port) == bind
+    assert str(config.advertised_address(41000)) == published
+
+
+@pytest.mark.parametrize(
+    ("props", "message"),
+    [
+        (
+            {"listeners": "SSL://b:9093"},
+            "listeners .* must be .*: every service is plaintext gRPC, no SSL listener",
+        ),
+        (
+            {"listeners": "0.0.0.0:9092"},
+            r"listeners \(--listen\) binds the wildcard address 0.0.0.0, which nobody can "
+            r"dial: set advertised.listeners \(--advertised-address\) to",
+        ),
+        ({"listeners": "PLAINTEXT://[::]:0"}, "binds the wildcard address \\[::\\]"),
+        (
+            {"advertised.listeners": "PLAINTEXT://a:9092,PLAINTEXT://b:9092"},
+            "advertised.listeners .* must be .*one listener",
+        ),
+        (
+            {"advertised.listeners": "SASL_SSL://b:9093"},
+            "advertised.listeners .*no SASL_SSL listener",
+        ),
+        (
+            {"advertised.listeners": "broker-1.internal"},
+            "advertised.listeners .* must be HOST:PORT or PLAINTEXT://HOST:PORT, got",
+        ),
+        (
+            {"advertised.listeners": "PLAINTEXT://:9092"},
+            "advertised.listeners .* must be HOST:PORT",
+        ),
+        ({"advertised.listeners": "b:65536"}, "advertised.listeners .* must be HOST:PORT"),
+        (
+            {"advertised.listeners": "0.0.0.0:9092"},
+            "advertised.listeners .* cannot be the wildcard address 0.0.0.0",
+        ),
+        (
+            {"advertised.listeners": ":::9092"},
+            "advertised.listeners .* cannot be the wildcard address ::",
+        ),
+        (
+            {"advertised.listeners": "b:0"},
+            "advertised.listeners .* needs the port others dial, not 0",
+        ),
+    ],
+)
+def test_refused_listeners(props: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidConfig, match=message):
+        BrokerConfig.from_properties({"broker.id": 1, "log.dirs": "/d", **props})
+
+
+def test_advertised_address_flag_sets_advertised_listeners() -> None:
+    args = cli.parser().parse_args(
+        [
+            "broker",
+            "--broker-id",
+            "1",
+            "--log-dirs",
+            "/d",
+            "--listen",
+            "0.0.0.0:9092",
+            "--advertised-address",
+            "b1:9092",
+        ]
+    )
+    assert str(cli.broker_config(args).advertised_address(9092)) == "b1:9092"

@@ -3,7 +3,8 @@
 A config file reads like Kafka's server.properties in TOML syntax:
 
     broker.id = 1
-    listeners = "127.0.0.1:9092"
+    listeners = "0.0.0.0:9092"
+    advertised.listeners = "broker-1.internal:9092"
     log.dirs = ["/var/lib/tidewater/data"]
     log.retention.ms = 604800000
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.errors import InvalidConfig
+from tidewater.rpc.address import HostPort, listen_and_advertised, published
 
 # Broker-level defaults for topic configs, under Kafka's broker names → the topic config name.
 TOPIC_DEFAULT_NAMES = {
@@ -67,10 +69,16 @@ class BrokerConfig:
     controlled_shutdown_timeout_ms: int = 15000
     isr_change_propagation_window_ms: int = 50
     rack: str = ""
+    # advertised.listeners: what the broker registers (followers and clients dial it); None:
+    # its bound address.
+    advertised: HostPort | None = None
 
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def advertised_address(self, bound_port: int) -> HostPort:
+        return published(HostPort(self.host, self.port), bound_port, self.advertised)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> BrokerConfig:
@@ -90,10 +98,13 @@ class BrokerConfig:
             return value
 
         broker_id = take_int("broker.id")
-        listeners = str(remaining.pop("listeners", "127.0.0.1:9092"))
-        host, sep, port_text = listeners.rpartition(":")
-        if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
-            raise InvalidConfig(f"listeners must be host:port, got {listeners!r}")
+        bind, advertised = listen_and_advertised(
+            str(remaining.pop("listeners", "127.0.0.1:9092")),
+            str(remaining.pop("advertised.listeners", "")),
+            # The flags too: a unit file gives them as --listen and --advertised-address.
+            "listeners (--listen)",
+            "advertised.listeners (--advertised-address)",
+        )
         raw_dirs = remaining.pop("log.dirs", None)
         if raw_dirs is None:
             raise InvalidConfig("log.dirs is required")
@@ -115,12 +126,13 @@ class BrokerConfig:
         config = cls(
             broker_id=broker_id,
             log_dirs=tuple(Path(str(d).strip()) for d in dirs),
-            host=host,
-            port=int(port_text),
+            host=bind.host,
+            port=bind.port,
             topic_defaults=topic_defaults,
             **integers,
             controllers=_addresses(remaining.pop("controllers", ())),
             rack=str(remaining.pop("broker.rack", "")),
+            advertised=advertised,
         )
         if remaining:
             raise InvalidConfig(f"unknown broker config: {', '.join(sorted(remaining))}")

@@ -13,6 +13,7 @@ import logging
 import uuid
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
+from tidewater.rpc.address import HostPort
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -28,14 +29,15 @@ class BrokerLifecycle:
         self,
         controller: ControllerClient,
         broker_id: int,
-        host: str,
-        port: int,
+        advertised: HostPort,
         rack: str,
         heartbeat_interval_ms: int,
     ) -> None:
         self._controller = controller
         self._info = common_pb2.BrokerInfo(
-            broker_id=broker_id, endpoint=common_pb2.Endpoint(host=host, port=port), rack=rack
+            broker_id=broker_id,
+            endpoint=common_pb2.Endpoint(host=advertised.host, port=advertised.port),
+            rack=rack,
         )
         self._incarnation_id = uuid.uuid4().hex
         self._interval_s = heartbeat_interval_ms / 1000

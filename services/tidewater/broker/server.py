@@ -60,11 +60,11 @@ class BrokerServer:
         port = self.host.bind(self.config.host, self.config.port)
         if self.metrics_port is not None:
             self._start_metrics()
+        self.advertised = self.config.advertised_address(port)
         self.lifecycle = BrokerLifecycle(
             self.replica_manager.controller,
             self.config.broker_id,
-            self.config.host,
-            port,
+            self.advertised,
             self.config.rack,
             self.config.broker_heartbeat_interval_ms,
         )
@@ -87,7 +87,12 @@ class BrokerServer:
         if self.replica_manager.controller.configured:
             self._tasks.append(asyncio.create_task(self.lifecycle.run()))
         await self.host.set_serving()
-        log.info("broker %d listening on %s", self.config.broker_id, self.address)
+        log.info(
+            "broker %d listening on %s, advertised as %s",
+            self.config.broker_id,
+            self.address,
+            self.advertised,
+        )
 
     def _start_metrics(self) -> None:
         # Imported here: with metrics off the process never loads OpenTelemetry.

@@ -11,6 +11,7 @@ from pathlib import Path
 from tidewater.controller.controller import Controller, ControllerConfig
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
+from tidewater.rpc.address import listen_and_advertised, published
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import controller_pb2, controller_pb2_grpc
 
@@ -32,17 +33,22 @@ async def run_controller(
     leader_imbalance_check_interval_s: float = 300,
     metadata_addresses: tuple[str, ...] = (),
     metrics_port: int | None = None,
+    advertised_address: str = "",
 ) -> None:
-    """Serve until SIGTERM or SIGINT; campaign in the background all along."""
-    host_name, _, port_text = listen.rpartition(":")
+    """Serve until SIGTERM or SIGINT; campaign in the background all along. The advertised
+    address (default: the bound one) is what the controller writes to etcd when active."""
+    bind, advertised = listen_and_advertised(
+        listen, advertised_address, "--listen", "--advertised-address"
+    )
     host = ServiceHost([controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name])
-    port = host.bind(host_name, int(port_text))
+    port = host.bind(bind.host, bind.port)
+    endpoint = published(bind, port, advertised)
     store = await ControllerStore.connect(etcd_endpoints, cluster)
     controller = Controller(
         ControllerConfig(
             controller_id=controller_id,
-            host=host_name,
-            port=port,
+            host=endpoint.host,
+            port=endpoint.port,
             lease_ttl_s=lease_ttl_s,
             broker_session_timeout_ms=session_timeout_ms,
             leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
@@ -62,14 +68,15 @@ async def run_controller(
 
         metrics = MetricsEndpoint(
             "tidewater-controller",
-            host_name,
+            bind.host,
             metrics_port,
             {"tidewater.controller.id": controller_id},
         )
         register_controller_metrics(metrics, controller)
     await host.start()
     await host.set_serving()
-    announce(f"controller {controller_id}", f"{host_name}:{port}", ready_file)
+    announce(f"controller {controller_id}", f"{bind.host}:{port}", ready_file)
+    log.info("controller %d advertised as %s", controller_id, endpoint)
     campaign = asyncio.create_task(controller.run())
     stopped = asyncio.create_task(wait_for_stop_signal())
     await asyncio.wait([campaign, stopped], return_when=asyncio.FIRST_COMPLETED)

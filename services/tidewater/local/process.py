@@ -107,9 +107,11 @@ def broker_args(
     settings: dict[str, str],
     metrics_port: int | None = None,
     config: Path | None = None,
+    advertised: str = "",
 ) -> list[str]:
     """`config`: a broker TOML file under the flags and settings."""
     args = ["broker", "--broker-id", str(broker_id), "--listen", listen, "--log-dirs", str(log_dir)]
+    args += advertised_args(advertised)
     if config is not None:
         args += ["--config", str(config)]
     for key, value in settings.items():
@@ -127,6 +129,7 @@ def controller_args(
     metadata_addresses: tuple[str, ...] = (),
     leader_imbalance_check_interval_s: float = 300,
     metrics_port: int | None = None,
+    advertised: str = "",
 ) -> list[str]:
     return [
         "controller",
@@ -147,11 +150,17 @@ def controller_args(
         "--leader-imbalance-check-interval-s",
         str(leader_imbalance_check_interval_s),
         *metrics_args(metrics_port),
+        *advertised_args(advertised),
     ]
 
 
 def metadata_args(listen: str, metrics_port: int | None = None) -> list[str]:
     return ["metadata", "--listen", listen, *metrics_args(metrics_port)]
+
+
+def advertised_args(advertised: str) -> list[str]:
+    """The address to publish, when not the bound one."""
+    return ["--advertised-address", advertised] if advertised else []
 
 
 def metrics_args(metrics_port: int | None) -> list[str]:

@@ -6,9 +6,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tidewater.errors import InvalidConfig
 from tidewater.metadata.cache import MetadataCache
 from tidewater.metadata.service import MetadataControl, MetadataService
+from tidewater.rpc.address import parse_listener
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import metadata_pb2, metadata_pb2_grpc
 
@@ -18,19 +18,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """HOST:PORT (port 0 picks a free one)."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise InvalidConfig(f"listen address must be HOST:PORT, got {listen!r}")
-    return host, int(port)
-
-
 class MetadataServer:
     """Listens at once; health turns SERVING when the first FULL view has been applied."""
 
     def __init__(self, listen: str, metrics_port: int | None = None) -> None:
-        self.listen_host, self.listen_port = parse_listen(listen)
+        # Nobody is told this address (clients and controllers are configured with it), so
+        # any bind address will do, a wildcard one included.
+        bind = parse_listener(listen, "--listen")
+        self.listen_host, self.listen_port = bind.host, bind.port
         self.metrics_port = metrics_port
         self.metrics: MetricsEndpoint | None = None
         self.cache = MetadataCache()

@@ -142,9 +142,10 @@ def test_advertised_listeners_is_what_the_broker_publishes(
             "advertised.listeners .* cannot be the wildcard address 0.0.0.0",
         ),
         (
-            {"advertised.listeners": ":::9092"},
-            "advertised.listeners .* cannot be the wildcard address ::",
+            {"advertised.listeners": "[::]:9092"},
+            r"advertised.listeners .* cannot be the wildcard address \[::\]",
         ),
+        ({"advertised.listeners": "fd00::7:9092"}, r"an IPv6 host in brackets \(\[::1\]:9092\)"),
         (
             {"advertised.listeners": "b:0"},
             "advertised.listeners .* needs the port others dial, not 0",

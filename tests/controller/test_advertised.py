@@ -1,8 +1,8 @@
 """Advertised addresses (Kafka's advertised.listeners) in a real cluster: every controller and
 broker binds 127.0.0.1:P and advertises a TCP proxy in front of it. Followers, the
-controller, brokers following a standby's NOT_CONTROLLER, and the SDK's clients all dial the
-advertised addresses: each process holds connections to the proxies and none to the bound
-ports (what `ss -tnp` would show an operator)."""
+controller and brokers following a standby's NOT_CONTROLLER hold connections to the proxies and
+none to the bound ports (what `ss -tnp` would show an operator); the SDK's clients are told only
+the proxies, and work through them."""
 
 from __future__ import annotations
 

@@ -46,6 +46,9 @@ def parse_listener(text: str, setting: str) -> HostPort:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise InvalidConfig(f"{form}, got {text!r}")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        # Unbracketed, HOST:PORT is ambiguous to whoever dials it (as in Kafka and gRPC).
+        raise InvalidConfig(f"{form}, an IPv6 host in brackets ([::1]:9092), got {text!r}")
     return HostPort(host, int(port))
 
 

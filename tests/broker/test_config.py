@@ -17,9 +17,11 @@ def test_toml_file_with_kafka_names_and_overrides(tmp_path: Path) -> None:
     path.write_text(
         'broker.id = 3\nlisteners = "127.0.0.1:9093"\nlog.dirs = ["/a", "/b"]\n'
         "log.retention.ms = 1000\nmin.insync.replicas = 2\n"
+        'advertised.listeners = "PLAINTEXT://b3.internal:19093"\n'
     )
     config = BrokerConfig.from_properties(load_properties(path, {"log.dirs": "/c"}))
     assert (config.broker_id, config.host, config.port) == (3, "127.0.0.1", 9093)
+    assert str(config.advertised_address(9093)) == "b3.internal:19093"
     assert config.log_dirs == (Path("/c"),)
     assert config.topic_defaults == {"retention.ms": "1000", "min.insync.replicas": "2"}
     topic = TopicConfig.from_properties(dict(config.topic_defaults))

@@ -76,6 +76,7 @@ class Roles:
             self.providers[role] = provider
         self.tracers = {role: p.get_tracer(tracing.SCOPE) for role, p in self.providers.items()}
         self.fetchers = {follower: tracing.NewTraces() for follower in (2, 3)}
+        self.batches = tracing.NewTraces()  # the producer's
         tracing.install(self.providers["leader"])
         self.cpu = dict.fromkeys(ROLES, 0.0)
         self._role = "client"
@@ -101,7 +102,7 @@ class Roles:
                 kept.spans.clear()
             for i in range(200 if warm_up else batches):
                 self.now("client")
-                one_batch(self, BatchTrace(client_tracer, TP[0], TP[1], -1), waits, i)
+                one_batch(self, BatchTrace(client_tracer, self.batches, TP[0], TP[1], -1), waits, i)
             self.now("client")
         per_batch = {role: 1e6 * cpu / batches for role, cpu in self.cpu.items()}
         per_batch["follower"] /= 2  # two followers

@@ -561,7 +561,7 @@ def test_the_send_span_of_a_failed_batch_records_its_exception_as_the_sdk_does()
     tracer = provider.get_tracer("tidewater.client")
     error = DeliveryTimeout("no ack in time")
     with tracer.start_as_current_span("application") as application:
-        batch = BatchTrace(tracer, "t", 2, -1)
+        batch = BatchTrace(tracer, tracing.NewTraces(), "t", 2, -1)
     batch.drained()
     batch.end(3, 120, None, error)
 
@@ -584,16 +584,27 @@ def test_the_send_span_of_a_failed_batch_records_its_exception_as_the_sdk_does()
     assert dict(event.attributes or {}) == dict(expected.attributes)
 
 
-def test_a_sampled_out_batch_makes_no_span_and_carries_its_decision() -> None:
+def test_sampled_out_batches_make_no_span_and_carry_their_decision() -> None:
+    """Outside any span of the application's, a producer's sampled-out batches carry its
+    constant context, as a fetcher's fetches do; inside one, they follow that span."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    batch = BatchTrace(provider.get_tracer("tidewater.client"), "t", 0, -1)
-    batch.drained()
-    batch.end(1, 10, 0, None)
-    assert batch.span is None
-    carried = tracing.carried_span_context(batch.carrier)
-    assert carried.is_valid and not carried.trace_flags.sampled
+    tracer = provider.get_tracer("tidewater.client")
+    new_traces = tracing.NewTraces()
+    batches = [BatchTrace(tracer, new_traces, "t", 0, -1) for _ in range(2)]
+    with tracer.start_as_current_span("application") as application:
+        inside = BatchTrace(tracer, new_traces, "t", 0, -1)
+    for batch in (*batches, inside):
+        batch.drained()
+        batch.end(1, 10, 0, None)
+        assert batch.span is None
+        carried = tracing.carried_span_context(batch.carrier)
+        assert carried.is_valid and not carried.trace_flags.sampled
+    assert [b.carrier for b in batches] == [{"traceparent": new_traces.traceparent}] * 2
+    carried = tracing.carried_span_context(inside.carrier)
+    assert carried.trace_id == application.get_span_context().trace_id
+    assert carried.span_id != new_traces.span_id
     assert exporter.get_finished_spans() == ()
 
 

@@ -280,9 +280,6 @@ class ReplicaFetchTrace(_Traced):
         """Sampled out, the request still carries a not sampled context to the leader: with
         the SDK's ratio or always-off sampler and ids, the fetcher's constant one
         (`new_traces`, see tracing.NewTraces)."""
-        trace_id = new_traces.next(request.trace_context)
-        if trace_id is None:
-            return None
         # A new trace: a fetch is nobody's child (the produce it serves links to it).
         span = tracing.start_span(
             "replica.fetch",
@@ -295,7 +292,7 @@ class ReplicaFetchTrace(_Traced):
                 "tidewater.partitions": len(request.partitions),
             },
             carrier=request.trace_context,
-            new_trace_id=trace_id,
+            new_traces=new_traces,
         )
         return None if span is None else cls(span)
 

@@ -164,6 +164,8 @@ class Producer:
         self._flushing = 0
         self._closed = False
         self._tracer = tracing.client_tracer(tracer_provider)
+        # Its batches' traces; sampled out, they carry its constant context.
+        self._new_traces = tracing.NewTraces()
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -243,7 +245,9 @@ class Producer:
             # A new batch: the sender must learn when its linger ends.
             self._wake.set()
         if self._tracer is not None and len(batch.records) == 1:
-            batch.trace = BatchTrace(self._tracer, topic, partition, self.config.acks)
+            batch.trace = BatchTrace(
+                self._tracer, self._new_traces, topic, partition, self.config.acks
+            )
         return future
 
     async def send_and_wait(self, topic: str, value: bytes | None, **kwargs: Any) -> RecordMetadata:

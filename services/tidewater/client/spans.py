@@ -4,7 +4,9 @@ send the same trace context, so every attempt's `Produce` on a leader is a child
 
 `send` is made as the brokers' data-path spans are (tracing.start_span): sampled by the
 tracer's sampler on the caller's current span, handed to the provider's processors when it
-ends. A batch sampled out makes no span object, only the context its requests carry."""
+ends. A batch sampled out makes no span object, only the context its requests carry: outside
+any span of the application's, with the SDK's ratio sampler and ids, the producer's constant
+one (tracing.NewTraces), as a follower's fetcher does."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from tidewater.telemetry import tracing
 class BatchTrace:
     __slots__ = ("carrier", "span", "tracer")
 
-    def __init__(self, tracer: Tracer, topic: str, partition: int, acks: int) -> None:
+    def __init__(
+        self, tracer: Tracer, new_traces: tracing.NewTraces, topic: str, partition: int, acks: int
+    ) -> None:
         self.tracer = tracer
         # What each attempt's request carries in PartitionProduceData.trace_context.
         self.carrier: dict[str, str] = {}
@@ -34,6 +38,7 @@ class BatchTrace:
             },
             carrier=self.carrier,
             tracer=tracer,
+            new_traces=new_traces,
         )
 
     def drained(self) -> None:

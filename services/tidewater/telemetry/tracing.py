@@ -419,12 +419,12 @@ def start_span(
     attributes: dict[str, Any],
     carrier: MutableMapping[str, str] | None = None,
     tracer: Tracer | None = None,
-    new_trace_id: int = 0,
+    new_traces: NewTraces | None = None,
 ) -> DeferredSpan | None:
     """A span of the data path (the brokers' `Produce`, `Fetch`, `replica.fetch`, the
     producer's `send`), sampled as Tracer.start_span samples: the tracer's sampler (TRACER's
     by default) decides on the span in `parent`, or on a new trace id without a valid one
-    (`new_trace_id`, NewTraces.next()'s, or one the tracer generates).
+    (from `new_traces`, the place's NewTraces, when given with a carrier; else the tracer's).
     None when it is not recorded: a sampled-out request makes no span object at all.
 
     `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
@@ -443,7 +443,13 @@ def start_span(
         if facts.follows_parents:
             sampled = parent_context.trace_flags.sampled
     else:
-        trace_id = new_trace_id or sdk_tracer.id_generator.generate_trace_id()
+        trace_id = 0
+        if new_traces is not None and carrier is not None:
+            drawn = new_traces.next(carrier, sdk_tracer)
+            if drawn is None:
+                return None  # sampled out: the carrier holds the place's constant context
+            trace_id = drawn
+        trace_id = trace_id or sdk_tracer.id_generator.generate_trace_id()
         random_trace_id = facts.random_trace_id
         state = None
         if facts.new_trace_bound is not None:
@@ -480,8 +486,9 @@ _SAMPLED_OUT_FLAGS = TraceFlags.RANDOM_TRACE_ID
 
 
 class NewTraces:
-    """New traces started one after another in one place, each sampled by the services'
-    sampler (TRACER's): a follower's fetcher starts one per fetch.
+    """New traces started one after another in one place, each sampled by its tracer's
+    sampler: a follower's fetcher starts one per fetch, a producer one per batch sent outside
+    any span of the application's.
 
     Where that sampler decides a new trace by the ratio rule (_TracerFacts.new_trace_bound)
     and its ids come from the SDK's RandomIdGenerator, next() draws only the low 64 bits of
@@ -490,8 +497,8 @@ class NewTraces:
     sampled context (`traceparent`, made once and never exported), so a parent-based
     receiver records nothing either, and a link to it names the place, not the request.
     Per follower fetch, its own sampled-out context cost ~28 us of CPU in a busy broker,
-    the whole cost of 1% sampling (README, Tracing, What it costs). Other samplers and id
-    generators are asked for every trace, by start_span()."""
+    the brokers' whole cost of 1% sampling (README, Tracing, What it costs). Other samplers
+    and id generators are asked for every trace, by start_span()."""
 
     __slots__ = ("_bound", "_tracer", "span_id", "trace_id", "traceparent")
 
@@ -503,11 +510,11 @@ class NewTraces:
         self._tracer: Any = None
         self._bound: int | None = None
 
-    def next(self, carrier: MutableMapping[str, str]) -> int | None:
-        """The next trace: None when it is sampled out (`carrier` then holds the constant
-        context); else its id for start_span() (`new_trace_id`): drawn and kept, or 0 when
+    def next(self, carrier: MutableMapping[str, str], tracer: Any = None) -> int | None:
+        """The next trace of `tracer` (TRACER by default): None when it is sampled out
+        (`carrier` then holds the constant context); else its id: drawn and kept, or 0 when
         the sampler is to be asked."""
-        tracer = TRACER
+        tracer = tracer or TRACER
         if tracer is not self._tracer:
             self._tracer, self._bound = tracer, _drawn_bound(tracer)
         bound = self._bound

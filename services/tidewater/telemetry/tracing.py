@@ -365,6 +365,9 @@ class _TracerFacts(NamedTuple):
     # TraceIdRatioBased, OTEL_TRACES_SAMPLER=[parentbased_]traceidratio, and ALWAYS_OFF's
     # as 0); None for other samplers, which are asked.
     new_trace_bound: int | None
+    # new_trace_bound where the ids are the SDK's RandomIdGenerator's, whose trace ids
+    # NewTraces may draw itself; None where the id generator is to make them.
+    drawn_trace_bound: int | None
     # The sampler samples a span exactly when its parent is sampled (parent-based with its
     # default samplers for parents, as OTEL_TRACES_SAMPLER=parentbased_* makes it).
     follows_parents: bool
@@ -379,9 +382,11 @@ def _facts(tracer: Any) -> _TracerFacts:
     facts = _TRACERS.get(tracer)
     if facts is None:
         info = tracer.instrumentation_info
+        bound = _new_trace_bound(tracer.sampler)
         facts = _TRACERS[tracer] = _TracerFacts(
             InstrumentationScope(info.name, info.version, info.schema_url),
-            _new_trace_bound(tracer.sampler),
+            bound,
+            bound if type(tracer.id_generator) is RandomIdGenerator else None,
             _follows_parents(tracer.sampler),
             tracer.id_generator.is_trace_id_random(),
         )
@@ -443,13 +448,13 @@ def start_span(
         if facts.follows_parents:
             sampled = parent_context.trace_flags.sampled
     else:
-        trace_id = 0
-        if new_traces is not None and carrier is not None:
-            drawn = new_traces.next(carrier, sdk_tracer)
+        if new_traces is not None and carrier is not None and facts.drawn_trace_bound is not None:
+            drawn = new_traces.next(carrier, facts.drawn_trace_bound)
             if drawn is None:
                 return None  # sampled out: the carrier holds the place's constant context
             trace_id = drawn
-        trace_id = trace_id or sdk_tracer.id_generator.generate_trace_id()
+        else:
+            trace_id = sdk_tracer.id_generator.generate_trace_id()
         random_trace_id = facts.random_trace_id
         state = None
         if facts.new_trace_bound is not None:
@@ -490,9 +495,10 @@ class NewTraces:
     sampler: a follower's fetcher starts one per fetch, a producer one per batch sent outside
     any span of the application's.
 
-    Where that sampler decides a new trace by the ratio rule (_TracerFacts.new_trace_bound)
-    and its ids come from the SDK's RandomIdGenerator, next() draws only the low 64 bits of
-    a trace id, which are all the rule reads, and the rest only for a trace it keeps. A
+    Where that sampler decides a new trace by the ratio rule and its ids come from the SDK's
+    RandomIdGenerator (_TracerFacts.drawn_trace_bound), start_span() has next() draw only
+    the low 64 bits of a trace id, which are all the rule reads, and the rest only for a
+    trace it keeps. A
     trace it drops gets no ids of its own: its carrier gets this place's constant, not
     sampled context (`traceparent`, made once and never exported), so a parent-based
     receiver records nothing either, and a link to it names the place, not the request.
@@ -500,26 +506,17 @@ class NewTraces:
     the brokers' whole cost of 1% sampling (README, Tracing, What it costs). Other samplers
     and id generators are asked for every trace, by start_span()."""
 
-    __slots__ = ("_bound", "_tracer", "span_id", "trace_id", "traceparent")
+    __slots__ = ("span_id", "trace_id", "traceparent")
 
     def __init__(self) -> None:
         ids = RandomIdGenerator()
         self.trace_id = ids.generate_trace_id()
         self.span_id = ids.generate_span_id()
         self.traceparent = _traceparent(self.trace_id, self.span_id, _SAMPLED_OUT_FLAGS)
-        self._tracer: Any = None
-        self._bound: int | None = None
 
-    def next(self, carrier: MutableMapping[str, str], tracer: Any = None) -> int | None:
-        """The next trace of `tracer` (TRACER by default): None when it is sampled out
-        (`carrier` then holds the constant context); else its id: drawn and kept, or 0 when
-        the sampler is to be asked."""
-        tracer = tracer or TRACER
-        if tracer is not self._tracer:
-            self._tracer, self._bound = tracer, _drawn_bound(tracer)
-        bound = self._bound
-        if bound is None:
-            return 0
+    def next(self, carrier: MutableMapping[str, str], bound: int) -> int | None:
+        """The next trace, kept when its id's low 64 bits are below `bound` (the tracer's
+        drawn_trace_bound): its id; else None, and `carrier` holds the constant context."""
         while True:
             low = getrandbits(64)
             if low >= bound:
@@ -532,13 +529,6 @@ class NewTraces:
             trace_id = getrandbits(64) << 64 | low
             if trace_id:
                 return trace_id
-
-
-def _drawn_bound(tracer: Any) -> int | None:
-    """The new-trace bound NewTraces draws against for `tracer`; None to ask its sampler."""
-    if type(tracer.id_generator) is not RandomIdGenerator:
-        return None
-    return _facts(tracer).new_trace_bound
 
 
 class DeferredSpan:

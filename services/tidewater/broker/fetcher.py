@@ -288,8 +288,8 @@ class ReplicaFetcher:
                 state is None
                 or hosted is None
                 or sent is None
+                or hosted.state.leader_epoch != state.leader_epoch
                 or sent.current_leader_epoch != state.leader_epoch
-                or not self._still_follows(tp, state, hosted)
             ):
                 continue  # removed, or a newer epoch arrived while the fetch was in flight
             code = result.error_code

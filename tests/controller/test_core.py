@@ -117,11 +117,32 @@ def test_alter_isr_validation(
 
 
 def test_alter_isr_refuses_a_fenced_member() -> None:
+    m = model(fenced=(3,))
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1, 2))
     with pytest.raises(TidewaterError) as info:
-        validate_isr_change(model(fenced=(3,)), 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH)
+        validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH)
     assert info.value.code == ErrorCode.INELIGIBLE_REPLICA
     change = validate_isr_change(model(), 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert change is not None
     assert (change.after.isr, change.after.leader_epoch) == ((1, 2), 5)
+
+
+def test_a_retried_alter_isr_that_already_committed_is_answered_with_the_current_state() -> None:
+    """The answer to an expansion {1, 2} -> {1, 2, 3} was lost after it committed (partition
+    epoch 100 -> 130); the leader resends it naming epoch 100. Refusing it would leave the
+    leader with the old ISR and partition epoch for good."""
+    m = model()
+    m.partitions[("t", 0)] = PartitionRecord(1, 5, (1, 2, 3), EPOCH, partition_epoch=130)
+    assert validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH) is None
+    assert validate_isr_change(m, 1, ("t", 0), 5, 100, (3, 2, 1), EPOCH) is None  # a set
+    # Not the committed state: a stale partition epoch is still refused.
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert info.value.code == ErrorCode.INVALID_UPDATE_VERSION
+    # The same ISR under another leader epoch is another state: fenced.
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(m, 1, ("t", 0), 4, 100, (1, 2, 3), EPOCH)
+    assert info.value.code == ErrorCode.FENCED_LEADER_EPOCH
 
 
 def test_unclean_leader_election_request() -> None:

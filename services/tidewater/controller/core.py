@@ -164,9 +164,11 @@ def validate_isr_change(
     partition_epoch: int,
     new_isr: tuple[int, ...],
     controller_epoch: int,
-) -> PartitionChange:
+) -> PartitionChange | None:
     """AlterIsr for one partition: the proposer must lead it in the current epoch, name the
-    current partition epoch, and propose only usable replicas that include itself."""
+    current partition epoch, and propose only usable replicas that include itself. None: the
+    partition already has that leader, leader epoch and ISR (a retry of a proposal whose answer
+    was lost), so the caller answers with the current state (Kafka's equalsIgnoreZk)."""
     record = model.partitions.get(tp)
     if record is None or tp[0] not in model.topics:
         raise TidewaterError(
@@ -178,6 +180,8 @@ def validate_isr_change(
             f"leader (leader {record.leader}, epoch {record.leader_epoch})",
             ErrorCode.FENCED_LEADER_EPOCH,
         )
+    if set(record.isr) == set(new_isr) and partition_epoch <= record.partition_epoch:
+        return None
     if record.partition_epoch != partition_epoch:
         raise TidewaterError(
             f"{tp[0]}-{tp[1]}: partition epoch {partition_epoch} is stale (current "

@@ -177,17 +177,17 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 result = cpb.AlterIsrPartitionResponse(topic=p.topic, partition=p.partition)
                 results[tp] = result
                 try:
-                    valid.append(
-                        validate_isr_change(
-                            self._c.model,
-                            request.broker_id,
-                            tp,
-                            p.leader_epoch,
-                            p.partition_epoch,
-                            tuple(p.new_isr),
-                            self._c.epoch,
-                        )
+                    change = validate_isr_change(
+                        self._c.model,
+                        request.broker_id,
+                        tp,
+                        p.leader_epoch,
+                        p.partition_epoch,
+                        tuple(p.new_isr),
+                        self._c.epoch,
                     )
+                    if change is not None:  # None: already so; answered with the current state
+                        valid.append(change)
                 except TidewaterError as e:
                     result.error_code = e.code
                     result.error_message = e.message

@@ -209,3 +209,32 @@ async def test_a_followers_stalled_disk_write_holds_up_no_partition_its_broker_l
     leader_end = servers[1].replica_manager.partitions[TP].log.log_end_offset
     await eventually(lambda: stalled.log_end_offset == leader_end, WAIT_S, POLL_S)
     assert log_bytes(servers[2], leader_end) == log_bytes(servers[1], leader_end)
+
+
+async def test_a_leader_that_wrote_nothing_in_its_epoch_catches_up_as_a_follower(
+    cluster: Any,
+) -> None:
+    """Broker 2 leads epoch 2 without writing a record, then follows broker 1 in epoch 3. Its
+    epoch history names epoch 2, which broker 1 never had: the truncation that answers the
+    divergence lands on its LEO, and must still drop epoch 2 from the history (Kafka's
+    Log.truncateTo), or every fetch names epoch 2 again and it never catches up."""
+    controller, servers, clients = cluster
+    for i in range(3):
+        assert (await produce(clients[1], f"epoch 1: {i}".encode())).error_code == ErrorCode.NONE
+    hw = servers[1].replica_manager.partitions[TP].state.high_watermark
+    await eventually(
+        lambda: all(
+            servers[b].replica_manager.partitions[TP].log.log_end_offset == hw for b in (2, 3)
+        ),
+        WAIT_S,
+        POLL_S,
+    )
+    await controller.elect(TOPIC, 0, leader=2)
+    await controller.elect(TOPIC, 0, leader=1)
+    for i in range(3):
+        assert (await produce(clients[1], f"epoch 3: {i}".encode())).error_code == ErrorCode.NONE
+    hw = servers[1].replica_manager.partitions[TP].state.high_watermark
+    follower = servers[2].replica_manager.partitions[TP]
+    await eventually(lambda: follower.log.log_end_offset == hw, WAIT_S, POLL_S)
+    assert log_bytes(servers[2], hw) == log_bytes(servers[1], hw)
+    assert follower.log.leader_epoch_cache.latest_epoch == 3

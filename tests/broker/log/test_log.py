@@ -620,6 +620,20 @@ def test_truncate_to_drops_everything_from_the_offset(
     assert read_header(split(log.read(27, 1))[0]).base_offset == 27
 
 
+def test_truncating_at_the_log_end_drops_an_epoch_that_wrote_nothing(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    """A replica that led an epoch without writing, then follows: the epoch's entry starts
+    at the LEO and goes, though no record does (Kafka's Log.truncateTo)."""
+    log = open_log()
+    fill(log, make_batch, 3)
+    end = log.log_end_offset
+    log.leader_epoch_cache.assign(2, end)
+    log.truncate_to(end)
+    assert log.log_end_offset == end
+    assert log.leader_epoch_cache.latest_epoch == 1
+
+
 @pytest.mark.parametrize("index_interval_bytes", [1, 4096])
 def test_reads_of_the_last_batch_follow_truncations_and_appends(
     open_log: OpenLog, make_batch: MakeBatch, split: Split, index_interval_bytes: int

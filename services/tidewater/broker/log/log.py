@@ -498,6 +498,10 @@ class Log:
         if offset < 0:
             raise ValueError(f"cannot truncate to negative offset {offset}")
         if offset >= self.log_end_offset:
+            # The history may still name an epoch past our records: this replica led it and
+            # wrote nothing before it followed again. Left there, every fetch would name it
+            # and diverge again (Kafka's Log.truncateTo).
+            self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
             return
         if offset < self.log_start_offset:
             self.truncate_fully_and_start_at(offset)

@@ -2,7 +2,8 @@
 cluster name, so tests sharing the server never see each other's keys.
 
 `cluster` (and `make_cluster`, for other settings) runs a real cluster on loopback: two
-controller processes and three broker processes on that etcd, all killed at teardown."""
+controller processes and three broker processes on that etcd (and, if asked, a metadata
+service for the SDK's clients), all killed at teardown."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
 from tidewater.local.etcd import EtcdProcess, free_port
 from tidewater.local.fetch import consumer_fetch, read_served
-from tidewater.local.process import ManagedProcess, broker_args, controller_args
+from tidewater.local.process import ManagedProcess, broker_args, controller_args, metadata_args
 from tidewater.local.scrape import Scrape, scrape
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.local.wait import eventually
@@ -85,10 +86,11 @@ async def make_cluster(
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         leader_imbalance_check_interval_s: float = 300,
         metrics: bool = False,
+        metadata: bool = False,
         **options: Any,
     ) -> Cluster:
         cluster = Cluster(
-            tmp_path, etcd, session_timeout_ms, leader_imbalance_check_interval_s, metrics
+            tmp_path, etcd, session_timeout_ms, leader_imbalance_check_interval_s, metrics, metadata
         )
         clusters.append(cluster)
         await cluster.start(**options)
@@ -125,6 +127,7 @@ class Cluster:
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         leader_imbalance_check_interval_s: float = 300,
         metrics: bool = False,
+        metadata: bool = False,
     ) -> None:
         self.root = root
         self.etcd = etcd
@@ -133,6 +136,10 @@ class Cluster:
         self.name = f"test-{uuid.uuid4().hex[:8]}"
         self.controllers: dict[int, ManagedProcess] = {}
         self.brokers: dict[int, ManagedProcess] = {}
+        # The SDK's bootstrap: a metadata service the controllers keep up to date.
+        self.metadata = (
+            ManagedProcess("metadata", metadata_args("127.0.0.1:0"), root) if metadata else None
+        )
         # Per broker started with `controller_proxies`: one proxy per controller address.
         self.controller_links: dict[int, list[TcpProxy]] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -151,6 +158,11 @@ class Cluster:
         return await scrape(self.metrics_ports[role, process_id])
 
     @property
+    def bootstrap(self) -> list[str]:
+        assert self.metadata is not None, "make the cluster with metadata=True"
+        return [self.metadata.address]
+
+    @property
     def store(self) -> ControllerStore:
         assert self._store is not None, "cluster not started"
         return self._store
@@ -163,6 +175,8 @@ class Cluster:
     ) -> None:
         """Controllers, then brokers; returns once every broker is alive (unfenced). Brokers in
         `controller_proxies` reach the controllers only through proxies (`cut_off`)."""
+        if self.metadata is not None:
+            await asyncio.to_thread(self.metadata.start)
         for controller_id in controller_ids:
             await self.start_controller(controller_id)
         self._store = await ControllerStore.connect([self.etcd.endpoint], self.name)
@@ -171,16 +185,18 @@ class Cluster:
             await self.start_broker(broker_id, controller_proxies=broker_id in controller_proxies)
         await eventually(lambda: self.has_alive_brokers(set(broker_ids)), 30)
 
-    async def start_controller(self, controller_id: int) -> str:
+    async def start_controller(self, controller_id: int, listen: str = "127.0.0.1:0") -> str:
+        """Start a controller process (a restart passes its old address: brokers know it)."""
         proc = ManagedProcess(
             f"controller-{controller_id}",
             controller_args(
                 controller_id,
                 self.etcd.endpoint,
                 self.name,
-                "127.0.0.1:0",
+                listen,
                 LEASE_TTL_S,
                 self.session_timeout_ms,
+                metadata_addresses=() if self.metadata is None else (self.metadata.address,),
                 leader_imbalance_check_interval_s=self.leader_imbalance_check_interval_s,
                 metrics_port=self._metrics_port("controller", controller_id),
             ),
@@ -222,8 +238,9 @@ class Cluster:
             proxy.set_mode(mode)
 
     async def close(self) -> None:
-        for proc in [*self.brokers.values(), *self.controllers.values()]:
-            proc.kill()
+        for proc in [*self.brokers.values(), *self.controllers.values(), self.metadata]:
+            if proc is not None:
+                proc.kill()
         for proxies in self.controller_links.values():
             for proxy in proxies:
                 await proxy.stop()
@@ -367,3 +384,27 @@ class Cluster:
             leader,
             leader_epoch,
         )
+
+    async def applied(self, topics: list[str]) -> bool:
+        """Every partition has a leader, and every replica applied that leader and leader
+        epoch."""
+        for topic in topics:
+            assignment = (await self.store.load_topics())[topic]["assignment"]
+            for p, state in (await self.partitions(topic)).items():
+                if state["leader"] == -1:
+                    return False
+                for b in assignment[str(p)]:
+                    if not await self.replica_sees(
+                        b, topic, p, state["leader"], state["leader_epoch"]
+                    ):
+                        return False
+        return True
+
+    async def settled(self, topics: list[str]) -> bool:
+        """Applied everywhere, and every ISR is full."""
+        assignment = {t: (await self.store.load_topics())[t]["assignment"] for t in topics}
+        for topic in topics:
+            for p, state in (await self.partitions(topic)).items():
+                if sorted(state["isr"]) != sorted(assignment[topic][str(p)]):
+                    return False
+        return await self.applied(topics)

@@ -31,31 +31,6 @@ async def etcd_state(cluster: Cluster) -> dict[str, Any]:
     }
 
 
-async def applied(cluster: Cluster, topics: list[str]) -> bool:
-    """Every partition has a leader, and every replica applied that leader and leader epoch."""
-    for topic in topics:
-        assignment = (await cluster.store.load_topics())[topic]["assignment"]
-        for p, state in (await cluster.partitions(topic)).items():
-            if state["leader"] == -1:
-                return False
-            for b in assignment[str(p)]:
-                if not await cluster.replica_sees(
-                    b, topic, p, state["leader"], state["leader_epoch"]
-                ):
-                    return False
-    return True
-
-
-async def settled(cluster: Cluster, topics: list[str]) -> bool:
-    """Applied everywhere, and every ISR is full."""
-    assignment = {t: (await cluster.store.load_topics())[t]["assignment"] for t in topics}
-    for topic in topics:
-        for p, state in (await cluster.partitions(topic)).items():
-            if sorted(state["isr"]) != sorted(assignment[topic][str(p)]):
-                return False
-    return await applied(cluster, topics)
-
-
 async def assert_written_only_by(
     cluster: Cluster, before: dict[str, Any], controller: tuple[int, str, int]
 ) -> None:
@@ -99,7 +74,7 @@ async def test_a_paused_controller_is_deposed_and_can_neither_write_nor_command(
     # and a topic created now reaches them all: each has seen the new controller epoch.
     await eventually(lambda: cluster.has_alive_brokers({1, 2, 3}), 20)
     await cluster.create_topic("after", 1, 3)
-    await eventually(lambda: applied(cluster, ["fenced", "after"]), 20)
+    await eventually(lambda: cluster.applied(["fenced", "after"]), 20)
     before = await etcd_state(cluster)
 
     old.signal(signal.SIGCONT)
@@ -149,7 +124,7 @@ async def test_a_paused_controller_is_deposed_and_can_neither_write_nor_command(
             )
         )
         assert response.error_code == ErrorCode.STALE_CONTROLLER_EPOCH, response
-    assert await applied(cluster, ["fenced", "after"])
+    assert await cluster.applied(["fenced", "after"])
     await assert_written_only_by(cluster, before, new)
 
 
@@ -384,7 +359,7 @@ async def test_isr_shrinks_of_200_partitions_travel_in_a_handful_of_alter_isr_rp
     cluster = await make_cluster(session_timeout_ms=60_000, metrics=True)
     follower = 3
     await cluster.create_topic("many", assignments=[(1 + p % 2, follower) for p in range(200)])
-    await eventually(lambda: settled(cluster, ["many"]), 30)
+    await eventually(lambda: cluster.settled(["many"]), 30)
     before = await cluster.partitions("many")
     active = await cluster.store.active_controller()
     assert active is not None

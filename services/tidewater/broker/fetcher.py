@@ -154,11 +154,15 @@ class ReplicaFetcher:
         name = f"fetcher-{self.source.broker_id}-{self.fetcher_id}"
         self.task = asyncio.create_task(self._run(), name=name)
 
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done()
+
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+            # Not `await self.task`: a fetcher that died would raise its error here again.
+            await asyncio.wait([self.task])
 
     async def _run(self) -> None:
         deadline = ReadDeadline(self.config.replica_fetch_wait_max_ms / 1000 + RPC_GRACE_S)
@@ -325,6 +329,11 @@ class ReplicaFetcher:
             except TidewaterError as e:
                 log.warning("%s-%d: cannot apply fetched data: %s", *tp, e)
                 state.delayed_until = time.monotonic() + backoff_s
+            except Exception:
+                # One partition's failure must not end the fetcher and stall the others
+                # (Kafka's processFetchRequest backs the partition off on any Throwable).
+                log.exception("%s-%d: unexpected error handling fetched data; backing off", *tp)
+                state.delayed_until = time.monotonic() + backoff_s
 
     def _still_follows(
         self, tp: TopicPartition, state: PartitionFetchState, hosted: HostedPartition
@@ -355,10 +364,16 @@ class ReplicaFetcher:
                 for spec in (pb.OFFSET_SPEC_LATEST, pb.OFFSET_SPEC_EARLIEST)
             ],
         )
-        response = await stub.ListOffsets(request, timeout=RPC_GRACE_S)
+        backoff_s = self.config.replica_fetch_backoff_ms / 1000
+        try:
+            response = await stub.ListOffsets(request, timeout=RPC_GRACE_S)
+        except grpc.aio.AioRpcError as e:
+            log.info("%s: ListOffsets failed: %s %s", hosted.state.name, e.code(), e.details())
+            state.delayed_until = time.monotonic() + backoff_s
+            return
         latest, earliest = response.partitions
         if latest.error_code or earliest.error_code:
-            state.delayed_until = time.monotonic() + self.config.replica_fetch_backoff_ms / 1000
+            state.delayed_until = time.monotonic() + backoff_s
             return
         action = on_offset_out_of_range(
             hosted.state.name,
@@ -377,10 +392,17 @@ class ReplicaFetcher:
     def _delay(self, tps: list[TopicPartition], seconds: float) -> None:
         until = time.monotonic() + seconds
         for tp in tps:
-            self.partitions[tp].delayed_until = until
+            state = self.partitions.get(tp)
+            if state is not None:  # else removed while the fetch was in flight
+                state.delayed_until = until
 
 
 class ReplicaFetcherManager:
+    """Kafka's ReplicaFetcherManager: hands each followed partition to its fetcher, and keeps
+    every fetcher it hands partitions to running. A fetcher's task that ends by itself (a bug
+    outside the per-partition error handling) is logged and replaced after
+    replica.fetch.backoff.ms, with its partitions; adding a partition replaces it at once."""
+
     def __init__(
         self, config: BrokerConfig, lookup: Callable[[TopicPartition], HostedPartition | None]
     ) -> None:
@@ -393,18 +415,43 @@ class ReplicaFetcherManager:
         self.remove_partitions([tp])
         key = (source.broker_id, fetcher_id(tp[0], tp[1], self.config.num_replica_fetchers))
         fetcher = self.fetchers.get(key)
-        if fetcher is None or fetcher.source != source:
+        if fetcher is None or fetcher.source != source or not fetcher.alive:
             # A restarted leader may listen elsewhere: a new fetcher takes over the old one's
             # partitions.
-            replaced = fetcher
-            fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup)
-            if replaced is not None:
-                fetcher.partitions.update(replaced.partitions)
-                self._stop_later(replaced)
-            self.fetchers[key] = fetcher
-            fetcher.start()
+            fetcher = self._replace(key, fetcher, source)
         fetcher.partitions[tp] = PartitionFetchState(leader_epoch)
         fetcher.changed.set()
+
+    def _replace(
+        self, key: tuple[int, int], old: ReplicaFetcher | None, source: SourceBroker
+    ) -> ReplicaFetcher:
+        fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup)
+        if old is not None:
+            fetcher.partitions.update(old.partitions)
+            self._stop_later(old)
+        self.fetchers[key] = fetcher
+        fetcher.start()
+        assert fetcher.task is not None
+        fetcher.task.add_done_callback(lambda task: self._ended(key, fetcher, task))
+        return fetcher
+
+    def _ended(
+        self, key: tuple[int, int], fetcher: ReplicaFetcher, task: asyncio.Task[None]
+    ) -> None:
+        if task.cancelled():
+            return  # stopped
+        log.error(
+            "fetcher %s ENDED (it must run until stopped); replacing it in %d ms",
+            task.get_name(),
+            self.config.replica_fetch_backoff_ms,
+            exc_info=task.exception(),
+        )
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.replica_fetch_backoff_ms / 1000, self._restart, key, fetcher)
+
+    def _restart(self, key: tuple[int, int], dead: ReplicaFetcher) -> None:
+        if self.fetchers.get(key) is dead:  # else replaced or removed meanwhile
+            self._replace(key, dead, dead.source)
 
     def remove_partitions(self, tps: list[TopicPartition]) -> None:
         for key, fetcher in list(self.fetchers.items()):

@@ -90,10 +90,11 @@ async def read_served(
     return bytes(served)
 
 
-def log_bytes(log: Log, up_to: int) -> bytes:
-    """Every batch of a broker's log from offset 0 to the one holding `up_to - 1`, as stored."""
+def log_bytes(log: Log, up_to: int, start: int = 0) -> bytes:
+    """Every batch of a broker's log from offset `start` to the one holding `up_to - 1`, as
+    stored."""
     stored = bytearray()
-    offset = 0
+    offset = start
     while offset < up_to and (batches := log.read(offset, READ_MAX_BYTES, up_to)):
         stored += batches
         offset = next_offset(batches)

@@ -1,0 +1,205 @@
+"""A follower's fetcher goes on replicating every partition after an error in handling one
+partition's answer, and its manager replaces a fetcher whose task ended. Two in-process brokers
+(real gRPC on 127.0.0.1, real files); the test plays the controller (StandinController). Broker 2
+follows every partition from broker 1 with one fetcher (num.replica.fetchers=1)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from tidewater.broker.fetcher import ReplicaFetcher
+from tidewater.broker.server import BrokerServer
+from tidewater.local.fetch import log_bytes
+from tidewater.local.standin_controller import StandinController
+from tidewater.local.wait import eventually
+from tidewater.records.batch import Record, build_batch
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+# Retention keeps only the active segment of PRUNED on the leader: a new follower's first
+# fetch, at offset 0, is below the leader's log start (OFFSET_OUT_OF_RANGE).
+PRUNED = ("pruned", 0)
+STEADY = ("steady", 0)
+WAIT_S = 20.0
+
+
+class Pair:
+    def __init__(self, controller: StandinController, servers: dict[int, BrokerServer]) -> None:
+        self.controller = controller
+        self.servers = servers
+        self.clients: dict[int, Any] = {}
+
+    def hosted(self, broker_id: int, tp: tuple[str, int]) -> Any:
+        return self.servers[broker_id].replica_manager.partitions[tp]
+
+    def fetchers(self) -> list[ReplicaFetcher]:
+        return list(self.servers[2].replica_manager.fetcher_manager.fetchers.values())
+
+    async def produce(self, tp: tuple[str, int], count: int, acks: int = 1) -> None:
+        for i in range(count):
+            response = await self.clients[1].service.Produce(
+                pb.ProduceRequest(
+                    acks=acks,
+                    timeout_ms=10_000,
+                    partitions=[
+                        pb.PartitionProduceData(
+                            topic=tp[0],
+                            partition=tp[1],
+                            record_batch=build_batch([Record(value=b"%d" % i * 40)]),
+                        )
+                    ],
+                )
+            )
+            assert response.partitions[0].error_code == ErrorCode.NONE
+
+    def in_sync(self, tp: tuple[str, int]) -> bool:
+        """Broker 2 holds broker 1's log of `tp`, byte for byte, from the leader's log start."""
+        leader, follower = self.hosted(1, tp).log, self.hosted(2, tp).log
+        return (
+            follower.log_end_offset == leader.log_end_offset
+            and follower.log_start_offset <= leader.log_start_offset
+            and log_bytes(follower, leader.log_end_offset, leader.log_start_offset)
+            == log_bytes(leader, leader.log_end_offset, leader.log_start_offset)
+        )
+
+    async def caught_up(self, *tps: tuple[str, int]) -> None:
+        await eventually(lambda: all(self.in_sync(tp) for tp in tps), WAIT_S)
+
+
+@pytest.fixture
+async def make_pair(
+    start_broker: Callable[..., Awaitable[Any]],
+) -> AsyncIterator[Callable[..., Awaitable[Pair]]]:
+    controller = StandinController(brokers={})
+    address = await controller.start()
+
+    async def make(backoff_ms: int = 50) -> Pair:
+        servers = {}
+        pair = Pair(controller, servers)
+        for broker_id in (1, 2):
+            servers[broker_id], pair.clients[broker_id] = await start_broker(
+                broker_id,
+                controllers=address,
+                **{
+                    "replica.fetch.backoff.ms": backoff_ms,
+                    "replica.fetch.wait.max.ms": 100,
+                    "num.replica.fetchers": 1,
+                    "log.retention.check.interval.ms": 20,
+                },
+            )
+            controller.brokers[broker_id] = servers[broker_id].address
+        controller.configs[PRUNED[0]] = {"segment.bytes": "200", "retention.bytes": "0"}
+        return pair
+
+    yield make
+    await controller.stop()
+
+
+async def test_fetcher_survives_a_failed_list_offsets_of_one_partition(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await make_pair()
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    await pair.controller.elect(*PRUNED, leader=1, replicas=[1])
+    await pair.produce(PRUNED, 10)
+    await eventually(lambda: pair.hosted(1, PRUNED).log.log_start_offset > 0, WAIT_S)
+
+    # The leader's next ListOffsets fails: the follower's call raises AioRpcError.
+    leader = pair.servers[1].replica_manager
+    answer = leader.list_offsets
+    refused: list[pb.ListOffsetsRequest] = []
+
+    def list_offsets_failing_once(request: pb.ListOffsetsRequest) -> pb.ListOffsetsResponse:
+        if not refused:
+            refused.append(request)
+            raise RuntimeError("injected ListOffsets failure")
+        return answer(request)
+
+    leader.list_offsets = list_offsets_failing_once  # type: ignore[method-assign]
+    await pair.controller.elect(*PRUNED, leader=1, replicas=[1, 2], isr=[1])
+    await eventually(lambda: refused, WAIT_S)
+    assert refused[0].replica_id == 2
+
+    await pair.produce(STEADY, 5, acks=-1)
+    await pair.caught_up(STEADY, PRUNED)
+
+
+async def test_fetcher_survives_an_unexpected_error_appending_one_partition(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    pair = await make_pair()
+    for tp in (STEADY, PRUNED):
+        await pair.controller.elect(*tp, leader=1, replicas=[1, 2])
+    follower = pair.hosted(2, PRUNED)
+    append = follower.append_as_follower
+    failed: list[int] = []
+
+    async def append_failing_once(batches: Any) -> Any:
+        if not failed:
+            failed.append(len(batches))
+            raise OSError(5, "injected I/O error")
+        return await append(batches)
+
+    follower.append_as_follower = append_failing_once
+    await pair.produce(PRUNED, 1)
+    await eventually(lambda: failed, WAIT_S)
+
+    await pair.produce(STEADY, 5, acks=-1)
+    await pair.produce(PRUNED, 5)
+    await pair.caught_up(STEADY, PRUNED)
+
+
+def _fail_next_fetch_answer(fetcher: ReplicaFetcher) -> list[str]:
+    """Make `fetcher`'s task end with an error in its own loop (not a partition's handling),
+    at its next fetch answer; returns a list that says when it did."""
+    on_response = fetcher.session.on_response
+    raised: list[str] = []
+
+    def on_response_failing_once(*args: Any) -> None:
+        if not raised:
+            raised.append(fetcher.source.address)
+            raise RuntimeError("injected fetcher bug")
+        on_response(*args)
+
+    fetcher.session.on_response = on_response_failing_once  # type: ignore[method-assign]
+    return raised
+
+
+async def test_a_fetcher_that_died_is_replaced_and_replicates_again(
+    make_pair: Callable[..., Awaitable[Pair]], caplog: pytest.LogCaptureFixture
+) -> None:
+    pair = await make_pair()
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    (fetcher,) = pair.fetchers()
+    raised = _fail_next_fetch_answer(fetcher)
+    with caplog.at_level(logging.ERROR, logger="tidewater.broker.fetcher"):
+        await pair.produce(STEADY, 3)
+        await eventually(lambda: raised and fetcher.task and fetcher.task.done(), WAIT_S)
+        await pair.produce(STEADY, 3, acks=-1)
+        await pair.caught_up(STEADY)
+    (replacement,) = pair.fetchers()
+    assert replacement is not fetcher and replacement.alive
+    (ended,) = [r for r in caplog.records if "ENDED" in r.getMessage()]
+    assert ended.exc_info is not None and "injected fetcher bug" in str(ended.exc_info[1])
+
+
+async def test_a_partition_is_never_handed_to_a_dead_fetcher(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    # A backoff far beyond the test's span: only adding a partition replaces the dead fetcher.
+    pair = await make_pair(backoff_ms=600_000)
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    (fetcher,) = pair.fetchers()
+    raised = _fail_next_fetch_answer(fetcher)
+    await pair.produce(STEADY, 3)
+    await eventually(lambda: raised and fetcher.task and fetcher.task.done(), WAIT_S)
+
+    await pair.controller.elect(*PRUNED, leader=1, replicas=[1, 2])
+    (replacement,) = pair.fetchers()
+    assert replacement is not fetcher and replacement.alive
+    await pair.produce(PRUNED, 3)
+    await pair.caught_up(STEADY, PRUNED)

@@ -9,6 +9,7 @@ from tidewater.controller.core import (
     changes_for_offline_partitions,
     changes_for_unusable_broker,
     initial_partition_records,
+    start_reassignment,
     unclean_leader_change,
     validate_isr_change,
 )
@@ -17,6 +18,7 @@ from tidewater.controller.model import (
     BrokerState,
     ClusterModel,
     PartitionRecord,
+    Reassignment,
     TopicState,
 )
 from tidewater.errors import TidewaterError
@@ -161,3 +163,51 @@ def test_new_partitions_start_with_the_first_usable_replica_leading() -> None:
         (1, (1, 2), None),
         (1, (1, 2), None),
     ]
+
+
+def reassigning(isr: tuple[int, ...], leader: int, *, unclean: bool = False) -> ClusterModel:
+    """t-0 moving from [1, 2, 3] to [1, 2, 4] (so assigned to [1, 2, 4, 3]); brokers 1-5."""
+    m = model(unclean=unclean)
+    for b in (4, 5):
+        m.brokers[b] = BrokerState(b, "127.0.0.1", 9000 + b, "", "x", epoch=b, fenced=False)
+    m.topics["t"].assignment[0] = (1, 2, 4, 3)
+    m.topics["t"].reassignments[0] = Reassignment((1, 2, 3), (1, 2, 4))
+    m.partitions[("t", 0)] = PartitionRecord(leader, 7, isr, 1, partition_epoch=200)
+    return m
+
+
+def test_cancelling_a_reassignment_takes_the_replicas_it_added_out_of_the_isr() -> None:
+    m = reassigning((1, 2, 4), leader=1)
+    reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    assert reassignment.replicas == (1, 2, 3)
+    after = change.after
+    assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2))
+    assert set(after.isr) <= set(reassignment.replicas)
+    assert change.expected_partition_epoch == 200
+
+
+def test_re_targeting_a_reassignment_takes_the_dropped_replica_out_of_the_isr() -> None:
+    m = reassigning((1, 2, 4), leader=1)
+    reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 5), EPOCH)
+    assert reassignment.replicas == (1, 2, 5, 3)
+    assert change.after.isr == (1, 2)
+
+
+def test_a_dropped_leader_hands_over_to_the_first_remaining_isr_member() -> None:
+    m = reassigning((4, 3, 2), leader=4)
+    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    after = change.after
+    assert (after.leader, after.leader_epoch, after.isr) == (2, 8, (3, 2))
+    assert not change.unclean
+
+
+def test_a_cancel_that_would_leave_no_isr_member_needs_unclean_election() -> None:
+    with pytest.raises(TidewaterError) as info:
+        start_reassignment(reassigning((4,), leader=4), ("t", 0), (1, 2, 3), EPOCH)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    with pytest.raises(TidewaterError) as info:
+        start_reassignment(reassigning((4,), leader=NO_LEADER), ("t", 0), (1, 2, 3), EPOCH)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    m = reassigning((4,), leader=4, unclean=True)
+    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    assert (change.after.leader, change.after.isr, change.unclean) == (1, (1,), True)

@@ -228,7 +228,10 @@ def start_reassignment(
     model: ClusterModel, tp: TopicPartition, target: tuple[int, ...], controller_epoch: int
 ) -> tuple[Reassignment, PartitionChange]:
     """Assign the partition to original + target replicas, so the new ones start following;
-    the leader epoch moves so every replica hears of the change."""
+    the leader epoch moves so every replica hears of the change. Cancelling or re-targeting a
+    reassignment drops replicas it was adding: they leave the ISR too, and if one of them
+    led, the first live ISR member among the remaining replicas leads (KIP-455). With no such
+    member left, ELIGIBLE_LEADERS_NOT_AVAILABLE unless the topic allows unclean election."""
     if not target or len(set(target)) != len(target):
         raise TidewaterError(
             f"{tp[0]}-{tp[1]}: target replicas {list(target)} must be distinct and non-empty",
@@ -244,8 +247,33 @@ def start_reassignment(
     original = current.original if current else model.replicas(tp)
     reassignment = Reassignment(original, target)
     record = model.partitions[tp]
-    after = record.with_(leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch)
-    return reassignment, PartitionChange(tp, record, after)
+    replicas = reassignment.replicas
+    kept = record.with_(isr=tuple(b for b in record.isr if b in replicas))
+    if record.leader == NO_LEADER or record.leader in replicas:
+        if not kept.isr:
+            raise TidewaterError(
+                f"{tp[0]}-{tp[1]}: no member of the ISR {list(record.isr)} would remain a "
+                f"replica of {list(replicas)}",
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+            )
+        after, unclean = kept.with_(leader_epoch=record.leader_epoch + 1), False
+    else:
+        try:
+            result = offline_partition_leader(
+                replicas,
+                kept,
+                model.usable_brokers(),
+                unclean_allowed=topic.unclean_leader_election_enable,
+            )
+        except NoReplicaOnline as e:
+            raise TidewaterError(
+                f"{tp[0]}-{tp[1]}: leader {record.leader} would no longer be a replica: {e}",
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+            ) from None
+        after, unclean = result.leader_and_isr, result.unclean
+    return reassignment, PartitionChange(
+        tp, record, after.with_(controller_epoch=controller_epoch), unclean
+    )
 
 
 def complete_reassignment(

@@ -1,0 +1,62 @@
+"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tidewater.v1 import common_pb2
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+if TYPE_CHECKING:
+    from conftest import Cluster, Eventually
+
+
+async def reassign(cluster: Cluster, replicas: list[int] | None) -> None:
+    """Reassign "moving"-0 to `replicas`, or cancel its reassignment (None)."""
+    partition = cpb.ReassignablePartition(
+        topic="moving", partition=0, replicas=replicas or [], cancel=replicas is None
+    )
+    response = await cluster.call_controller(
+        "AlterPartitionReassignments",
+        cpb.AlterPartitionReassignmentsRequest(partitions=[partition]),
+    )
+    assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
+
+
+async def test_cancelling_a_reassignment_takes_its_added_replicas_out_of_the_isr(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    await cluster.create_topic("moving", assignments=[(1, 3)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    # Broker 3 is gone: neither the reassignment to [2, 3] nor its cancellation (back to
+    # [1, 3]) can complete while it is out of the ISR.
+    cluster.brokers[3].kill()
+
+    async def state(check: Any) -> bool:
+        return bool(check((await cluster.partitions("moving"))[0]))
+
+    await eventually(lambda: state(lambda s: s["isr"] == [1]), 20)
+    await reassign(cluster, [2, 3])
+    await eventually(lambda: state(lambda s: sorted(s["isr"]) == [1, 2]), 20)
+    # The replica being added leads (it is the preferred one of the target replicas).
+    response = await cluster.call_controller(
+        "ElectLeaders",
+        cpb.ElectLeadersRequest(
+            election_type=cpb.ELECTION_TYPE_PREFERRED,
+            partitions=[common_pb2.TopicPartition(topic="moving", partition=0)],
+        ),
+    )
+    assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
+    await eventually(lambda: state(lambda s: s["leader"] == 2), 10)
+
+    await reassign(cluster, None)
+    # Back on [1, 3]: 2 is neither leader nor in the ISR of a partition it no longer holds,
+    # and broker 1 leads and takes acks=all writes with an ISR of itself.
+    assert (await cluster.store.load_topics())["moving"]["assignment"]["0"] == [1, 3]
+    current = (await cluster.partitions("moving"))[0]
+    assert (current["leader"], current["isr"]) == (1, [1])
+    await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
+    seen = await cluster.read(1, "moving", 0)
+    assert {b"before", b"after"} <= set(seen)
+    await eventually(lambda: not (cluster.root / "broker-2" / "moving-0").exists(), 10)

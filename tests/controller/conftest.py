@@ -215,6 +215,8 @@ class Cluster:
             # NOT_CONTROLLER, which would hand it the active controller's own address.
             active = await self.store.active_controller()
             addresses.sort(key=lambda a: active is None or a != active[1])
+            for proxy in self.controller_links.pop(broker_id, []):  # a restart's old ones
+                await proxy.stop()
             proxies = [TcpProxy(address) for address in addresses]
             self.controller_links[broker_id] = proxies
             addresses = [await proxy.start() for proxy in proxies]

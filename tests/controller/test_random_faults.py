@@ -2,11 +2,11 @@
 and three broker processes, while the SDK's idempotent producer sends acks=all records to
 three RF=3 partitions with min.insync.replicas=2. A seeded schedule of faults, one after
 another: a broker killed -9 or shut down and started again, a broker or two paused (past the
-ISR's lag time and the broker session, or not), the active controller killed -9 and started
-again. Then, with everything back and the ISRs full: every acknowledged record is in its
-partition exactly once, at the offset its acknowledgement named; no record is there twice;
-each partition holds its records in send order; and the three replicas of each partition
-hold the same bytes.
+ISR's lag time and the broker session, or not), a broker cut off from the controllers (its
+connections dropped or blackholed), the active controller killed -9 and started again. Then,
+with everything back and the ISRs full: every acknowledged record is in its partition exactly
+once, at the offset its acknowledgement named; no record is there twice; each partition holds
+its records in send order; and the three replicas of each partition hold the same bytes.
 
 Each fault lasts at most a few seconds and a schedule is FAULTS long; the producer stops when
 the schedule ends. A soak runs more seeds: TIDEWATER_FAULT_SEEDS=1-40 (about 40 s a seed)."""
@@ -29,6 +29,7 @@ from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.client.producer import Producer, RecordFuture
 from tidewater.local.fetch import list_offsets, log_bytes, read_served
+from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import decode_batches
 from tidewater.v1 import broker_pb2 as pb
 
@@ -72,10 +73,12 @@ class Nemesis:
             self.restart_broker,
             self.pause_broker,
             self.pause_two_brokers,
+            self.cut_broker_off,
             self.kill_controller,
         ]
         for _ in range(faults):
             self.done.append(await self.rng.choice(kinds)())
+            print("fault:", self.done[-1])  # shown with a failure
             # Every broker back in the cluster, then some time without faults.
             await self.eventually(lambda: self.cluster.has_alive_brokers(set(BROKERS)), DEADLINE_S)
             await asyncio.sleep(self.rng.uniform(0.2, 1.5))
@@ -91,14 +94,27 @@ class Nemesis:
         broker = self.rng.choice(BROKERS)
         self.cluster.brokers[broker].kill()
         held = await self.hold()
-        await self.cluster.start_broker(broker)
+        await self.start(broker)
         return f"kill -9 broker {broker} for {held:.1f} s"
 
     async def restart_broker(self) -> str:
         broker = self.rng.choice(BROKERS)
         await asyncio.to_thread(self.cluster.brokers[broker].stop)
-        await self.cluster.start_broker(broker)
+        await self.start(broker)
         return f"restart broker {broker}"
+
+    async def start(self, broker: int) -> None:
+        await self.cluster.start_broker(broker, controller_proxies=True)
+
+    async def cut_broker_off(self) -> str:
+        broker = self.rng.choice(BROKERS)
+        mode = self.rng.choice([LinkMode.DROP, LinkMode.BLACKHOLE])
+        self.cluster.cut_off(broker, mode)
+        try:
+            held = await self.hold()
+        finally:
+            self.cluster.cut_off(broker, LinkMode.PASS)
+        return f"cut broker {broker} off the controllers ({mode.value}) for {held:.1f} s"
 
     async def pause_broker(self) -> str:
         broker = self.rng.choice(BROKERS)
@@ -174,7 +190,7 @@ async def test_a_random_schedule_of_faults_loses_no_acknowledged_record_and_leav
     tmp_path: Path,
     seed: int,
 ) -> None:
-    cluster = await make_cluster(metadata=True)
+    cluster = await make_cluster(metadata=True, controller_proxies=BROKERS)
     await cluster.create_topic(TOPIC, partitions=PARTITIONS, rf=3, **{"min.insync.replicas": "2"})
     await eventually(lambda: cluster.settled([TOPIC]), DEADLINE_S)
     nemesis = Nemesis(cluster, random.Random(seed), eventually)

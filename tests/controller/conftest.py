@@ -142,6 +142,9 @@ class Cluster:
         )
         # Per broker started with `controller_proxies`: one proxy per controller address.
         self.controller_links: dict[int, list[TcpProxy]] = {}
+        # Per broker started with `inbound_proxy`: the proxy everyone else reaches it through
+        # (its advertised address; `isolate`). Kept across restarts, as is its port.
+        self.broker_links: dict[int, TcpProxy] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._store: ControllerStore | None = None
         # With metrics: every process serves them on a port of its own, kept across restarts.
@@ -172,9 +175,11 @@ class Cluster:
         controller_ids: Sequence[int] = (1, 2),
         broker_ids: Sequence[int] = (1, 2, 3),
         controller_proxies: Sequence[int] = (),
+        inbound_proxies: Sequence[int] = (),
     ) -> None:
         """Controllers, then brokers; returns once every broker is alive (unfenced). Brokers in
-        `controller_proxies` reach the controllers only through proxies (`cut_off`)."""
+        `controller_proxies` reach the controllers only through proxies (`cut_off`); brokers in
+        `inbound_proxies` are reached (by brokers, controllers and clients) through one."""
         if self.metadata is not None:
             await asyncio.to_thread(self.metadata.start)
         for controller_id in controller_ids:
@@ -182,7 +187,11 @@ class Cluster:
         self._store = await ControllerStore.connect([self.etcd.endpoint], self.name)
         await eventually(self.store.active_controller, 10)
         for broker_id in broker_ids:
-            await self.start_broker(broker_id, controller_proxies=broker_id in controller_proxies)
+            await self.start_broker(
+                broker_id,
+                controller_proxies=broker_id in controller_proxies,
+                inbound_proxy=broker_id in inbound_proxies,
+            )
         await eventually(lambda: self.has_alive_brokers(set(broker_ids)), 30)
 
     async def start_controller(self, controller_id: int, listen: str = "127.0.0.1:0") -> str:
@@ -206,9 +215,14 @@ class Cluster:
         return await asyncio.to_thread(proc.start)
 
     async def start_broker(
-        self, broker_id: int, controller_proxies: bool = False, **settings: str
+        self,
+        broker_id: int,
+        controller_proxies: bool = False,
+        inbound_proxy: bool = False,
+        **settings: str,
     ) -> str:
-        """Start (or restart, on the same log dir) a broker process."""
+        """Start (or restart, on the same log dir) a broker process. Its own address (for
+        the test's clients) is the one it binds, even behind an inbound proxy."""
         addresses = [p.address for p in self.controllers.values()]
         if controller_proxies:
             # The active controller first: the broker's first call must not be answered
@@ -220,14 +234,22 @@ class Cluster:
             proxies = [TcpProxy(address) for address in addresses]
             self.controller_links[broker_id] = proxies
             addresses = [await proxy.start() for proxy in proxies]
+        listen, advertised = "127.0.0.1:0", ""
+        if inbound_proxy:
+            link = self.broker_links.get(broker_id)
+            if link is None:
+                link = self.broker_links[broker_id] = TcpProxy(f"127.0.0.1:{free_port()}")
+                await link.start()
+            listen, advertised = link.target, link.address
         proc = ManagedProcess(
             f"broker-{broker_id}",
             broker_args(
                 broker_id,
                 self.root / f"broker-{broker_id}",
-                "127.0.0.1:0",
+                listen,
                 {"controllers": ",".join(addresses), **BROKER_SETTINGS, **settings},
                 self._metrics_port("broker", broker_id),
+                advertised=advertised,
             ),
             self.root,
         )
@@ -239,11 +261,16 @@ class Cluster:
         for proxy in self.controller_links[broker_id]:
             proxy.set_mode(mode)
 
+    def isolate(self, broker_id: int, mode: LinkMode) -> None:
+        """Set the link into a broker started with an inbound proxy: from other brokers (their
+        fetches), the controllers (LeaderAndIsr) and clients."""
+        self.broker_links[broker_id].set_mode(mode)
+
     async def close(self) -> None:
         for proc in [*self.brokers.values(), *self.controllers.values(), self.metadata]:
             if proc is not None:
                 proc.kill()
-        for proxies in self.controller_links.values():
+        for proxies in [*self.controller_links.values(), self.broker_links.values()]:
             for proxy in proxies:
                 await proxy.stop()
         for channel in self._channels.values():

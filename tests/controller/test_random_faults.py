@@ -2,11 +2,14 @@
 and three broker processes, while the SDK's idempotent producer sends acks=all records to
 three RF=3 partitions with min.insync.replicas=2. A seeded schedule of faults, one after
 another: a broker killed -9 or shut down and started again, a broker or two paused (past the
-ISR's lag time and the broker session, or not), a broker cut off from the controllers (its
+ISR's lag time and the broker session, or not), a broker cut off from the controllers, or
+from everyone who calls it (other brokers' fetches, the controllers, clients), or both (its
 connections dropped or blackholed), the active controller killed -9 and started again. Then,
 with everything back and the ISRs full: every acknowledged record is in its partition exactly
 once, at the offset its acknowledgement named; no record is there twice; each partition holds
-its records in send order; and the three replicas of each partition hold the same bytes.
+its records in send order; and the three replicas of each partition hold the same bytes. A
+consumer reads all along: what it read was committed, so it is all in the final log, at the
+offsets it was read at.
 
 Each fault lasts at most a few seconds and a schedule is FAULTS long; the producer stops when
 the schedule ends. A soak runs more seeds: TIDEWATER_FAULT_SEEDS=1-40 (about 40 s a seed)."""
@@ -27,9 +30,12 @@ import pytest
 
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
+from tidewater.client.consumer import Consumer
+from tidewater.client.errors import ClientError
 from tidewater.client.producer import Producer, RecordFuture
+from tidewater.errors import TidewaterError
 from tidewater.local.fetch import list_offsets, log_bytes, read_served
-from tidewater.local.tcp_proxy import LinkMode
+from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.records.batch import decode_batches
 from tidewater.v1 import broker_pb2 as pb
 
@@ -74,6 +80,7 @@ class Nemesis:
             self.pause_broker,
             self.pause_two_brokers,
             self.cut_broker_off,
+            self.isolate_broker,
             self.kill_controller,
         ]
         for _ in range(faults):
@@ -104,17 +111,36 @@ class Nemesis:
         return f"restart broker {broker}"
 
     async def start(self, broker: int) -> None:
-        await self.cluster.start_broker(broker, controller_proxies=True)
+        await self.cluster.start_broker(broker, controller_proxies=True, inbound_proxy=True)
 
     async def cut_broker_off(self) -> str:
         broker = self.rng.choice(BROKERS)
         mode = self.rng.choice([LinkMode.DROP, LinkMode.BLACKHOLE])
-        self.cluster.cut_off(broker, mode)
-        try:
-            held = await self.hold()
-        finally:
-            self.cluster.cut_off(broker, LinkMode.PASS)
+        held = await self.cut([self.cluster.controller_links[broker]], mode)
         return f"cut broker {broker} off the controllers ({mode.value}) for {held:.1f} s"
+
+    async def isolate_broker(self) -> str:
+        """Nobody reaches the broker; with `whole`, it reaches no controller either (it
+        still fetches from the other brokers)."""
+        broker = self.rng.choice(BROKERS)
+        mode = self.rng.choice([LinkMode.DROP, LinkMode.BLACKHOLE])
+        whole = self.rng.random() < 0.5
+        links = [[self.cluster.broker_links[broker]]]
+        if whole:
+            links.append(self.cluster.controller_links[broker])
+        held = await self.cut(links, mode)
+        what = "and its controller links " if whole else ""
+        return f"cut the links into broker {broker} {what}({mode.value}) for {held:.1f} s"
+
+    async def cut(self, links: list[list[TcpProxy]], mode: LinkMode) -> float:
+        proxies = [proxy for group in links for proxy in group]
+        for proxy in proxies:
+            proxy.set_mode(mode)
+        try:
+            return await self.hold()
+        finally:
+            for proxy in proxies:
+                proxy.set_mode(LinkMode.PASS)
 
     async def pause_broker(self) -> str:
         broker = self.rng.choice(BROKERS)
@@ -175,6 +201,29 @@ class Sends:
         }
 
 
+class Reads:
+    """What a consumer reads of every partition from the start while the faults go on."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(PARTITIONS)}
+        self.errors: list[str] = []
+
+    async def run(self, bootstrap: list[str], stop: asyncio.Event) -> None:
+        async with Consumer(
+            bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=200, request_timeout_ms=3000
+        ) as consumer:
+            consumer.assign([(TOPIC, p) for p in range(PARTITIONS)])
+            while not stop.is_set():
+                try:
+                    fetched = await consumer.poll_partitions(200)
+                except (TidewaterError, ClientError) as e:  # a leader gone: ask again
+                    self.errors.append(str(e))
+                    await asyncio.sleep(0.1)
+                    continue
+                for (_, partition), records in fetched.items():
+                    self.seen[partition] += [(r.offset, r.value or b"") for r in records]
+
+
 def stored(root: Path, broker: int, partition: int) -> bytes:
     log = Log.open(root / f"broker-{broker}" / f"{TOPIC}-{partition}", LogConfig())
     try:
@@ -190,19 +239,22 @@ async def test_a_random_schedule_of_faults_loses_no_acknowledged_record_and_leav
     tmp_path: Path,
     seed: int,
 ) -> None:
-    cluster = await make_cluster(metadata=True, controller_proxies=BROKERS)
+    cluster = await make_cluster(metadata=True, controller_proxies=BROKERS, inbound_proxies=BROKERS)
     await cluster.create_topic(TOPIC, partitions=PARTITIONS, rf=3, **{"min.insync.replicas": "2"})
     await eventually(lambda: cluster.settled([TOPIC]), DEADLINE_S)
     nemesis = Nemesis(cluster, random.Random(seed), eventually)
     sends = Sends()
+    reads = Reads()
     async with Producer(cluster.bootstrap, **PRODUCER) as producer:
         producing = asyncio.create_task(sends.run(producer))
+        reading = asyncio.create_task(reads.run(cluster.bootstrap, sends.stop))
         try:
             await eventually(lambda: len(sends.acknowledged()) >= 500, DEADLINE_S)
             await nemesis.run(FAULTS)
         finally:
             sends.stop.set()
             await producing
+            await reading
     acknowledged = sends.acknowledged()
     assert len(acknowledged) > 500, nemesis.done
 
@@ -222,6 +274,10 @@ async def test_a_random_schedule_of_faults_loses_no_acknowledged_record_and_leav
     assert [v for v, found in offsets.items() if len(found) > 1] == [], nemesis.done
     lost = {v: o for v, o in acknowledged.items() if offsets.get(v) != [o]}
     assert lost == {}, nemesis.done
+    assert sum(map(len, reads.seen.values())) > 0, reads.errors
+    for partition, records in reads.seen.items():
+        unread = set(records) - set(logs[partition])
+        assert unread == set(), (partition, sorted(unread)[:5], nemesis.done)
 
     # Every replica holds what its leader holds, byte for byte (read from the files), once
     # the HW has reached the leader's log end: every follower has fetched all of it.

@@ -1,16 +1,21 @@
 """A follower's fetcher goes on replicating every partition after an error in handling one
-partition's answer, and its manager replaces a fetcher whose task ended. Two in-process brokers
+partition's answer, its manager replaces a fetcher whose task ended, and a truncation decided
+on the leader's offsets applies only in the epoch it was decided in. Two in-process brokers
 (real gRPC on 127.0.0.1, real files); the test plays the controller (StandinController). Broker 2
 follows every partition from broker 1 with one fetcher (num.replica.fetchers=1)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
+from tidewater.broker import fetcher as fetcher_module
 from tidewater.broker.fetcher import ReplicaFetcher
 from tidewater.broker.server import BrokerServer
 from tidewater.local.fetch import log_bytes
@@ -18,6 +23,7 @@ from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 # Retention keeps only the active segment of PRUNED on the leader: a new follower's first
@@ -39,9 +45,11 @@ class Pair:
     def fetchers(self) -> list[ReplicaFetcher]:
         return list(self.servers[2].replica_manager.fetcher_manager.fetchers.values())
 
-    async def produce(self, tp: tuple[str, int], count: int, acks: int = 1) -> None:
+    async def produce(self, tp: tuple[str, int], count: int, acks: int = 1, leader: int = 1) -> int:
+        """`count` batches to the leader; the base offset of the last."""
+        base_offset = -1
         for i in range(count):
-            response = await self.clients[1].service.Produce(
+            response = await self.clients[leader].service.Produce(
                 pb.ProduceRequest(
                     acks=acks,
                     timeout_ms=10_000,
@@ -55,6 +63,8 @@ class Pair:
                 )
             )
             assert response.partitions[0].error_code == ErrorCode.NONE
+            base_offset = response.partitions[0].base_offset
+        return base_offset
 
     def in_sync(self, tp: tuple[str, int]) -> bool:
         """Broker 2 holds broker 1's log of `tp`, byte for byte, from the leader's log start."""
@@ -203,3 +213,58 @@ async def test_a_partition_is_never_handed_to_a_dead_fetcher(
     assert replacement is not fetcher and replacement.alive
     await pair.produce(PRUNED, 3)
     await pair.caught_up(STEADY, PRUNED)
+
+
+class HeldListOffsets:
+    """The fetcher's stub of its leader, whose ListOffsets calls reach the leader only once
+    the test releases them: a LeaderAndIsr can land while the fetcher awaits the answer."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sent: list[pb.ListOffsetsRequest] = []
+        self.answered: list[pb.ListOffsetsResponse] = []
+
+    def stub(self, channel: grpc.aio.Channel) -> Any:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        call = stub.ListOffsets
+
+        async def list_offsets(request: pb.ListOffsetsRequest, **kwargs: Any) -> Any:
+            self.sent.append(request)
+            await self.release.wait()
+            response = await call(request, **kwargs)
+            self.answered.append(response)
+            return response
+
+        stub.ListOffsets = list_offsets
+        return stub
+
+
+async def test_an_out_of_range_truncation_is_not_applied_after_the_follower_became_leader(
+    make_pair: Callable[..., Awaitable[Pair]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held = HeldListOffsets()
+    monkeypatch.setattr(
+        fetcher_module, "broker_pb2_grpc", SimpleNamespace(BrokerServiceStub=held.stub)
+    )
+    pair = await make_pair()
+    # STEADY keeps broker 2's fetcher running once PRUNED leaves it.
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    await pair.controller.elect(*PRUNED, leader=1, replicas=[1])
+    await pair.produce(PRUNED, 10)
+    await eventually(lambda: pair.hosted(1, PRUNED).log.log_start_offset > 0, WAIT_S)
+    await pair.controller.elect(*PRUNED, leader=1, replicas=[1, 2], isr=[1])
+    await eventually(lambda: held.sent, WAIT_S)
+
+    # Broker 2 leads PRUNED (only broker 2 hears of it) while its fetcher awaits the offsets
+    # that would have it truncate fully and start at the old leader's log start.
+    del pair.controller.brokers[1]
+    await pair.controller.elect(*PRUNED, leader=2, replicas=[1, 2], isr=[2])
+    epoch = pair.controller.states[PRUNED].leader_epoch
+    held.release.set()
+    await eventually(lambda: held.answered, WAIT_S)
+
+    leader = pair.hosted(2, PRUNED)
+    assert leader.state.leader_epoch == epoch
+    assert (leader.log.log_start_offset, leader.log.log_end_offset) == (0, 0)
+    assert leader.log.leader_epoch_cache.latest_epoch == epoch
+    assert await pair.produce(PRUNED, 1, leader=2) == 0

@@ -371,6 +371,8 @@ class ReplicaFetcher:
             log.info("%s: ListOffsets failed: %s %s", hosted.state.name, e.code(), e.details())
             state.delayed_until = time.monotonic() + backoff_s
             return
+        if not self._still_follows(hosted.key, state, hosted):
+            return  # a LeaderAndIsr came during the call: the leader's offsets are stale
         latest, earliest = response.partitions
         if latest.error_code or earliest.error_code:
             state.delayed_until = time.monotonic() + backoff_s

@@ -1,6 +1,7 @@
 """A follower's fetcher goes on replicating every partition after an error in handling one
-partition's answer, its manager replaces a fetcher whose task ended, and a truncation decided
-on the leader's offsets applies only in the epoch it was decided in. Two in-process brokers
+partition's answer, its manager replaces a fetcher whose task ended, a truncation decided on
+the leader's offsets applies only in the epoch it was decided in, and the leader's retention
+keeps what a follower has not fetched yet. Two in-process brokers
 (real gRPC on 127.0.0.1, real files); the test plays the controller (StandinController). Broker 2
 follows every partition from broker 1 with one fetcher (num.replica.fetchers=1)."""
 
@@ -268,3 +269,34 @@ async def test_an_out_of_range_truncation_is_not_applied_after_the_follower_beca
     assert (leader.log.log_start_offset, leader.log.log_end_offset) == (0, 0)
     assert leader.log.leader_epoch_cache.latest_epoch == epoch
     assert await pair.produce(PRUNED, 1, leader=2) == 0
+
+
+async def test_retention_keeps_what_a_follower_has_not_fetched_yet(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Broker 2 is in the ISR of PRUNED but has not fetched: the HW stays at 0, and retention,
+    however small retention.bytes, deletes no segment the HW has not passed (Kafka's
+    deletableSegments). Else broker 2 would start at the leader's new log start, and the HW
+    would pass offsets that no replica holds."""
+    pair = await make_pair()
+    follower_address = pair.controller.brokers.pop(2)  # not told yet that it follows
+    await pair.controller.elect(*PRUNED, leader=1, replicas=[1, 2])
+    leader = pair.hosted(1, PRUNED)
+    passes: list[tuple[int, ...]] = []
+    delete = leader.log.delete_retention_segments
+
+    def counted(*args: int) -> int:
+        passes.append(args)
+        return delete(*args)
+
+    leader.log.delete_retention_segments = counted
+    end = await pair.produce(PRUNED, 10) + 1
+    ran = len(passes)
+    await eventually(lambda: len(passes) > ran, WAIT_S)
+    assert len(leader.log.segments) > 1
+    assert (leader.state.high_watermark, leader.log.log_start_offset) == (0, 0)
+
+    pair.controller.brokers[2] = follower_address
+    await pair.controller.elect(*PRUNED, leader=1)
+    await eventually(lambda: leader.state.high_watermark == end, WAIT_S)
+    await eventually(lambda: leader.log.log_start_offset == leader.log.active_segment_base, WAIT_S)

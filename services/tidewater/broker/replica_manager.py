@@ -73,6 +73,7 @@ class ReplicaManager:
         self.config = config
         self.broker_id = config.broker_id
         self.log_manager = log_manager
+        log_manager.high_watermark = self._high_watermark
         self.time_ms = time_ms
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.controller_epoch = 0

@@ -776,7 +776,7 @@ def test_retention_by_time_deletes_old_segments_and_moves_the_log_start(
     second = log.segments[1]
     # Only the first segment's newest record is over an hour old.
     newest_in_first = log.segments[0].max_timestamp
-    assert log.delete_retention_segments(newest_in_first + 3_600_001) == 1
+    assert log.delete_retention_segments(newest_in_first + 3_600_001, log.log_end_offset) == 1
     assert log.log_start_offset == second.base_offset
     assert len(log.segments) == old_segments - 1
     assert segment_files(log_dir)[0] == f"{second.base_offset:020d}.log"
@@ -785,7 +785,7 @@ def test_retention_by_time_deletes_old_segments_and_moves_the_log_start(
     assert read_header(read_all(log, split)[0]).base_offset == second.base_offset
     assert log.leader_epoch_cache.epoch_entries[0].start_offset == second.base_offset
     # Far in the future everything is old, but the active segment stays.
-    log.delete_retention_segments(T0 + 10**10)
+    log.delete_retention_segments(T0 + 10**10, log.log_end_offset)
     assert log.segments == (log.segments[-1],)
     assert log.log_start_offset == log.segments[-1].base_offset
     assert log.log_end_offset == 60
@@ -797,18 +797,40 @@ def test_retention_by_size_keeps_at_least_retention_bytes(
     log = open_log(segment_bytes=1000, retention_ms=-1, retention_bytes=2500)
     fill(log, make_batch, 20)
     sizes = [s.size for s in log.segments]
-    deleted = log.delete_retention_segments(T0)
+    deleted = log.delete_retention_segments(T0, log.log_end_offset)
     assert deleted > 0
     assert log.size_bytes >= 2500
     assert log.size_bytes - log.segments[0].size < 2500
     assert log.size_bytes == sum(sizes[deleted:])
-    assert log.delete_retention_segments(T0) == 0
+    assert log.delete_retention_segments(T0, log.log_end_offset) == 0
+
+
+@pytest.mark.parametrize(
+    "policy", [{"retention_ms": 0}, {"retention_ms": -1, "retention_bytes": 0}], ids=["ms", "bytes"]
+)
+def test_retention_deletes_only_segments_the_hw_has_passed(
+    open_log: OpenLog, make_batch: MakeBatch, policy: dict[str, int]
+) -> None:
+    """Kafka's deletableSegments: a segment may go once the HW reaches the next one's base
+    offset, so the log start never passes the HW; records no follower may have copied yet stay,
+    however old or large the log. Never the active segment."""
+    log = open_log(segment_bytes=1000, **policy)
+    fill(log, make_batch, 20)
+    bases = [s.base_offset for s in log.segments]
+    now = T0 + 10**10
+    assert log.delete_retention_segments(now, high_watermark=0) == 0
+    assert log.delete_retention_segments(now, high_watermark=bases[2] - 1) == 1
+    assert log.log_start_offset == bases[1]
+    assert log.delete_retention_segments(now, high_watermark=bases[2]) == 1
+    assert log.log_start_offset == bases[2]
+    assert log.delete_retention_segments(now, log.log_end_offset) == len(bases) - 3
+    assert log.log_start_offset == bases[-1]
 
 
 def test_no_retention_when_unbounded(open_log: OpenLog, make_batch: MakeBatch) -> None:
     log = open_log(segment_bytes=1000, retention_ms=-1, retention_bytes=-1)
     fill(log, make_batch, 20)
-    assert log.delete_retention_segments(T0 + 10**12) == 0
+    assert log.delete_retention_segments(T0 + 10**12, log.log_end_offset) == 0
     assert log.log_start_offset == 0
 
 

@@ -236,6 +236,7 @@ async def test_background_tasks_apply_retention_flush_ms_and_checkpoints(
 ) -> None:
     manager = managers()
     retained = manager.get_or_create_log("old", 0, LogConfig(segment_bytes=1000, retention_bytes=0))
+    manager.high_watermark = lambda _: retained.log_end_offset  # every record replicated
     flushed = manager.get_or_create_log("flushy", 0, LogConfig(flush_ms=1000))
     for i in range(10):
         retained.append_as_leader(make_batch(2, body=bytes(300) + bytes([i])), leader_epoch=1)

@@ -540,12 +540,14 @@ class Log:
 
     # -- retention -----------------------------------------------------------------------
 
-    def delete_retention_segments(self, now_ms: int) -> int:
-        """Delete the oldest segments that retention.ms or retention.bytes let go (never the
-        active one); the log start offset moves to the first kept segment. Returns how many
-        segments went."""
+    def delete_retention_segments(self, now_ms: int, high_watermark: int) -> int:
+        """Delete the oldest segments that retention.ms or retention.bytes let go, among those
+        the HW has passed (Kafka's deletableSegments: the next segment's base offset is at or
+        below the HW; never the active one), so that no record goes before every ISR member
+        has it, and the log start never passes the HW. The log start offset moves to the first
+        kept segment. Returns how many segments went."""
         self.take_in_pending_write()
-        candidates = self._segments[:-1]
+        candidates = self._segments[: max(bisect.bisect_right(self._bases, high_watermark) - 1, 0)]
         deletable = 0
         retention_ms = self.config.retention_ms
         if retention_ms >= 0:

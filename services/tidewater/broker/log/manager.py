@@ -53,6 +53,9 @@ class LogManager:
         self._time_ms = time_ms
         self._logs: dict[TopicPartition, Log] = {}
         self._recovery_point_writer = OffsetCheckpointWriter(RECOVERY_POINT_CHECKPOINT)
+        # Set by the ReplicaManager: a hosted partition's HW, else -1. Retention deletes only
+        # segments the HW has passed: none of a log whose HW is not known yet.
+        self.high_watermark: Callable[[TopicPartition], int] = lambda _: -1
         # The partitions in each log dir, for placement and per-dir checkpoints.
         self._partitions_in: dict[Path, set[TopicPartition]] = {d: set() for d in self.log_dirs}
         self._lock_fds: list[int] = []
@@ -240,8 +243,8 @@ class LogManager:
 
     def _apply_retention(self) -> None:
         now = self._time_ms()
-        for lg in list(self._logs.values()):
-            lg.delete_retention_segments(now)
+        for tp, lg in list(self._logs.items()):
+            lg.delete_retention_segments(now, self.high_watermark(tp))
 
     def _flush_due_logs(self) -> None:
         now = self._time_ms()

@@ -9,6 +9,7 @@ from tidewater.broker.log.checkpoints import (
     EpochEntry,
     LeaderEpochCheckpoint,
     OffsetCheckpoint,
+    OffsetCheckpointWriter,
     write_atomically,
 )
 
@@ -21,6 +22,20 @@ def test_offset_checkpoint_round_trips_in_kafkas_format(tmp_path: Path) -> None:
     lines = checkpoint.path.read_text().splitlines()
     assert lines[:2] == ["0", "3"]
     assert sorted(lines[2:]) == ["a.b_c 3 1000000000000", "orders 0 42", "orders-eu 11 0"]
+
+
+async def test_offsets_waiting_for_a_worker_thread_never_overwrite_a_later_write(
+    tmp_path: Path,
+) -> None:
+    """The periodic checkpoint hands its offsets to a worker thread; a truncation's checkpoint
+    written meanwhile, on the event loop, is the later one and must stay."""
+    writer = OffsetCheckpointWriter("recovery-point-offset-checkpoint")
+    periodic = writer.write_off_loop(tmp_path, {("t", 0): 60})
+    writer.write(tmp_path, {("t", 0): 20})
+    await periodic
+    assert OffsetCheckpoint(tmp_path / writer.name).read() == {("t", 0): 20}
+    await writer.write_off_loop(tmp_path, {("t", 0): 25})
+    assert OffsetCheckpoint(tmp_path / writer.name).read() == {("t", 0): 25}
 
 
 def test_missing_checkpoint_reads_empty(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tidewater.broker.log.checkpoints import EpochEntry, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.log import FlushJob
+from tidewater.broker.log.log import FlushJob, Log
 from tidewater.broker.log.manager import RECOVERY_POINT_CHECKPOINT, LogManager
 from tidewater.errors import StorageError, UnknownTopicOrPartition
 from tidewater.local.wait import eventually
@@ -110,7 +110,7 @@ CRASHING_BROKER = """
 import os, sys
 from pathlib import Path
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.log import FlushJob
+from tidewater.broker.log.log import FlushJob, Log
 from tidewater.broker.log.manager import LogManager
 from tidewater.records.batch import Record, build_batch
 
@@ -140,6 +140,74 @@ def test_restart_after_a_crash_recovers_from_the_checkpointed_points(
     assert log.log_end_offset == 68
     last = read_header(bytes(log.read(66, 1 << 20)))
     assert (last.base_offset, last.next_offset) == (66, 68)
+
+
+@pytest.mark.parametrize(
+    ("truncate", "recovery_point"),
+    [(lambda lg: lg.truncate_to(20), 20), (lambda lg: lg.truncate_fully_and_start_at(30), 30)],
+    ids=["truncate_to", "truncate_fully_and_start_at"],
+)
+def test_a_truncation_below_the_recovery_point_checkpoints_it_at_once(
+    managers: Callable[..., LogManager],
+    make_batch: MakeBatch,
+    truncate: Callable[[Log], None],
+    recovery_point: int,
+) -> None:
+    manager = managers()
+    append(manager, make_batch, "t", 0, 30)
+    log = manager.get_log("t", 0)
+    assert log is not None
+    log.flush()
+    manager.checkpoint_recovery_points()
+    checkpoint = OffsetCheckpoint(log.dir.parent / RECOVERY_POINT_CHECKPOINT)
+    assert checkpoint.read() == {("t", 0): 60}
+    truncate(log)
+    assert log.recovery_point == recovery_point
+    assert checkpoint.read() == {("t", 0): recovery_point}
+
+
+TRUNCATING_BROKER = """
+import os, sys
+from pathlib import Path
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.manager import LogManager
+from tidewater.records.batch import Record, build_batch
+
+manager = LogManager([Path(d) for d in sys.argv[1:]], LogConfig())
+log = manager.get_or_create_log("t", 0, LogConfig())
+def append(value, epoch):
+    log.append_as_leader(bytearray(build_batch([Record(value=value)] * 2)), leader_epoch=epoch)
+for i in range(30):
+    append(b"first %d" % i, 1)
+log.flush()
+manager.checkpoint_recovery_points()  # recovery point 60
+log.truncate_to(20)  # a follower whose log diverged at 20
+for i in range(30):
+    append(b"again %d" % i, 2)  # offsets 20 to 79, never flushed
+os._exit(0)  # killed: no flush, no close, no checkpoint
+"""
+
+
+def test_a_crash_after_truncating_and_appending_again_verifies_the_new_records(
+    managers: Callable[..., LogManager], dirs: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The recovery point checkpoint is rewritten when a truncation lowers the recovery point
+    (Kafka's LogManager.truncateTo): a restart must check the records appended after the
+    truncation, not trust them below the recovery point checkpointed before it."""
+    subprocess.run([sys.executable, "-c", TRUNCATING_BROKER, *map(str, dirs)], check=True)
+    assert OffsetCheckpoint(dirs[0] / RECOVERY_POINT_CHECKPOINT).read() == {("t", 0): 20}
+    segment = dirs[0] / "t-0" / "00000000000000000000.log"
+    data = bytearray(segment.read_bytes())
+    position = 0
+    while (header := read_header(data, position)).base_offset != 30:
+        position += header.size
+    data[position + header.size - 1] ^= 0x01  # the write of offsets 30-31 did not reach the disk
+    segment.write_bytes(data)
+
+    with caplog.at_level(logging.WARNING):
+        log = managers().get_log("t", 0)
+    assert "CRC mismatch" in caplog.text
+    assert log is not None and log.log_end_offset == 30
 
 
 def test_corrupt_recovery_checkpoint_means_full_recovery(

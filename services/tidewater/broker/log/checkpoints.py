@@ -10,10 +10,11 @@ Every format is a version line (`0`), an entry count line, then one entry per li
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
@@ -147,16 +148,29 @@ class LeaderEpochCheckpoint(_CheckpointFile):
 
 class OffsetCheckpointWriter:
     """Writes one kind of per-log-dir offset checkpoint (`name`), one write at a time: from
-    the event loop (at shutdown) or from a worker thread (the periodic ones). Each write ends
-    with an fsync, which can wait hundreds of ms behind other writeback."""
+    the event loop (at shutdown, after a truncation) or from a worker thread (the periodic
+    ones). Each write ends with an fsync, which can wait hundreds of ms behind other writeback.
+    Writes land in the order they were asked for: offsets handed to a worker thread never
+    overwrite those of a later write that got to the file first."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
+        self._asked = itertools.count()
+        self._written: dict[Path, int] = {}  # per log dir, the latest write on disk
 
     def write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:
-        with self._lock:
-            OffsetCheckpoint(log_dir / self.name).write(offsets)
+        self._write(log_dir, offsets, next(self._asked))
 
-    async def write_off_loop(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:
-        await asyncio.to_thread(self.write, log_dir, offsets)
+    def write_off_loop(
+        self, log_dir: Path, offsets: Mapping[tuple[str, int], int]
+    ) -> Awaitable[None]:
+        """write() on a worker thread, in its place among the writes asked for by now."""
+        return asyncio.to_thread(self._write, log_dir, offsets, next(self._asked))
+
+    def _write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int], asked: int) -> None:
+        with self._lock:
+            if asked < self._written.get(log_dir, -1):
+                return
+            OffsetCheckpoint(log_dir / self.name).write(offsets)
+            self._written[log_dir] = asked

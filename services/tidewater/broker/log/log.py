@@ -138,6 +138,8 @@ class Log:
         # Set by the LogManager: takes the flush of a rolled segment off the append path
         # (Kafka flushes it on its scheduler). Unset, a roll flushes at once.
         self.flush_in_background: Callable[[Log, FlushJob], None] | None = None
+        # Set by the LogManager: checkpoints the recovery point that a truncation lowered.
+        self.recovery_point_lowered: Callable[[Log], None] | None = None
         # Bumped by whatever makes a flush job in flight describe the wrong files.
         self._generation = 0
         self._pending_write: _PendingWrite | None = None
@@ -515,8 +517,8 @@ class Log:
         truncated = self._segments[-1].truncate_to(
             offset, self.config.index_interval_bytes, self._time_ms()
         )
-        self.recovery_point = min(self.recovery_point, self.log_end_offset)
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        self._set_recovery_point_after_truncation(min(self.recovery_point, self.log_end_offset))
         log.info(
             "%s: truncated to offset %d (%d bytes of the last segment)",
             self.name,
@@ -532,11 +534,17 @@ class Log:
             segment.delete()
         self._segments = [LogSegment.create(self.dir, offset, self._time_ms())]
         self._bases = [offset]
-        self.recovery_point = offset
         # Now, not at the next flush: old segments must not come back after a crash.
         fsync_dir(self.dir)
         self.leader_epoch_cache.clear_and_flush()
+        self._set_recovery_point_after_truncation(offset)
         log.info("%s: deleted every segment, starting again at offset %d", self.name, offset)
+
+    def _set_recovery_point_after_truncation(self, offset: int) -> None:
+        lowered = offset < self.recovery_point
+        self.recovery_point = offset
+        if lowered and self.recovery_point_lowered is not None:
+            self.recovery_point_lowered(self)
 
     # -- retention -----------------------------------------------------------------------
 

@@ -113,6 +113,7 @@ class LogManager:
 
     def _add(self, tp: TopicPartition, lg: Log) -> None:
         lg.flush_in_background = self._flush_in_background
+        lg.recovery_point_lowered = self._checkpoint_recovery_points_in
         self._logs[tp] = lg
         self._partitions_in[lg.dir.parent].add(tp)
 
@@ -178,18 +179,26 @@ class LogManager:
 
     def checkpoint_recovery_points(self) -> None:
         """Write each log dir's recovery-point-offset-checkpoint."""
-        for log_dir, points in self._recovery_points():
-            self._recovery_point_writer.write(log_dir, points)
+        for log_dir in self.log_dirs:
+            self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
+
+    def _checkpoint_recovery_points_in(self, lg: Log) -> None:
+        """A truncation lowered `lg`'s recovery point: its log dir's checkpoint now, as
+        Kafka's LogManager.truncateTo, or a crash after appending again would have the next
+        start trust the new bytes below the old recovery point without checking them."""
+        log_dir = lg.dir.parent
+        self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
 
     async def _checkpoint_recovery_points_off_loop(self) -> None:
-        for log_dir, points in self._recovery_points():
-            await self._recovery_point_writer.write_off_loop(log_dir, points)
+        for log_dir in self.log_dirs:
+            # Each dir's points taken as its write is asked for: a truncation's checkpoint
+            # written meanwhile stays (see OffsetCheckpointWriter).
+            await self._recovery_point_writer.write_off_loop(
+                log_dir, self._recovery_points(log_dir)
+            )
 
-    def _recovery_points(self) -> list[tuple[Path, dict[TopicPartition, int]]]:
-        return [
-            (d, {tp: self._logs[tp].recovery_point for tp in self._partitions_in[d]})
-            for d in self.log_dirs
-        ]
+    def _recovery_points(self, log_dir: Path) -> dict[TopicPartition, int]:
+        return {tp: self._logs[tp].recovery_point for tp in self._partitions_in[log_dir]}
 
     def shutdown(self) -> None:
         """Flush every log, checkpoint the recovery points (now the LEOs), close everything:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -11,31 +11,49 @@ if TYPE_CHECKING:
     from conftest import Cluster, Eventually
 
 
-async def test_a_retried_alter_isr_whose_answer_was_lost_gets_the_committed_state(
-    cluster: Cluster, eventually: Eventually
-) -> None:
-    await cluster.create_topic("retried", assignments=[(1, 2, 3)])
-    await eventually(lambda: cluster.produced("retried", 0, b"warm-up"), 20)
-    state, partition_epoch = (await cluster.store.load_partitions())["retried", 0]
-    assert (state["leader"], sorted(state["isr"])) == (1, [1, 2, 3])
+async def alter_isr(
+    cluster: Cluster,
+    topic: str,
+    state: dict[str, Any],
+    partition_epoch: int,
+    new_isr: list[int],
+) -> cpb.AlterIsrPartitionResponse:
+    """Partition 0's leader per `state` (a LeaderAndIsr) proposes `new_isr`."""
+    leader = state["leader"]
     request = cpb.AlterIsrRequest(
-        broker_id=1,
-        broker_epoch=(await cluster.store.load_brokers())[1]["epoch"],
+        broker_id=leader,
+        broker_epoch=(await cluster.store.load_brokers())[leader]["epoch"],
         partitions=[
             cpb.AlterIsrPartition(
-                topic="retried",
+                topic=topic,
                 partition=0,
                 leader_epoch=state["leader_epoch"],
-                new_isr=[1, 2],
+                new_isr=new_isr,
                 partition_epoch=partition_epoch,
             )
         ],
     )
-    first = (await cluster.call_controller("AlterIsr", request)).partitions[0]
+    return (await cluster.call_controller("AlterIsr", request)).partitions[0]
+
+
+async def created(cluster: Cluster, eventually: Eventually, topic: str) -> tuple[Any, int]:
+    """A topic with partition 0 on brokers 1, 2, 3 (1 leading) that took a write; its
+    LeaderAndIsr in etcd and partition epoch."""
+    await cluster.create_topic(topic, assignments=[(1, 2, 3)])
+    await eventually(lambda: cluster.produced(topic, 0, b"warm-up"), 20)
+    return (await cluster.store.load_partitions())[topic, 0]
+
+
+async def test_a_retried_alter_isr_whose_answer_was_lost_gets_the_committed_state(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    state, partition_epoch = await created(cluster, eventually, "retried")
+    assert (state["leader"], sorted(state["isr"])) == (1, [1, 2, 3])
+    first = await alter_isr(cluster, "retried", state, partition_epoch, [1, 2])
     assert first.error_code == ErrorCode.NONE, first.error_message
     # The leader never saw that answer (a timeout, a controller failover) and sends the same
     # proposal again: it learns the committed ISR and partition epoch instead of a refusal.
-    retried = (await cluster.call_controller("AlterIsr", request)).partitions[0]
+    retried = await alter_isr(cluster, "retried", state, partition_epoch, [1, 2])
     assert retried.error_code == ErrorCode.NONE, ErrorCode.Name(retried.error_code)
     committed, committed_epoch = (await cluster.store.load_partitions())["retried", 0]
     assert committed["isr"] == [1, 2]
@@ -45,3 +63,30 @@ async def test_a_retried_alter_isr_whose_answer_was_lost_gets_the_committed_stat
         [1, 2],
     )
     assert retried.partition_epoch == first.partition_epoch == committed_epoch > partition_epoch
+
+
+async def test_a_state_etcd_holds_but_the_brokers_never_heard_of_is_announced(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    state, partition_epoch = await created(cluster, eventually, "ambiguous")
+    active = await cluster.store.active_controller()
+    assert active is not None
+    # A write of the active controller that etcd applied, but whose answer never came back:
+    # broker 2 leads in the next leader epoch. The controller still believes broker 1 leads.
+    moved = {**state, "leader": 2, "leader_epoch": state["leader_epoch"] + 1}
+    (written,) = await cluster.store.write_partitions(
+        active[2], [("ambiguous", 0, partition_epoch, moved)]
+    )
+    assert written.ok
+    # Its next write to that partition (broker 1's ISR shrink, as broker 1 sends it) finds the
+    # newer state: the controller takes it, and tells the brokers.
+    result = await alter_isr(cluster, "ambiguous", state, partition_epoch, [1, 2])
+    assert (result.leader, result.leader_epoch) == (2, moved["leader_epoch"])
+
+    async def everyone_follows_broker_2() -> bool:
+        for broker_id in (1, 2, 3):
+            if not await cluster.replica_sees(broker_id, "ambiguous", 0, 2, moved["leader_epoch"]):
+                return False
+        return True
+
+    await eventually(everyone_follows_broker_2, 10)

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 
@@ -37,7 +37,7 @@ from tidewater.controller.model import (
 )
 from tidewater.controller.sender import BrokerSender
 from tidewater.controller.store import ControllerStore
-from tidewater.errors import TidewaterError
+from tidewater.errors import NotController, StoreUnavailable, TidewaterError
 from tidewater.telemetry import tracing
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -65,6 +65,17 @@ class NotActive(TidewaterError):
     code = ErrorCode.NOT_CONTROLLER
 
 
+@dataclass(frozen=True)
+class _Event:
+    run: Callable[[], Awaitable[None]]
+    done: asyncio.Future[Any]
+
+
+def _settle(done: asyncio.Future[Any], error: Exception) -> None:
+    if not done.done():  # a caller that gave up cancelled it
+        done.set_exception(error)
+
+
 class Controller:
     def __init__(
         self, config: ControllerConfig, store: ControllerStore, time_ms: Callable[[], int]
@@ -76,8 +87,11 @@ class Controller:
         self.epoch = -1
         self.active = False
         self.sender = BrokerSender(self)
-        self._queue: asyncio.Queue[Callable[[], Awaitable[None]]] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Event] = asyncio.Queue()
         self._grace_until_ms = 0
+        # Set by an event that etcd failed (StoreUnavailable, NotController): what etcd holds
+        # may differ from the model, so this controller resigns and whoever wins reloads.
+        self._store_failed = asyncio.Event()
 
     @property
     def endpoint(self) -> str:
@@ -95,23 +109,29 @@ class Controller:
         trace_context = otel_context.get_current() if tracing.ENABLED else None
 
         async def run() -> None:
-            if not self.active:
-                done.set_exception(NotActive("controller stepped down"))
-                return
             token = otel_context.attach(trace_context) if trace_context is not None else None
             try:
-                done.set_result(await event())
+                result = await event()
+            except asyncio.CancelledError:  # stepping down in the middle of it
+                _settle(done, NotActive("controller stepped down"))
+                raise
             except Exception as e:  # handed to the caller, who answers with it
-                done.set_exception(e)
+                if isinstance(e, StoreUnavailable | NotController):
+                    log.warning("controller %d: etcd failed: %s", self.config.controller_id, e)
+                    self._store_failed.set()
+                _settle(done, e)
+            else:
+                if not done.done():
+                    done.set_result(result)
             finally:
                 if token is not None:
                     otel_context.detach(token)
 
-        await self._queue.put(run)
+        await self._queue.put(_Event(run, done))
         return await done
 
     async def run(self) -> None:
-        """Campaign, lead until the lease is lost, step down, repeat."""
+        """Campaign, lead until the lease is lost or etcd fails a write, step down, repeat."""
         while True:
             campaign_started_ns = time.time_ns()
             self.epoch = await self.store.campaign(
@@ -124,7 +144,13 @@ class Controller:
                 self._step_down()
 
     async def _lead(self, campaign_started_ns: int) -> None:
-        await self._load()
+        self._store_failed.clear()
+        try:
+            await self._load()
+        except StoreUnavailable as e:
+            log.warning("controller %d could not load: %s", self.config.controller_id, e)
+            await self.store.resign()
+            return
         self.active = True
         if tracing.ENABLED:
             # From the campaign to a loaded, active controller.
@@ -138,38 +164,50 @@ class Controller:
                     "tidewater.partitions": len(self.model.partitions),
                 },
             )
-        tasks = [
-            asyncio.create_task(self._process_events()),
-            asyncio.create_task(self._check_sessions()),
+        config = self.config
+        loops: list[tuple[float, Callable[[], Awaitable[None]], bool]] = [
+            (config.session_check_interval_ms / 1000, self._expire_sessions, False)
         ]
-        if self.config.metadata_addresses:
-            tasks.append(asyncio.create_task(self._refresh_metadata_services()))
-        if self.config.auto_leader_rebalance_enable:
-            tasks.append(asyncio.create_task(self._rebalance_leaders_periodically()))
+        if config.metadata_addresses:
+            # A FULL view at once, then a probe every interval so a restarted metadata service
+            # gets its view without waiting for the next change.
+            loops.append(
+                (config.metadata_refresh_interval_ms / 1000, self._refresh_metadata_now, True)
+            )
+        if config.auto_leader_rebalance_enable:
+            loops.append((config.leader_imbalance_check_interval_s, self.rebalance_leaders, False))
+        tasks = [asyncio.create_task(self._process_events())]
+        tasks += [asyncio.create_task(self._periodically(*loop)) for loop in loops]
         lost = asyncio.create_task(self.store.lost.wait())
+        failed = asyncio.create_task(self._store_failed.wait())
         try:
-            await asyncio.wait([lost, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([lost, failed, *tasks], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in [lost, *tasks]:
+            for task in [lost, failed, *tasks]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         for task in tasks:
             if task.done() and not task.cancelled() and task.exception():
                 raise task.exception()  # type: ignore[misc]
-        log.warning("controller %d lost its lease: stepping down", self.config.controller_id)
+        if self.store.lost.is_set():
+            log.warning("controller %d lost its lease: stepping down", self.config.controller_id)
+        else:
+            log.warning("controller %d resigns after an etcd failure", self.config.controller_id)
+            await self.store.resign()
 
     def _step_down(self) -> None:
+        """Standby: queued events fail with NOT_CONTROLLER, so their callers go elsewhere."""
         self.active = False
         self.model = ClusterModel()
         while not self._queue.empty():
-            self._queue.get_nowait()
+            _settle(self._queue.get_nowait().done, NotActive("controller stepped down"))
         self.sender.reset()
 
     async def _process_events(self) -> None:
         while True:
             event = await self._queue.get()
-            await event()
+            await event.run()
 
     async def _load(self) -> None:
         """A new controller's view: everything from etcd; every broker fenced until it
@@ -197,11 +235,20 @@ class Controller:
 
     # -- broker liveness -----------------------------------------------------------------------
 
-    async def _check_sessions(self) -> None:
-        interval = self.config.session_check_interval_ms / 1000
+    async def _periodically(
+        self, interval_s: float, event: Callable[[], Awaitable[None]], at_once: bool
+    ) -> None:
+        """Submit `event` every interval_s (the first at once or after one interval). A
+        failed one does not end the loop: an etcd failure has the controller resign (see
+        submit), anything else is logged and tried next time."""
+        if not at_once:
+            await asyncio.sleep(interval_s)
         while True:
-            await asyncio.sleep(interval)
-            await self.submit(self._expire_sessions)
+            try:
+                await self.submit(event)
+            except TidewaterError as e:
+                log.warning("%s failed: %s", event.__name__, e)
+            await asyncio.sleep(interval_s)
 
     async def _expire_sessions(self) -> None:
         now = self.time_ms()
@@ -249,22 +296,10 @@ class Controller:
         # Every other broker learns it is usable again, so leaders let it back into ISRs.
         self.sender.update_metadata([])
 
-    async def _refresh_metadata_services(self) -> None:
-        """A FULL view at once, then a probe every interval so a restarted metadata service
-        gets its view without waiting for the next change."""
-        while True:
-            await self.submit(self._refresh_metadata_now)
-            await asyncio.sleep(self.config.metadata_refresh_interval_ms / 1000)
-
     async def _refresh_metadata_now(self) -> None:
         self.sender.refresh_metadata_services()
 
     # -- preferred leaders ---------------------------------------------------------------------
-
-    async def _rebalance_leaders_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.leader_imbalance_check_interval_s)
-            await self.submit(self.rebalance_leaders)
 
     async def rebalance_leaders(self) -> None:
         """auto.leader.rebalance.enable: move leadership back to preferred replicas on brokers
@@ -351,14 +386,18 @@ class Controller:
             self.epoch,
             [(c.tp[0], c.tp[1], c.expected_partition_epoch, c.after.to_json()) for c in changes],
         )
-        committed = []
+        committed, reloaded = [], []
         for change, result in zip(changes, results, strict=True):
             if not result.ok:
                 log.warning("%s-%d: write lost a race; reloading its state", *change.tp)
                 if result.current_value is not None:
-                    self.model.partitions[change.tp] = PartitionRecord.from_json(
+                    current = PartitionRecord.from_json(
                         result.current_value, result.new_mod_revision
                     )
+                    self.model.partitions[change.tp] = current
+                    # Only this controller writes at its epoch: that state is an earlier write
+                    # of ours that etcd applied though its answer was lost. Announce it.
+                    reloaded.append(PartitionChange(change.tp, change.before, current))
                 continue
             after = change.after.with_(partition_epoch=result.new_mod_revision)
             self.model.partitions[change.tp] = after
@@ -369,4 +408,6 @@ class Controller:
                     *change.tp,
                     after.leader,
                 )
+        if reloaded:
+            self.sender.leader_and_isr_changes(reloaded)
         return committed

@@ -81,11 +81,15 @@ async def run_controller(
     stopped = asyncio.create_task(wait_for_stop_signal())
     await asyncio.wait([campaign, stopped], return_when=asyncio.FIRST_COMPLETED)
     campaign.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await campaign
-    await host.stop(1.0)
-    await store.resign()
-    await store.close()
-    if metrics is not None:
-        metrics.close()
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await campaign
+    finally:
+        # Even after a failure: resigning lets a standby take over without waiting out the
+        # lease.
+        await host.stop(1.0)
+        await store.resign()
+        await store.close()
+        if metrics is not None:
+            metrics.close()
     log.info("controller %d stopped", controller_id)

@@ -233,7 +233,7 @@ async def test_deposed_controller_writes_fail_and_change_nothing(connect_store: 
     with pytest.raises(NotController):
         await old.put_topic(1, "t", {"configs": {"x": "y"}, "assignment": {"0": [3]}})
     with pytest.raises(NotController):
-        await old.delete_topic(1, "t")
+        await old.delete_topic(1, "t", {"partitions": 1, "pending": [1, 2]})
     with pytest.raises(NotController):
         await old.put_broker(1, 7, {"host": "h", "port": 1})
     with pytest.raises(NotController):
@@ -241,6 +241,7 @@ async def test_deposed_controller_writes_fail_and_change_nothing(connect_store: 
 
     assert await new.load_topics() == topics
     assert await new.load_partitions() == partitions
+    assert await new.load_deletions() == {}
     assert await new.load_brokers() == {}
     assert await new.allocate_producer_ids(2) == 0
 
@@ -351,11 +352,18 @@ async def test_delete_topic_removes_its_partitions_only(connect_store: Connect) 
             epoch, [(name, p, None, leader_and_isr(p + 1, 0, [p + 1])) for p in (0, 1)]
         )
 
-    assert await store.delete_topic(epoch, "orders")
-    assert not await store.delete_topic(epoch, "orders")
+    deletion = {"partitions": 2, "pending": [1, 2]}
+    assert await store.delete_topic(epoch, "orders", deletion)
+    assert not await store.delete_topic(epoch, "orders", deletion)
 
     assert list(await store.load_topics()) == ["orders2"]
     assert sorted(await store.load_partitions()) == [("orders2", 0), ("orders2", 1)]
+    # Pending until every replica's broker has deleted its logs.
+    assert await store.load_deletions() == {"orders": deletion}
+    await store.put_deletion(epoch, "orders", {"partitions": 2, "pending": [2]})
+    assert await store.load_deletions() == {"orders": {"partitions": 2, "pending": [2]}}
+    await store.put_deletion(epoch, "orders", None)
+    assert await store.load_deletions() == {}
 
 
 async def test_broker_registrations_get_growing_epochs(connect_store: Connect) -> None:

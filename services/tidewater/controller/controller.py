@@ -32,6 +32,7 @@ from tidewater.controller.model import (
     BrokerState,
     ClusterModel,
     PartitionRecord,
+    TopicDeletion,
     TopicPartition,
     TopicState,
 )
@@ -230,6 +231,8 @@ class Controller:
             model.topics[name] = TopicState.from_json(name, value)
         for tp, (value, revision) in (await self.store.load_partitions()).items():
             model.partitions[tp] = PartitionRecord.from_json(value, revision)
+        for name, value in (await self.store.load_deletions()).items():
+            model.deletions[name] = TopicDeletion.from_json(value)
         self.model = model
         self._grace_until_ms = now + self.config.broker_session_timeout_ms
 
@@ -295,6 +298,53 @@ class Controller:
         self.sender.update_metadata_full(broker.broker_id)
         # Every other broker learns it is usable again, so leaders let it back into ISRs.
         self.sender.update_metadata([])
+        # Logs of topics deleted while it was away (or whose StopReplica it never answered).
+        for name, deletion in sorted(self.model.deletions.items()):
+            if broker.broker_id in deletion.pending:
+                self._send_deletion(name, broker.broker_id)
+
+    # -- topic deletion ------------------------------------------------------------------------
+
+    async def delete_topic(self, name: str) -> None:
+        """Kafka's topic deletion before topic ids: the topic is gone from etcd and metadata at
+        once, but its name stays taken until every replica has confirmed deleting its logs
+        (resent to a broker whenever it comes back)."""
+        topic = self.model.topics[name]
+        deletion = TopicDeletion(
+            len(topic.assignment),
+            frozenset(b for replicas in topic.assignment.values() for b in replicas),
+        )
+        await self.store.delete_topic(self.epoch, name, deletion.to_json())
+        for tp in self.model.partitions_of(name):
+            self.model.partitions.pop(tp, None)
+        del self.model.topics[name]
+        self.model.deletions[name] = deletion
+        self.sender.update_metadata([], deleted=[name])
+        for broker_id in sorted(deletion.pending):
+            self._send_deletion(name, broker_id)
+        log.info("deleted topic %s", name)
+
+    def _send_deletion(self, name: str, broker_id: int) -> None:
+        async def on_answer(ok: bool) -> None:
+            if ok:
+                # Not ours to answer for once stepped down: the next controller resends.
+                with contextlib.suppress(TidewaterError):
+                    await self.submit(lambda: self._deleted_on(name, broker_id))
+
+        tps = [(name, p) for p in range(self.model.deletions[name].partitions)]
+        self.sender.stop_replica(broker_id, tps, delete=True, on_answer=on_answer)
+
+    async def _deleted_on(self, name: str, broker_id: int) -> None:
+        deletion = self.model.deletions.get(name)
+        if deletion is None or broker_id not in deletion.pending:
+            return
+        left = TopicDeletion(deletion.partitions, deletion.pending - {broker_id})
+        await self.store.put_deletion(self.epoch, name, left.to_json() if left.pending else None)
+        if left.pending:
+            self.model.deletions[name] = left
+        else:
+            del self.model.deletions[name]
+            log.info("topic %s: every replica deleted its logs; the name is free", name)
 
     async def _refresh_metadata_now(self) -> None:
         self.sender.refresh_metadata_services()

@@ -135,11 +135,30 @@ class TopicState:
         return self.configs.get("unclean.leader.election.enable", "false").lower() == "true"
 
 
+@dataclass(frozen=True)
+class TopicDeletion:
+    """A deleted topic whose replicas have not all confirmed deleting their logs
+    (StopReplica with delete). Until they have, no topic may take its name: a broker that was
+    down at deletion would otherwise serve its old log as the new topic's."""
+
+    partitions: int
+    # Brokers that hold a replica and have not confirmed yet.
+    pending: frozenset[int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"partitions": self.partitions, "pending": sorted(self.pending)}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> TopicDeletion:
+        return cls(int(value["partitions"]), frozenset(int(b) for b in value["pending"]))
+
+
 @dataclass
 class ClusterModel:
     brokers: dict[int, BrokerState] = field(default_factory=dict)
     topics: dict[str, TopicState] = field(default_factory=dict)
     partitions: dict[TopicPartition, PartitionRecord] = field(default_factory=dict)
+    deletions: dict[str, TopicDeletion] = field(default_factory=dict)
 
     def replicas(self, tp: TopicPartition) -> tuple[int, ...]:
         return self.topics[tp[0]].assignment[tp[1]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -54,7 +54,9 @@ class _FanOut:
             self.span.end()
 
 
-_Queue = asyncio.Queue[tuple[Message, _FanOut | None]]
+# Told whether the recipient accepted the request.
+OnAnswer = Callable[[bool], Awaitable[None]]
+_Queue = asyncio.Queue[tuple[Message, _FanOut | None, OnAnswer | None]]
 
 
 class BrokerSender:
@@ -141,7 +143,13 @@ class BrokerSender:
         )
         self._enqueue(broker_id, self._for_broker(request, broker_id))
 
-    def stop_replica(self, broker_id: int, tps: Iterable[TopicPartition], delete: bool) -> None:
+    def stop_replica(
+        self,
+        broker_id: int,
+        tps: Iterable[TopicPartition],
+        delete: bool,
+        on_answer: OnAnswer | None = None,
+    ) -> None:
         broker = self._controller.model.brokers.get(broker_id)
         if broker is None:
             return
@@ -154,7 +162,7 @@ class BrokerSender:
             request.partitions.add(
                 topic=topic, partition=partition, leader_epoch=-2, delete_partition=delete
             )
-        self._enqueue(broker_id, request)
+        self._enqueue(broker_id, request, on_answer=on_answer)
 
     def _update_metadata_request(
         self, tps: list[TopicPartition], kind: int
@@ -244,13 +252,19 @@ class BrokerSender:
 
     # -- how it is sent ------------------------------------------------------------------------
 
-    def _enqueue(self, target: int | str, request: Message, fan_out: _FanOut | None = None) -> None:
+    def _enqueue(
+        self,
+        target: int | str,
+        request: Message,
+        fan_out: _FanOut | None = None,
+        on_answer: OnAnswer | None = None,
+    ) -> None:
         """Queue for a broker (by id) or a metadata service ("metadata host:port")."""
         queue = self._queues.get(target)
         if queue is None:
             queue = self._queues[target] = asyncio.Queue()
             self._workers[target] = asyncio.create_task(self._work(target, queue))
-        queue.put_nowait((request, fan_out))
+        queue.put_nowait((request, fan_out, on_answer))
 
     def _address(self, target: int | str) -> str | None:
         if isinstance(target, str):
@@ -263,7 +277,7 @@ class BrokerSender:
         address = ""
         try:
             while True:
-                request, fan_out = await queue.get()
+                request, fan_out, on_answer = await queue.get()
                 current = self._address(target)
                 if current is None:
                     if fan_out is not None:
@@ -284,6 +298,8 @@ class BrokerSender:
                     fan_out.answered(ok)
                 if isinstance(target, str):
                     self._track_metadata_service(address, request, ok)
+                if on_answer is not None:
+                    await on_answer(ok)
         finally:
             if channel is not None:
                 with contextlib.suppress(Exception):

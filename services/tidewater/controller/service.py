@@ -268,6 +268,13 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             raise TidewaterError(
                 f"topic {topic.name!r} already exists", ErrorCode.TOPIC_ALREADY_EXISTS
             )
+        if topic.name in model.deletions:
+            waiting = sorted(model.deletions[topic.name].pending)
+            raise TidewaterError(
+                f"topic {topic.name!r} was deleted and brokers {waiting} have not yet deleted "
+                "its logs",
+                ErrorCode.TOPIC_DELETION_IN_PROGRESS,
+            )
         configs = dict(topic.configs)
         TopicConfig.from_properties(configs)  # InvalidConfig names the bad key
         usable = sorted(model.usable_brokers())
@@ -307,23 +314,13 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         response = cpb.DeleteTopicsResponse()
 
         async def event() -> None:
-            model = self._c.model
             for name in request.topic_names:
                 result = response.topics.add(topic=name)
-                state = model.topics.get(name)
-                if state is None:
+                if name not in self._c.model.topics:
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     result.error_message = f"topic {name!r} does not exist"
                     continue
-                await self._c.store.delete_topic(self._c.epoch, name)
-                tps = model.partitions_of(name)
-                for broker_id in {b for replicas in state.assignment.values() for b in replicas}:
-                    self._c.sender.stop_replica(broker_id, tps, delete=True)
-                for tp in tps:
-                    model.partitions.pop(tp, None)
-                del model.topics[name]
-                self._c.sender.update_metadata([], deleted=[name])
-                log.info("deleted topic %s", name)
+                await self._c.delete_topic(name)
 
         return await self._answer(response, event)
 

@@ -6,6 +6,7 @@ Layout under `/tidewater/<cluster>/`, values JSON (readable with etcdctl):
     controller_epoch      an int, incremented by the txn that wins the election
     brokers/<id>          registration; the key's mod_revision is the broker epoch
     topics/<name>         configs and replica assignment
+    deletions/<name>      a deleted topic's partition count and the brokers yet to delete its logs
     partitions/<t>/<p>    LeaderAndIsr; the key's mod_revision is the partition epoch
     producer_ids          an int, the start of the next producer-id block
 
@@ -349,8 +350,9 @@ class ControllerStore:
         )
         return _revision(responses[0])
 
-    async def delete_topic(self, epoch: int, name: str) -> bool:
-        """Delete a topic and all its partitions in one txn; False if there was no such topic."""
+    async def delete_topic(self, epoch: int, name: str, deletion: Json) -> bool:
+        """Delete a topic and all its partitions, and record its pending deletion, in one txn;
+        False if there was no such topic."""
         partitions = self._key(f"partitions/{name}/")
         _, responses = await self._fenced(
             epoch,
@@ -358,9 +360,19 @@ class ControllerStore:
             [
                 self._ops.delete(self._key(f"topics/{name}")),
                 self._ops.delete(partitions, prefix_range_end(partitions)),
+                self._ops.put(self._key(f"deletions/{name}"), _encode(deletion)),
             ],
         )
         return bool(responses[0].response_delete_range.deleted)
+
+    async def put_deletion(self, epoch: int, name: str, deletion: Json | None) -> None:
+        """Update a pending topic deletion; None: it is complete, forget it."""
+        key = self._key(f"deletions/{name}")
+        op = self._ops.delete(key) if deletion is None else self._ops.put(key, _encode(deletion))
+        await self._fenced(epoch, [], [op])
+
+    async def load_deletions(self) -> dict[str, Json]:
+        return {name: json.loads(kv.value) for name, kv in await self._load("deletions/")}
 
     async def load_topics(self) -> dict[str, Json]:
         return {name: json.loads(kv.value) for name, kv in await self._load("topics/")}

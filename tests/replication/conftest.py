@@ -14,7 +14,7 @@ import pytest
 
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
-from tidewater.errors import OffsetOutOfRange
+from tidewater.errors import OffsetOutOfRange, RequestTimedOut
 from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
@@ -177,6 +177,10 @@ class Cluster:
         )
         self.acked: list[Batch] = []
         self._awaiting_acks: list[Batch] = []
+        # How many of the controller's next AlterIsr answers get lost after it committed (a
+        # timeout, a failover); the leader's channel sends those proposals again.
+        self.answers_to_lose = 0
+        self._unanswered: list[AlterIsrProposal] = []
 
     def _new_partition(self, broker_id: int, log: MemoryLog, checkpointed_hw: int) -> Partition:
         return Partition(
@@ -252,15 +256,36 @@ class Cluster:
         self._complete_produces()
 
     def _alter_isr(self, proposal: AlterIsrProposal) -> None:
-        """The controller commits a proposal with partition_epoch + 1 and answers the leader."""
-        assert (proposal.leader_epoch, proposal.partition_epoch) == (
+        """The controller commits a proposal with partition_epoch + 1 and answers the leader;
+        a proposal it already committed (a retry) gets the committed state as its answer."""
+        already_committed = (proposal.leader_epoch, proposal.new_isr) == (
             self.state.leader_epoch,
-            self.state.partition_epoch,
-        ), "proposals are answered at once, so they are never stale here"
-        self.state = replace(
-            self.state, isr=proposal.new_isr, partition_epoch=self.state.partition_epoch + 1
+            self.state.isr,
         )
-        self.leader.partition.on_alter_isr_result(proposal, self.state, None, self.now_ms)
+        if not already_committed:
+            assert (proposal.leader_epoch, proposal.partition_epoch) == (
+                self.state.leader_epoch,
+                self.state.partition_epoch,
+            ), "proposals are answered at once, so they are never stale here"
+            self.state = replace(
+                self.state, isr=proposal.new_isr, partition_epoch=self.state.partition_epoch + 1
+            )
+        partition = self.leader.partition
+        if self.answers_to_lose:
+            self.answers_to_lose -= 1
+            self._unanswered.append(proposal)
+            lost = RequestTimedOut("the AlterIsr answer was lost")
+            partition.on_alter_isr_result(proposal, None, lost, self.now_ms)
+        else:
+            partition.on_alter_isr_result(proposal, self.state, None, self.now_ms)
+
+    def retry_alter_isr(self) -> None:
+        """The leader's channel sends again every proposal still awaiting an answer."""
+        unanswered, self._unanswered = self._unanswered, []
+        for proposal in unanswered:
+            if self.leader.partition.awaits_answer(proposal):
+                self._alter_isr(proposal)
+        self._complete_produces()
 
     # -- the data path --------------------------------------------------------------------
 

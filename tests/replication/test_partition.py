@@ -12,10 +12,10 @@ import pytest
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.errors import (
     FencedLeaderEpoch,
-    InvalidRequest,
     NotEnoughReplicas,
     NotLeaderOrFollower,
     OffsetOutOfRange,
+    TidewaterError,
     UnknownLeaderEpoch,
 )
 from tidewater.replication.follower import (
@@ -37,6 +37,7 @@ from tidewater.replication.partition import (
     ReplicationConfig,
 )
 from tidewater.replication.replica import UNKNOWN_OFFSET
+from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
     from conftest import MemoryLog
@@ -116,8 +117,14 @@ def commit(partition: Partition, proposal: AlterIsrProposal, now: int = T0) -> b
     return partition.on_alter_isr_result(proposal, committed, None, now)
 
 
-def refuse(partition: Partition, proposal: AlterIsrProposal, now: int = T0) -> bool:
-    error = InvalidRequest("the controller refused the ISR change")
+def refuse(
+    partition: Partition,
+    proposal: AlterIsrProposal,
+    now: int = T0,
+    code: int = ErrorCode.INVALID_UPDATE_VERSION,
+) -> bool:
+    """The controller answers with an error, or the broker gets no answer at all."""
+    error = TidewaterError("the ISR change was not committed", code)
     return partition.on_alter_isr_result(proposal, None, error, now)
 
 
@@ -179,17 +186,65 @@ def test_only_one_isr_change_in_flight(log: MemoryLog) -> None:
     assert shrink == AlterIsrProposal(TOPIC, 0, leader_epoch=0, new_isr=(1, 3), partition_epoch=1)
 
 
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.INVALID_UPDATE_VERSION,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.INELIGIBLE_REPLICA,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    ],
+    ids=ErrorCode.Name,
+)
 def test_refused_isr_change_keeps_the_committed_isr_and_is_proposed_again(
-    log: MemoryLog,
+    log: MemoryLog, code: int
 ) -> None:
     partition = new_leader(log)
     fetch(partition, 2, 10)
     proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
     assert proposal is not None and proposal.new_isr == (1, 2)
-    refuse(partition, proposal, T0 + LAG + 1)
+    refuse(partition, proposal, T0 + LAG + 1, code)
     assert partition.isr == {1, 2, 3}
     assert not partition.isr_state.in_flight
+    assert not partition.awaits_answer(proposal)
     assert partition.maybe_shrink_isr(T0 + LAG + 2) == proposal
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.REQUEST_TIMED_OUT,  # the RPC's deadline, or etcd's
+        ErrorCode.NOT_CONTROLLER,  # a failover, possibly after the commit
+        ErrorCode.STALE_BROKER_EPOCH,
+        ErrorCode.UNKNOWN_SERVER_ERROR,  # no answer for the partition; the connection lost
+    ],
+    ids=ErrorCode.Name,
+)
+def test_isr_change_with_an_unknown_outcome_stays_pending_until_a_retry_is_answered(
+    log: MemoryLog, code: int
+) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    expand = fetch(partition, 3, 10).isr_proposal
+    assert expand is not None and expand.new_isr == (1, 2, 3)
+    # The controller commits {1, 2, 3} at partition epoch 1; its answer is lost.
+    controller = leader_and_isr(1, 0, (1, 2, 3), partition_epoch=1)
+    refuse(partition, expand, T0 + 1, code)
+    assert partition.awaits_answer(expand), "to be sent again"
+    assert partition.isr_state.maximal_isr == set(controller.isr)
+    # Meanwhile 3 lags: an acks=all write may not count as committed without it.
+    append(partition, 5, T0 + 2)
+    fetch(partition, 2, 15, T0 + 2)
+    assert partition.high_watermark == 10
+    assert partition.enough_replicas_for(15) is None
+    assert fetch(partition, 3, 10, T0 + LAG).isr_proposal is None, "one change in flight"
+    assert partition.maybe_shrink_isr(T0 + LAG) is None
+    # The retry reaches the controller, which answers with its committed state.
+    assert partition.on_alter_isr_result(expand, controller, None, T0 + LAG) is False
+    assert (partition.isr, partition.partition_epoch) == ({1, 2, 3}, controller.partition_epoch)
+    assert not partition.awaits_answer(expand)
+    assert fetch(partition, 3, 15, T0 + LAG).high_watermark_changed
+    assert partition.high_watermark == 15
 
 
 def test_answer_to_a_superseded_proposal_is_ignored(log: MemoryLog) -> None:

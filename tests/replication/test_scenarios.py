@@ -329,3 +329,33 @@ def test_no_divergence_after_every_replica_restarts(cluster: type[Cluster]) -> N
     assert_no_acked_record_lost(c)
     assert_logs_identical(c)
     assert payloads(c) == {"m0", "m1", "y"}
+
+
+def test_no_acked_record_lost_when_the_answer_to_an_isr_expansion_is_lost(
+    cluster: type[Cluster],
+) -> None:
+    c = cluster(2)
+    c.elect(1)
+    c.produce("m0")
+    c.advance(c.config.replica_lag_time_max_ms + 1)
+    c.check_isr()
+    assert c.state.isr == (1,)
+    # 2 catches up; the controller commits {1, 2}, but its answer never reaches the leader.
+    c.answers_to_lose = 1
+    c.fetch(2)
+    c.fetch(2)
+    assert c.state.isr == (1, 2)
+    # 2 stops fetching for longer than the lag time. Writes meanwhile are committed only once
+    # 2 has them: the controller may elect 2 cleanly.
+    written = [c.produce("m1")]
+    c.advance(c.config.replica_lag_time_max_ms + 1)
+    written.append(c.produce("m2"))
+    assert not set(written) & set(c.acked)
+    c.retry_alter_isr()
+    assert (c.leader.partition.isr, c.leader.partition.partition_epoch) == (
+        set(c.state.isr),
+        c.state.partition_epoch,
+    )
+    c.crash(1)
+    c.elect(2)
+    assert_no_acked_record_lost(c)

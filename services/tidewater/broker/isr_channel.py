@@ -5,7 +5,12 @@ in flight, go out together in the next one — one RPC per batch.
 The window (isr.change.propagation.window.ms, default 50 ms) is short because an acks=all write
 may be waiting on the shrink that drops a dead follower; lag detection already takes
 replica.lag.time.max.ms, so 50 ms adds little, while the proposals of hundreds of partitions
-whose follower died together still travel in one RPC."""
+whose follower died together still travel in one RPC.
+
+A proposal whose outcome is unknown (no answer, NOT_CONTROLLER after a failover, an error other
+than a refusal) may have been committed; while its partition still awaits an answer to it, it
+goes out again after a backoff, until the controller answers for certain (Kafka's
+AlterPartitionManager)."""
 
 from __future__ import annotations
 
@@ -21,9 +26,16 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
 
+# Delivers the controller's answer (or the failure to get one) to the partition; returns whether
+# the partition still awaits an answer to that proposal, so it must be sent again.
 AlterIsrResultHandler = Callable[
-    [AlterIsrProposal, LeaderAndIsr | None, TidewaterError | None], None
+    [AlterIsrProposal, LeaderAndIsr | None, TidewaterError | None], bool
 ]
+# A proposal, and the controller's committed state or the error it got instead.
+AlterIsrAnswer = tuple[AlterIsrProposal, LeaderAndIsr | None, TidewaterError | None]
+# Kafka's retry.backoff.ms and retry.backoff.max.ms (KIP-580): doubling between the two.
+RETRY_BACKOFF_S = 0.1
+RETRY_BACKOFF_MAX_S = 1.0
 
 
 class AlterIsrChannel:
@@ -51,15 +63,28 @@ class AlterIsrChannel:
         self._wake.set()
 
     async def run(self) -> None:
+        backoff_s = RETRY_BACKOFF_S
         while True:
             await self._wake.wait()
             await asyncio.sleep(self._window_s)
             self._wake.clear()
             batch, self._pending = list(self._pending.values()), {}
-            if batch:
-                await self._send(batch)
+            if not batch:
+                continue
+            answers = await self._send(batch)
+            unanswered = [answer[0] for answer in answers if self._on_result(*answer)]
+            if not unanswered:
+                backoff_s = RETRY_BACKOFF_S
+                continue
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(2 * backoff_s, RETRY_BACKOFF_MAX_S)
+            for proposal in unanswered:
+                # A newer proposal of the partition (after a LeaderAndIsr) replaces this one.
+                self._pending.setdefault((proposal.topic, proposal.partition), proposal)
+            self._wake.set()
 
-    async def _send(self, batch: list[AlterIsrProposal]) -> None:
+    async def _send(self, batch: list[AlterIsrProposal]) -> list[AlterIsrAnswer]:
+        """One AlterIsr RPC; each proposal with its committed state or its error."""
         request = cpb.AlterIsrRequest(
             broker_id=self._broker_id,
             broker_epoch=self._broker_epoch(),
@@ -77,23 +102,22 @@ class AlterIsrChannel:
         try:
             response = await self._controller.call("AlterIsr", request)
         except ControllerUnavailable as e:
-            self._fail(batch, str(e))
-            return
+            return self._fail(batch, str(e))
         self.rpcs_sent += 1
         self.partitions_sent += len(batch)
         if response.error_code != ErrorCode.NONE:
-            self._fail(batch, response.error_message, response.error_code)
-            return
+            return self._fail(batch, response.error_message, response.error_code)
         by_partition = {(r.topic, r.partition): r for r in response.partitions}
+        results: list[AlterIsrAnswer] = []
         for proposal in batch:
             result = by_partition.get((proposal.topic, proposal.partition))
             if result is None:
-                self._on_result(proposal, None, TidewaterError("no answer for the partition"))
+                results.append((proposal, None, TidewaterError("no answer for the partition")))
             elif result.error_code != ErrorCode.NONE:
                 error = TidewaterError(result.error_message, result.error_code)
                 tp = (proposal.topic, proposal.partition)
                 log.info("ISR change of %s-%d refused: %s", *tp, error)
-                self._on_result(proposal, None, error)
+                results.append((proposal, None, error))
             else:
                 committed = LeaderAndIsr(
                     leader=result.leader,
@@ -102,12 +126,17 @@ class AlterIsrChannel:
                     replicas=(),
                     partition_epoch=result.partition_epoch,
                 )
-                self._on_result(proposal, committed, None)
+                results.append((proposal, committed, None))
+        return results
 
+    @staticmethod
     def _fail(
-        self, batch: list[AlterIsrProposal], reason: str, code: int = ErrorCode.UNKNOWN_SERVER_ERROR
-    ) -> None:
-        log.warning("ISR change proposals for %d partitions not committed: %s", len(batch), reason)
+        batch: list[AlterIsrProposal], reason: str, code: int = ErrorCode.UNKNOWN_SERVER_ERROR
+    ) -> list[AlterIsrAnswer]:
+        log.warning(
+            "ISR change proposals for %d partitions not committed (or the answer lost): %s",
+            len(batch),
+            reason,
+        )
         error = TidewaterError(reason, code)
-        for proposal in batch:
-            self._on_result(proposal, None, error)
+        return [(proposal, None, error) for proposal in batch]

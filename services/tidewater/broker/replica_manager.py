@@ -833,11 +833,12 @@ class ReplicaManager:
         proposal: AlterIsrProposal,
         committed: LeaderAndIsr | None,
         error: TidewaterError | None,
-    ) -> None:
+    ) -> bool:
+        """Returns whether the partition still awaits an answer to the proposal."""
         tp = (proposal.topic, proposal.partition)
         state = self._partition_state(tp)
         if state is None:
-            return
+            return False
         if committed is not None:
             log.info("%s-%d: ISR is now %s", *tp, list(committed.isr))
         before = len(state.isr)
@@ -847,6 +848,7 @@ class ReplicaManager:
             self.isr_shrinks += 1
         elif len(state.isr) > before:
             self.isr_expands += 1
+        return state.awaits_answer(proposal)
 
     async def shutdown(self) -> None:
         await self.fetcher_manager.shutdown()

@@ -1,7 +1,7 @@
 """A stand-in for the controller, until the controller service exists: the demo and the tests
 play the controller with it. It sends LeaderAndIsr by hand and answers brokers' AlterIsr
 proposals the way the controller will (validate leader epoch and partition epoch, commit,
-answer with the committed state)."""
+answer with the committed state; a retry of what is committed already gets that state)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,9 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     next_producer_id: int = 0
     # AllocateProducerIds calls to answer NOT_CONTROLLER, as during a controller election.
     refuse_producer_ids: int = 0
+    # AlterIsr calls whose answer is lost after the commit (the RPC fails UNAVAILABLE), as when
+    # the connection drops or the controller loses its lease before answering.
+    lose_alter_isr_answers: int = 0
 
     async def start(self) -> str:
         """Serve ControllerService (AlterIsr) on 127.0.0.1; returns the address."""
@@ -197,7 +200,9 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
             elif p.leader_epoch != state.leader_epoch or request.broker_id != state.leader:
                 result.error_code = ErrorCode.FENCED_LEADER_EPOCH
             elif p.partition_epoch != state.partition_epoch:
-                result.error_code = ErrorCode.INVALID_UPDATE_VERSION
+                # Kafka's rule for a retry whose first attempt committed: answer the state.
+                if list(p.new_isr) != state.isr:
+                    result.error_code = ErrorCode.INVALID_UPDATE_VERSION
             else:
                 state.isr = list(p.new_isr)
                 state.partition_epoch += 1
@@ -207,4 +212,7 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
                 result.leader_epoch = state.leader_epoch
                 result.isr.extend(state.isr)
                 result.partition_epoch = state.partition_epoch
+        if self.lose_alter_isr_answers > 0:
+            self.lose_alter_isr_answers -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the answer was lost")
         return response

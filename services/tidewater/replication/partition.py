@@ -8,10 +8,11 @@ runs in a unit test in microseconds, with no files, sockets or event loop.
 
 Inputs:  make_leader / make_follower (LeaderAndIsr), check_append + after_leader_append
          (produce), on_follower_fetch (a follower's fetch, on the leader), maybe_shrink_isr
-         (the periodic check), on_alter_isr_result (the controller's answer),
+         (the periodic check), on_alter_isr_result (the controller's answer, or its absence),
          update_follower_high_watermark (a fetch response, on a follower).
 Outputs: return values — whether the HW moved (so delayed operations can complete), ISR
-         change proposals for the controller, diverging epochs for followers.
+         change proposals for the controller and whether one awaits an answer still (to be
+         sent again), diverging epochs for followers.
 """
 
 from __future__ import annotations
@@ -29,10 +30,23 @@ from tidewater.errors import (
     UnknownLeaderEpoch,
 )
 from tidewater.replication.replica import UNKNOWN_OFFSET, Replica
+from tidewater.v1.errors_pb2 import ErrorCode
 
 NO_LEADER = -1
 ACKS_ALL = -1
 NO_EPOCH = -1
+# The controller's answers to an AlterIsr that say the proposal was not applied and never
+# will be (Kafka's Partition.handleAlterPartitionError). Any other failure (a timeout, a lost
+# connection, NOT_CONTROLLER after a failover) leaves the outcome unknown: it may have been
+# committed.
+DEFINITE_ALTER_ISR_REFUSALS = frozenset(
+    {
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.INVALID_UPDATE_VERSION,
+        ErrorCode.INELIGIBLE_REPLICA,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    }
+)
 
 
 class EpochHistory(Protocol):
@@ -341,22 +355,33 @@ class Partition:
         error: TidewaterError | None,
         now_ms: int,
     ) -> bool:
-        """The controller's answer to our proposal. Committed: adopt its ISR and partition
-        epoch. Refused: drop the proposal and keep the last committed ISR; the next check
-        proposes again if still needed. Returns whether the HW moved."""
-        if (
-            not self.is_leader
-            or self.leader_epoch != proposal.leader_epoch
-            or self.isr_state.proposed != frozenset(proposal.new_isr)
-        ):
+        """The controller's answer to our proposal (`committed`), its refusal or the failure to
+        get an answer (`error`). Committed: adopt its ISR and partition epoch. Refused for
+        good: drop the proposal and keep the last committed ISR; the next check proposes again
+        if still needed. Outcome unknown: the controller may have committed it, so it stays
+        pending (the HW keeps counting the maximal ISR) and awaits_answer says to send it
+        again, until a definite answer (Kafka's AlterPartitionManager). Returns whether the
+        HW moved."""
+        if not self.awaits_answer(proposal):
             return False  # a newer LeaderAndIsr superseded this proposal
-        if committed is None or error is not None:
-            self.isr_state = IsrState(self.isr, self.partition_epoch)
+        if committed is None:
+            if error is not None and error.code in DEFINITE_ALTER_ISR_REFUSALS:
+                self.isr_state = IsrState(self.isr, self.partition_epoch)
             return False
         if committed.leader_epoch != self.leader_epoch:
             return False  # the controller moved on; its LeaderAndIsr will follow
         self.isr_state = IsrState(frozenset(committed.isr), committed.partition_epoch)
         return self._maybe_increment_high_watermark(now_ms)
+
+    def awaits_answer(self, proposal: AlterIsrProposal) -> bool:
+        """Whether this proposal is the one in flight, with no definite answer yet."""
+        state = self.isr_state
+        return (
+            self.is_leader
+            and self.leader_epoch == proposal.leader_epoch
+            and state.partition_epoch == proposal.partition_epoch
+            and state.proposed == frozenset(proposal.new_isr)
+        )
 
     # -- HW ----------------------------------------------------------------------------------
 

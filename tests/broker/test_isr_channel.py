@@ -1,16 +1,19 @@
 """A leader's ISR change proposals on their way to the controller (the stand-in, on real gRPC on
-loopback), delivered to a real Partition over a real log."""
+loopback), delivered to real Partitions over real logs."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tidewater.broker.controller_client import ControllerClient
-from tidewater.broker.isr_channel import AlterIsrChannel
+from tidewater.broker.isr_channel import AlterIsrChannel, AlterIsrResultHandler
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.errors import TidewaterError
@@ -25,62 +28,135 @@ from tidewater.replication.partition import (
     ReplicationConfig,
 )
 
+if TYPE_CHECKING:
+    from conftest import Logged
+
 TOPIC = "isr"
-TP = (TOPIC, 0)
 NOW_MS = 1_000_000
 WAIT_S = 20.0
 
-
-@pytest.fixture
-async def controller() -> AsyncIterator[tuple[StandinController, str]]:
-    standin = StandinController(brokers={})
-    address = await standin.start()
-    yield standin, address
-    await standin.stop()
+Lead = Callable[[int], Partition]
 
 
 @pytest.fixture
-def leader(tmp_path: Path) -> Iterator[Partition]:
-    """Broker 1 leads TP at leader epoch 1 with ISR {1}; 2 is a replica."""
-    log = Log.open(tmp_path / f"{TOPIC}-0", LogConfig())
-    partition = Partition(TOPIC, 0, 1, log, ReplicationConfig(), 0)
-    partition.make_leader(LeaderAndIsr(1, 1, (1,), (1, 2), partition_epoch=1), NOW_MS)
-    yield partition
-    log.close()
+def lead(tmp_path: Path, standin: tuple[StandinController, str]) -> Iterator[Lead]:
+    """Broker 1 leads a partition at leader epoch 1 with ISR {1}, 2 being a replica too, as the
+    stand-in has it."""
+    logs: list[Log] = []
+
+    def make(partition: int) -> Partition:
+        log = Log.open(tmp_path / f"{TOPIC}-{partition}", LogConfig())
+        logs.append(log)
+        leader = Partition(TOPIC, partition, 1, log, ReplicationConfig(), 0)
+        leader.make_leader(LeaderAndIsr(1, 1, (1,), (1, 2), partition_epoch=1), NOW_MS)
+        standin[0].states[TOPIC, partition] = PartitionState(
+            leader=1, leader_epoch=1, isr=[1], replicas=[1, 2], partition_epoch=1
+        )
+        return leader
+
+    yield make
+    for log in logs:
+        log.close()
 
 
-async def test_a_lost_answer_is_asked_for_again_until_the_leader_has_the_committed_isr(
-    controller: tuple[StandinController, str], leader: Partition
-) -> None:
-    standin, address = controller
-    standin.states[TP] = PartitionState(
-        leader=1, leader_epoch=1, isr=[1], replicas=[1, 2], partition_epoch=1
-    )
+def deliver_to(leaders: dict[int, Partition]) -> AlterIsrResultHandler:
+    """What the replica manager does with an answer."""
 
     def on_result(
         proposal: AlterIsrProposal,
         committed: LeaderAndIsr | None,
         error: TidewaterError | None,
     ) -> bool:
+        leader = leaders[proposal.partition]
         leader.on_alter_isr_result(proposal, committed, error, NOW_MS)
         return leader.awaits_answer(proposal)
 
+    return on_result
+
+
+@contextlib.asynccontextmanager
+async def running(address: str, on_result: AlterIsrResultHandler) -> AsyncIterator[AlterIsrChannel]:
     client = ControllerClient([address])
     channel = AlterIsrChannel(1, client, on_result, lambda: 1, window_ms=1)
     task = asyncio.create_task(channel.run())
     try:
-        # The stand-in commits, then every attempt of the client's first call loses its answer.
-        standin.lose_alter_isr_answers = 3
-        fetch = FollowerFetch(2, 0, 0, NO_EPOCH, 1)
-        proposal = leader.on_follower_fetch(fetch, NOW_MS).isr_proposal
-        assert proposal is not None and proposal.new_isr == (1, 2)
-        channel.propose(proposal)
-        await eventually(lambda: not leader.isr_state.in_flight, WAIT_S)
-        committed = standin.states[TP]
-        assert (sorted(leader.isr), leader.partition_epoch) == ([1, 2], 2)
-        assert (committed.isr, committed.partition_epoch) == ([1, 2], 2)
-        assert standin.isr_changes == [(TOPIC, 0, [1, 2])]
-        assert standin.lose_alter_isr_answers == 0, "the answer came on a later call"
+        yield channel
     finally:
         task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await client.close()
+
+
+def propose_expansion(channel: AlterIsrChannel, leader: Partition) -> None:
+    """Follower 2 fetches at the leader's LEO: the leader proposes ISR {1, 2}."""
+    proposal = leader.on_follower_fetch(FollowerFetch(2, 0, 0, NO_EPOCH, 1), NOW_MS).isr_proposal
+    assert proposal is not None and proposal.new_isr == (1, 2)
+    channel.propose(proposal)
+
+
+async def test_a_lost_answer_is_asked_for_again_until_the_leader_has_the_committed_isr(
+    standin: tuple[StandinController, str], lead: Lead
+) -> None:
+    controller, address = standin
+    leader = lead(0)
+    async with running(address, deliver_to({0: leader})) as channel:
+        # The stand-in commits, then every attempt of the client's first call loses its answer.
+        controller.lose_alter_isr_answers = 3
+        propose_expansion(channel, leader)
+        await eventually(lambda: not leader.isr_state.in_flight, WAIT_S)
+    committed = controller.states[TOPIC, 0]
+    assert (sorted(leader.isr), leader.partition_epoch) == ([1, 2], 2)
+    assert (committed.isr, committed.partition_epoch) == ([1, 2], 2)
+    assert controller.isr_changes == [(TOPIC, 0, [1, 2])]
+    assert controller.lose_alter_isr_answers == 0, "the answer came on a later call"
+
+
+async def test_a_partition_whose_answer_cannot_be_applied_holds_up_no_other(
+    standin: tuple[StandinController, str], lead: Lead, logged: Logged
+) -> None:
+    _, address = standin
+    leaders = {0: lead(0), 1: lead(1), 2: lead(2)}
+    deliver = deliver_to(leaders)
+
+    def on_result(
+        proposal: AlterIsrProposal,
+        committed: LeaderAndIsr | None,
+        error: TidewaterError | None,
+    ) -> bool:
+        if proposal.partition == 0:
+            raise RuntimeError("a bug in applying the answer")
+        return deliver(proposal, committed, error)
+
+    async with running(address, on_result) as channel:
+        propose_expansion(channel, leaders[0])
+        propose_expansion(channel, leaders[1])
+        await eventually(lambda: leaders[1].isr == {1, 2}, WAIT_S)
+        # The channel goes on with later proposals.
+        propose_expansion(channel, leaders[2])
+        await eventually(lambda: leaders[2].isr == {1, 2}, WAIT_S)
+    assert logged(logging.ERROR, f"{TOPIC}-0", "applying the AlterIsr answer failed")
+
+
+async def test_an_unexpected_failure_of_the_call_leaves_the_outcome_unknown(
+    standin: tuple[StandinController, str],
+    lead: Lead,
+    monkeypatch: pytest.MonkeyPatch,
+    logged: Logged,
+) -> None:
+    _, address = standin
+    leader = lead(0)
+    call = ControllerClient.call
+    failures = [RuntimeError("a bug in the client")]
+
+    async def failing_once(client: ControllerClient, method: str, request: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await call(client, method, request)
+
+    monkeypatch.setattr(ControllerClient, "call", failing_once)
+    async with running(address, deliver_to({0: leader})) as channel:
+        propose_expansion(channel, leader)
+        await eventually(lambda: leader.isr == {1, 2}, WAIT_S)
+    assert not failures
+    assert logged(logging.ERROR, "AlterIsr failed unexpectedly")

@@ -296,6 +296,15 @@ def test_follower_at_the_leader_leo_stays_in_the_isr_however_long_it_is_quiet(
     assert partition.maybe_shrink_isr(T0 + 100 * LAG) is None
 
 
+def test_an_isr_member_that_is_not_a_replica_is_proposed_out_of_the_isr(log: MemoryLog) -> None:
+    # As after a reassignment was cancelled while its target replica 4 was in the ISR.
+    partition = replica_on(log)
+    partition.make_leader(LeaderAndIsr(1, 0, (1, 2, 3, 4), REPLICAS, 0), T0)
+    assert partition.out_of_sync_replicas(T0) == {4}
+    proposal = partition.maybe_shrink_isr(T0)
+    assert proposal is not None and proposal.new_isr == REPLICAS
+
+
 # -- HW -----------------------------------------------------------------------------------
 
 

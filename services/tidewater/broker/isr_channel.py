@@ -72,7 +72,7 @@ class AlterIsrChannel:
             if not batch:
                 continue
             answers = await self._send(batch)
-            unanswered = [answer[0] for answer in answers if self._on_result(*answer)]
+            unanswered = [answer[0] for answer in answers if self._deliver(*answer)]
             if not unanswered:
                 backoff_s = RETRY_BACKOFF_S
                 continue
@@ -82,6 +82,24 @@ class AlterIsrChannel:
                 # A newer proposal of the partition (after a LeaderAndIsr) replaces this one.
                 self._pending.setdefault((proposal.topic, proposal.partition), proposal)
             self._wake.set()
+
+    def _deliver(
+        self,
+        proposal: AlterIsrProposal,
+        committed: LeaderAndIsr | None,
+        error: TidewaterError | None,
+    ) -> bool:
+        """The answer to the partition; whether to send the proposal again. A failure here is
+        that partition's alone: logged, and the proposal goes out again."""
+        try:
+            return self._on_result(proposal, committed, error)
+        except Exception:
+            log.exception(
+                "%s-%d: applying the AlterIsr answer failed; sending the proposal again",
+                proposal.topic,
+                proposal.partition,
+            )
+            return True
 
     async def _send(self, batch: list[AlterIsrProposal]) -> list[AlterIsrAnswer]:
         """One AlterIsr RPC; each proposal with its committed state or its error."""
@@ -101,7 +119,9 @@ class AlterIsrChannel:
         )
         try:
             response = await self._controller.call("AlterIsr", request)
-        except ControllerUnavailable as e:
+        except Exception as e:
+            if not isinstance(e, ControllerUnavailable):
+                log.exception("AlterIsr failed unexpectedly; its outcome is unknown")
             return self._fail(batch, str(e))
         self.rpcs_sent += 1
         self.partitions_sent += len(batch)

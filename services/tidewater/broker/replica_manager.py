@@ -809,16 +809,16 @@ class ReplicaManager:
 
     # -- ISR ---------------------------------------------------------------------------------
 
-    async def shrink_isr_periodically(self) -> None:
-        """Kafka's isr-expiration task: every replica.lag.time.max.ms / 2."""
-        while True:
-            await asyncio.sleep(self.config.replica_lag_time_max_ms / 2000)
-            self.maybe_shrink_isrs()
-
     def maybe_shrink_isrs(self) -> None:
+        """Kafka's isr-expiration task, run every replica.lag.time.max.ms / 2. A partition
+        whose check fails is logged and skipped: the others' ISRs must still shrink."""
         now = self.time_ms()
-        for hosted in self.partitions.values():
-            proposal = hosted.state.maybe_shrink_isr(now)
+        for hosted in list(self.partitions.values()):
+            try:
+                proposal = hosted.state.maybe_shrink_isr(now)
+            except Exception:
+                log.exception("%s: ISR check failed", hosted.state.name)
+                continue
             if proposal is not None:
                 log.info(
                     "%s: proposing ISR shrink %s -> %s",

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidewater.broker import background
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.lifecycle import BrokerLifecycle
 from tidewater.broker.limits import raise_open_file_limit
@@ -71,21 +72,30 @@ class BrokerServer:
         self.replica_manager.broker_epoch = lambda: self.lifecycle.broker_epoch
         await self.host.start()
         self._tasks = [
-            asyncio.create_task(
+            background.start(
                 self.log_manager.run_background_tasks(
                     retention_check_interval_ms=self.config.log_retention_check_interval_ms,
                     flush_check_interval_ms=self.config.log_flush_scheduler_interval_ms,
                     recovery_point_checkpoint_interval_ms=(
                         self.config.log_flush_offset_checkpoint_interval_ms
                     ),
-                )
+                ),
+                "log-manager",
             ),
-            asyncio.create_task(self._checkpoint_high_watermarks()),
-            asyncio.create_task(self.replica_manager.shrink_isr_periodically()),
-            asyncio.create_task(self.replica_manager.isr_channel.run()),
+            background.start_every(
+                self.config.replica_high_watermark_checkpoint_interval_ms / 1000,
+                self.replica_manager.checkpoint_high_watermarks_off_loop,
+                "highwatermark-checkpoint",
+            ),
+            background.start_every(
+                self.config.replica_lag_time_max_ms / 2000,
+                self.replica_manager.maybe_shrink_isrs,
+                "isr-expiration",
+            ),
+            background.start(self.replica_manager.isr_channel.run(), "alter-isr-channel"),
         ]
         if self.replica_manager.controller.configured:
-            self._tasks.append(asyncio.create_task(self.lifecycle.run()))
+            self._tasks.append(background.start(self.lifecycle.run(), "broker-lifecycle"))
         await self.host.set_serving()
         log.info(
             "broker %d listening on %s, advertised as %s",
@@ -108,12 +118,6 @@ class BrokerServer:
         self.replica_manager.request_metrics = register_broker_metrics(
             self.metrics, self.replica_manager
         )
-
-    async def _checkpoint_high_watermarks(self) -> None:
-        interval = self.config.replica_high_watermark_checkpoint_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            await self.replica_manager.checkpoint_high_watermarks_off_loop()
 
     async def controlled_shutdown(self) -> None:
         """Move leadership elsewhere first, so producers see only retriable

@@ -328,15 +328,16 @@ class Partition:
         return self._propose(self.isr - out_of_sync)
 
     def out_of_sync_replicas(self, now_ms: int) -> frozenset[int]:
+        """ISR members not caught up by the lag rule, and any that is not a replica (the
+        controller left it in the ISR): it fetches nothing from us."""
         leader_end_offset = self.log.log_end_offset
-        return frozenset(
-            r
-            for r in self.isr
-            if r != self.local_broker_id
-            and not self.remote_replicas[r].is_caught_up(
-                leader_end_offset, now_ms, self.config.replica_lag_time_max_ms
-            )
-        )
+        lag = self.config.replica_lag_time_max_ms
+        out_of_sync: set[int] = set()
+        for broker_id in self.isr - {self.local_broker_id}:
+            replica = self.remote_replicas.get(broker_id)
+            if replica is None or not replica.is_caught_up(leader_end_offset, now_ms, lag):
+                out_of_sync.add(broker_id)
+        return frozenset(out_of_sync)
 
     def _propose(self, new_isr: frozenset[int]) -> AlterIsrProposal:
         self.isr_state = IsrState(self.isr, self.partition_epoch, frozenset(new_isr))

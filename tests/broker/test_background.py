@@ -1,0 +1,87 @@
+"""The broker's background tasks survive a failing run, and say so when they end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tidewater.broker import background
+from tidewater.local.standin_controller import StandinController
+from tidewater.local.wait import eventually
+from tidewater.replication.partition import AlterIsrProposal, Partition
+
+if TYPE_CHECKING:
+    from conftest import Logged
+
+WAIT_S = 10.0
+TOPIC = "upkeep"
+
+
+async def test_a_periodic_job_runs_on_after_a_failed_run(logged: Logged) -> None:
+    runs: list[int] = []
+
+    def job() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise OSError("the disk is full")
+
+    task = asyncio.create_task(background.every(0.001, job, "checkpoint"))
+    try:
+        await eventually(lambda: len(runs) >= 3, WAIT_S)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert logged(logging.ERROR, "checkpoint", "failed")
+
+
+async def test_a_task_that_ends_before_the_broker_stops_is_logged_loudly(
+    logged: Logged,
+) -> None:
+    async def broken() -> None:
+        raise ValueError("a bug")
+
+    task = background.start(broken(), "isr-channel")
+    await eventually(task.done, WAIT_S)
+    await eventually(lambda: logged(logging.CRITICAL, "isr-channel", "ended"), WAIT_S)
+
+
+async def test_a_cancelled_task_is_not_reported(caplog: pytest.LogCaptureFixture) -> None:
+    task = background.start(asyncio.sleep(60), "isr-shrink")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_partition_whose_isr_check_fails_holds_up_no_other_partition(
+    standin: tuple[StandinController, str],
+    start_broker: Callable[..., Awaitable[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    logged: Logged,
+) -> None:
+    controller, address = standin
+    check = Partition.maybe_shrink_isr
+
+    def failing_for_partition_0(partition: Partition, now_ms: int) -> AlterIsrProposal | None:
+        if partition.partition == 0:
+            raise RuntimeError("a bug in one partition's ISR check")
+        return check(partition, now_ms)
+
+    monkeypatch.setattr(Partition, "maybe_shrink_isr", failing_for_partition_0)
+    server, _ = await start_broker(1, controllers=address, **{"replica.lag.time.max.ms": 200})
+    controller.brokers[1] = server.address
+    # Broker 2 never starts: it falls out of every ISR after the lag time.
+    for partition in (0, 1):
+        await controller.elect(TOPIC, partition, leader=1, replicas=[1, 2])
+    await eventually(lambda: (TOPIC, 1, [1]) in controller.isr_changes, WAIT_S)
+    # Every check fails for partition 0, logged each time; the others' go on.
+    await controller.elect(TOPIC, 2, leader=1, replicas=[1, 2])
+    await eventually(lambda: (TOPIC, 2, [1]) in controller.isr_changes, WAIT_S)
+    assert logged(logging.ERROR, f"{TOPIC}-0")
+    assert controller.states[TOPIC, 0].isr == [1, 2]

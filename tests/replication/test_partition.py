@@ -340,6 +340,16 @@ def test_restarted_replica_hw_is_capped_by_its_leo(log: MemoryLog) -> None:
     assert replica_on(log, checkpointed_hw=12).high_watermark == 10
 
 
+def test_hw_stays_within_the_log_start_and_the_leo(log: MemoryLog) -> None:
+    log.advance_log_start(4)  # retention passed the checkpointed HW
+    assert replica_on(log, checkpointed_hw=2).high_watermark == 4
+    follower = replica_on(log, broker_id=2)
+    follower.make_follower(leader_and_isr())
+    for leader_hw, hw in ((2, 4), (7, 7), (12, 10)):
+        follower.update_follower_high_watermark(leader_hw)
+        assert follower.high_watermark == hw
+
+
 def test_hw_never_moves_back(log: MemoryLog) -> None:
     partition = new_leader(log, isr=(1, 2))
     fetch(partition, 2, 10)

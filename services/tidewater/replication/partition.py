@@ -166,8 +166,9 @@ class Partition:
         self.replicas: tuple[int, ...] = ()
         self.isr_state = IsrState(frozenset(), -1)
         self.remote_replicas: dict[int, Replica] = {}
-        # After a restart the HW is min(checkpoint, LEO): an unflushed tail may be gone.
-        self.high_watermark = min(checkpointed_high_watermark, log.log_end_offset)
+        # After a restart the checkpoint may be past the LEO (an unflushed tail is gone) or
+        # before the log start (retention or a full truncation passed it).
+        self.high_watermark = self._within_log(checkpointed_high_watermark)
 
     @property
     def name(self) -> str:
@@ -410,11 +411,13 @@ class Partition:
         return False
 
     def update_follower_high_watermark(self, leader_high_watermark: int) -> None:
-        """A follower's HW is the leader's, capped by its own LEO."""
-        self.high_watermark = min(leader_high_watermark, self.log.log_end_offset)
+        """A follower's HW is the leader's, within its own log."""
+        self.high_watermark = self._within_log(leader_high_watermark)
 
     def after_truncation(self) -> None:
-        """The caller truncated the log: the HW stays within [log start, LEO]."""
-        self.high_watermark = max(
-            min(self.high_watermark, self.log.log_end_offset), self.log.log_start_offset
-        )
+        """The caller truncated the log: the HW stays within it."""
+        self.high_watermark = self._within_log(self.high_watermark)
+
+    def _within_log(self, high_watermark: int) -> int:
+        """Kafka's bounds of a HW: [log start offset, LEO]."""
+        return max(min(high_watermark, self.log.log_end_offset), self.log.log_start_offset)

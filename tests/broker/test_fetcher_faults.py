@@ -1,7 +1,8 @@
 """A follower's fetcher goes on replicating every partition after an error in handling one
 partition's answer, its manager replaces a fetcher whose task ended, a truncation decided on
 the leader's offsets applies only in the epoch it was decided in, and the leader's retention
-keeps what a follower has not fetched yet. Two in-process brokers
+keeps what a follower has not fetched yet; a follower that led an epoch without writing
+catches up in its fetch session. Two in-process brokers
 (real gRPC on 127.0.0.1, real files); the test plays the controller (StandinController). Broker 2
 follows every partition from broker 1 with one fetcher (num.replica.fetchers=1)."""
 
@@ -300,3 +301,23 @@ async def test_retention_keeps_what_a_follower_has_not_fetched_yet(
     await pair.controller.elect(*PRUNED, leader=1)
     await eventually(lambda: leader.state.high_watermark == end, WAIT_S)
     await eventually(lambda: leader.log.log_start_offset == leader.log.active_segment_base, WAIT_S)
+
+
+async def test_a_follower_that_led_an_epoch_without_writing_catches_up_in_its_session(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    """The stall of a random-fault run: broker 2 led STEADY in an epoch without writing, then
+    follows broker 1 in the same incremental fetch session as another partition. The other
+    partition kept fetching while STEADY's divergence truncated nothing and was answered
+    again at every fetch; both must catch up."""
+    pair = await make_pair()
+    other = (STEADY[0], 1)
+    for tp in (STEADY, other):
+        await pair.controller.elect(*tp, leader=1, replicas=[1, 2])
+    await pair.produce(STEADY, 3)
+    await pair.caught_up(STEADY)
+    await pair.controller.elect(*STEADY, leader=2)
+    await pair.controller.elect(*STEADY, leader=1)
+    await pair.produce(STEADY, 3)
+    await pair.produce(other, 3)
+    await pair.caught_up(STEADY, other)

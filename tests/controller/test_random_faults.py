@@ -4,7 +4,8 @@ three RF=3 partitions with min.insync.replicas=2. A seeded schedule of faults, o
 another: a broker killed -9 or shut down and started again, a broker or two paused (past the
 ISR's lag time and the broker session, or not), a broker cut off from the controllers, or
 from everyone who calls it (other brokers' fetches, the controllers, clients), or both (its
-connections dropped or blackholed), the active controller killed -9 and started again. Then,
+connections dropped or blackholed), the active controller killed -9 and started again; and,
+as an operator would, preferred leaders elected again (ElectLeaders). Then,
 with everything back and the ISRs full: every acknowledged record is in its partition exactly
 once, at the offset its acknowledgement named; no record is there twice; each partition holds
 its records in send order; and the three replicas of each partition hold the same bytes. A
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import grpc
 import pytest
 
 from tidewater.broker.log.config import LogConfig
@@ -38,6 +40,7 @@ from tidewater.local.fetch import list_offsets, log_bytes, read_served
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.records.batch import decode_batches
 from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import controller_pb2 as cpb
 
 if TYPE_CHECKING:
     from conftest import Cluster, Eventually
@@ -82,6 +85,7 @@ class Nemesis:
             self.cut_broker_off,
             self.isolate_broker,
             self.kill_controller,
+            self.elect_preferred_leaders,
         ]
         for _ in range(faults):
             self.done.append(await self.rng.choice(kinds)())
@@ -158,6 +162,16 @@ class Nemesis:
         finally:
             for broker in brokers:
                 self.cluster.brokers[broker].signal(signal.SIGCONT)
+
+    async def elect_preferred_leaders(self) -> str:
+        """Leaders back to the first replica of each partition where it is in sync; the
+        outcome, whatever it is, does not matter here (the controller may be moving)."""
+        with contextlib.suppress(TidewaterError, grpc.aio.AioRpcError):
+            await self.cluster.call_controller(
+                "ElectLeaders",
+                cpb.ElectLeadersRequest(election_type=cpb.ELECTION_TYPE_PREFERRED),
+            )
+        return "elect preferred leaders"
 
     async def kill_controller(self) -> str:
         active = await self.cluster.store.active_controller()

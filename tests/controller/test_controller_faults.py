@@ -4,6 +4,7 @@ election, and AlterIsr batching when a follower stops."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,8 @@ from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
+
+UNREACHABLE_S = 5.0
 
 if TYPE_CHECKING:
     from conftest import Cluster, Eventually
@@ -398,3 +401,20 @@ async def test_isr_shrinks_of_200_partitions_travel_in_a_handful_of_alter_isr_rp
     txns = controller.since(controller_before, "tidewater_controller_etcd_txns_total")
     ops = controller.since(controller_before, "tidewater_controller_etcd_txn_ops_total")
     assert ops >= 200 and 1 <= txns <= 10, (txns, ops)
+
+
+async def test_a_live_broker_the_controller_cannot_reach_gets_its_partitions_once_it_can(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    """Broker 2 heartbeats but nobody reaches it (its inbound proxy drops every connection)
+    while a topic with a replica on it is created: the controller's LeaderAndIsr cannot get
+    through. It is retried for as long as the broker stays registered and alive (Kafka's
+    controller channel manager), so once the link heals the broker replicates the topic."""
+    cluster = await make_cluster(inbound_proxies=[2])
+    cluster.isolate(2, LinkMode.DROP)
+    await cluster.create_topic("reach", assignments=[(1, 2, 3)])
+    # Longer than a handful of retries (those the controller made before giving up).
+    await asyncio.sleep(UNREACHABLE_S)
+    assert 2 in await cluster.alive_brokers()
+    cluster.isolate(2, LinkMode.PASS)
+    await eventually(lambda: cluster.settled(["reach"]), 20)

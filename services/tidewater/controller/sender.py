@@ -2,9 +2,11 @@
 metadata services (UpdateMetadata).
 
 One queue and one worker per recipient keep its requests in the order the controller decided
-them; a failed send is retried a few times. A broker that comes back after being unreachable
-gets its full state on its first heartbeat; a metadata service gets a FULL view first and
-whenever it missed or refused a delta, deltas after.
+them. A request to a broker is retried for as long as the broker stays registered with the
+epoch it names and unfenced, as Kafka's controller channel manager does: the broker may be
+alive but out of reach. A broker that comes back after being fenced gets its full state on its
+first heartbeat. A request to a metadata service is retried a few times; the service gets a
+FULL view first and whenever it missed or refused a delta, deltas after.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
     from tidewater.controller.core import PartitionChange
 
 log = logging.getLogger(__name__)
-ATTEMPTS = 5
+ATTEMPTS = 5  # to a metadata service
+MAX_BACKOFF_S = 2.0
 RPC_TIMEOUT_S = 10.0
 
 
@@ -324,13 +327,18 @@ class BrokerSender:
             }[type(request)]
         name = type(request).__name__
         who = target if isinstance(target, str) else f"broker {target}"
-        for attempt in range(ATTEMPTS):
+        attempt = 0
+        while True:
             try:
                 self.requests_sent += 1
-                response = await method(request, timeout=RPC_TIMEOUT_S)
+                # Waits out a reconnect backoff rather than failing at once.
+                response = await method(request, timeout=RPC_TIMEOUT_S, wait_for_ready=True)
             except grpc.aio.AioRpcError as e:
-                log.info("%s to %s failed (%s), attempt %d", name, who, e.code().name, attempt + 1)
-                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+                attempt += 1
+                log.info("%s to %s failed (%s), attempt %d", name, who, e.code().name, attempt)
+                if not self._worth_retrying(target, request, attempt):
+                    return False
+                await asyncio.sleep(min(0.1 * 2 ** min(attempt - 1, 5), MAX_BACKOFF_S))
                 continue
             if response.error_code != ErrorCode.NONE:
                 log.info("%s refused %s: %s", who, name, response.error_message)
@@ -345,4 +353,13 @@ class BrokerSender:
                     note,
                 )
             return True
-        return False
+
+    def _worth_retrying(self, target: int | str, request: Message, attempts: int) -> bool:
+        """A broker's request, while the broker is still registered with the epoch it names
+        and unfenced (a new registration or an unfencing sends the full state anew); a
+        metadata service's, a few times."""
+        if isinstance(target, str):
+            return attempts < ATTEMPTS
+        broker = self._controller.model.brokers.get(target)
+        epoch = request.broker_epoch  # type: ignore[attr-defined]
+        return broker is not None and not broker.fenced and broker.epoch == epoch

@@ -17,9 +17,15 @@ from tidewater.telemetry import tracing
 
 # Record batches of a few MiB must pass in one message.
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+# A peer that restarts is reached again within a second, as Kafka's clients do
+# (reconnect.backoff.ms 50, reconnect.backoff.max.ms 1000); gRPC's own backoff grows to 120 s.
+RECONNECT_BACKOFF_MS = (50, 1000)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Not grpc.min_reconnect_backoff_ms: it is also how long a connection attempt may take.
+    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
+    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
 ]
 
 

@@ -10,12 +10,11 @@ Every format is a version line (`0`), an entry count line, then one entry per li
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import re
 import threading
 from collections.abc import Awaitable, Mapping, Sequence
-from itertools import pairwise
+from itertools import count, pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -156,7 +155,7 @@ class OffsetCheckpointWriter:
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._asked = itertools.count()
+        self._asked = count()
         self._written: dict[Path, int] = {}  # per log dir, the latest write on disk
 
     def write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:

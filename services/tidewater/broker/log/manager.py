@@ -14,9 +14,10 @@ import fcntl
 import logging
 import os
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
+from tidewater.broker import background
 from tidewater.broker.log.checkpoints import (
     TEMP_SUFFIX,
     CorruptCheckpoint,
@@ -180,13 +181,15 @@ class LogManager:
     def checkpoint_recovery_points(self) -> None:
         """Write each log dir's recovery-point-offset-checkpoint."""
         for log_dir in self.log_dirs:
-            self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
+            self._checkpoint_recovery_points(log_dir)
 
     def _checkpoint_recovery_points_in(self, lg: Log) -> None:
         """A truncation lowered `lg`'s recovery point: its log dir's checkpoint now, as
         Kafka's LogManager.truncateTo, or a crash after appending again would have the next
         start trust the new bytes below the old recovery point without checking them."""
-        log_dir = lg.dir.parent
+        self._checkpoint_recovery_points(lg.dir.parent)
+
+    def _checkpoint_recovery_points(self, log_dir: Path) -> None:
         self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
 
     async def _checkpoint_recovery_points_off_loop(self) -> None:
@@ -232,23 +235,14 @@ class LogManager:
         """Retention, flush.ms and recovery point checkpoints, each on its own period, until
         cancelled."""
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._every(retention_check_interval_ms, self._apply_retention))
-            group.create_task(self._every(flush_check_interval_ms, self._flush_due_logs))
-            group.create_task(
-                self._every(
-                    recovery_point_checkpoint_interval_ms, self._checkpoint_recovery_points_off_loop
-                )
-            )
-
-    async def _every(self, interval_ms: int, job: Callable[[], Awaitable[None] | None]) -> None:
-        while True:
-            await asyncio.sleep(interval_ms / 1000)
-            try:
-                if (pending := job()) is not None:
-                    await pending
-            except Exception:
-                # A failing disk must not stop the other logs' upkeep; the next round retries.
-                log.exception("log manager background job %s failed", job.__name__)
+            # A failing disk must not stop the other logs' upkeep: a failed run is logged and
+            # the next one retries.
+            for interval_ms, job in (
+                (retention_check_interval_ms, self._apply_retention),
+                (flush_check_interval_ms, self._flush_due_logs),
+                (recovery_point_checkpoint_interval_ms, self._checkpoint_recovery_points_off_loop),
+            ):
+                group.create_task(background.every(interval_ms / 1000, job, job.__name__))
 
     def _apply_retention(self) -> None:
         now = self._time_ms()

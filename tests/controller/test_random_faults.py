@@ -37,7 +37,7 @@ from tidewater.client.errors import ClientError
 from tidewater.client.producer import Producer, RecordFuture
 from tidewater.errors import TidewaterError
 from tidewater.local.fetch import list_offsets, log_bytes, read_served
-from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import decode_batches
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import controller_pb2 as cpb
@@ -120,7 +120,7 @@ class Nemesis:
     async def cut_broker_off(self) -> str:
         broker = self.rng.choice(BROKERS)
         mode = self.rng.choice([LinkMode.DROP, LinkMode.BLACKHOLE])
-        held = await self.cut([self.cluster.controller_links[broker]], mode)
+        held = await self.cut(broker, mode, controllers=True, callers=False)
         return f"cut broker {broker} off the controllers ({mode.value}) for {held:.1f} s"
 
     async def isolate_broker(self) -> str:
@@ -129,22 +129,24 @@ class Nemesis:
         broker = self.rng.choice(BROKERS)
         mode = self.rng.choice([LinkMode.DROP, LinkMode.BLACKHOLE])
         whole = self.rng.random() < 0.5
-        links = [[self.cluster.broker_links[broker]]]
-        if whole:
-            links.append(self.cluster.controller_links[broker])
-        held = await self.cut(links, mode)
+        held = await self.cut(broker, mode, controllers=whole, callers=True)
         what = "and its controller links " if whole else ""
         return f"cut the links into broker {broker} {what}({mode.value}) for {held:.1f} s"
 
-    async def cut(self, links: list[list[TcpProxy]], mode: LinkMode) -> float:
-        proxies = [proxy for group in links for proxy in group]
-        for proxy in proxies:
-            proxy.set_mode(mode)
+    async def cut(self, broker: int, mode: LinkMode, controllers: bool, callers: bool) -> float:
+        """Its links to the controllers, and those of everyone who calls it, as asked."""
+
+        def set_links(to: LinkMode) -> None:
+            if controllers:
+                self.cluster.cut_off(broker, to)
+            if callers:
+                self.cluster.isolate(broker, to)
+
+        set_links(mode)
         try:
             return await self.hold()
         finally:
-            for proxy in proxies:
-                proxy.set_mode(LinkMode.PASS)
+            set_links(LinkMode.PASS)
 
     async def pause_broker(self) -> str:
         broker = self.rng.choice(BROKERS)

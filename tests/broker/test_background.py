@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tidewater.broker import background
+from tidewater.broker.controller_client import ControllerClient
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
 from tidewater.replication.partition import AlterIsrProposal, Partition
@@ -85,3 +86,29 @@ async def test_a_partition_whose_isr_check_fails_holds_up_no_other_partition(
     await eventually(lambda: (TOPIC, 2, [1]) in controller.isr_changes, WAIT_S)
     assert logged(logging.ERROR, f"{TOPIC}-0")
     assert controller.states[TOPIC, 0].isr == [1, 2]
+
+
+async def test_the_heartbeats_go_on_after_one_fails_unexpectedly(
+    standin: tuple[StandinController, str],
+    start_broker: Callable[..., Awaitable[Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    logged: Logged,
+) -> None:
+    controller, address = standin
+    call = ControllerClient.call
+    failed: list[str] = []
+
+    async def failing_once(client: ControllerClient, method: str, *args: Any, **kw: Any) -> Any:
+        # Once the broker is registered and heartbeating: an error no one planned for.
+        if method == "BrokerHeartbeat" and controller.heartbeats and not failed:
+            failed.append(method)
+            raise RuntimeError("an answer nobody expected")
+        return await call(client, method, *args, **kw)
+
+    monkeypatch.setattr(ControllerClient, "call", failing_once)
+    server, _ = await start_broker(1, controllers=address, **{"broker.heartbeat.interval.ms": 20})
+    await eventually(lambda: failed, WAIT_S)
+    after_failure = controller.heartbeats
+    await eventually(lambda: controller.heartbeats >= after_failure + 5, WAIT_S)
+    assert not server.lifecycle.fenced
+    assert logged(logging.ERROR, "broker-heartbeat", "failed")

@@ -12,16 +12,23 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-async def every(interval_s: float, job: Callable[[], Awaitable[None] | None], name: str) -> None:
-    """Run `job` every `interval_s` until cancelled; a run that fails is logged, and the next
-    one runs as planned."""
-    while True:
+async def every(
+    interval_s: float,
+    job: Callable[[], Awaitable[None] | None],
+    name: str,
+    at_once: bool = False,
+) -> None:
+    """Run `job` every `interval_s` (the first run at once, or after one interval) until
+    cancelled; a run that fails is logged, and the next one runs as planned."""
+    if not at_once:
         await asyncio.sleep(interval_s)
+    while True:
         try:
             if (pending := job()) is not None:
                 await pending
         except Exception:
             log.exception("background job %s failed; next run in %g s", name, interval_s)
+        await asyncio.sleep(interval_s)
 
 
 def start(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:

@@ -3,7 +3,9 @@
 Registration gives the broker its epoch; a restarted broker (a new incarnation) gets a newer
 one, so requests meant for its previous life are refused. Heartbeats every
 broker.heartbeat.interval.ms keep it unfenced; a broker the controller no longer knows (or
-knows under a newer epoch) registers again.
+knows under a newer epoch) registers again. A round that fails, however it fails, is logged and
+the next one comes an interval later, as Kafka's BrokerLifecycleManager goes on: a broker whose
+heartbeats stopped would look alive yet stay fenced for good.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import logging
 import uuid
 
+from tidewater.broker import background
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.rpc.address import HostPort
 from tidewater.v1 import common_pb2
@@ -46,14 +49,15 @@ class BrokerLifecycle:
         self.registered = asyncio.Event()
 
     async def run(self) -> None:
-        while True:
-            try:
-                if not self.broker_epoch:
-                    await self._register()
-                await self._heartbeat()
-            except ControllerUnavailable as e:
-                log.info("controller unavailable: %s", e)
-            await asyncio.sleep(self._interval_s)
+        await background.every(self._interval_s, self._round, "broker-heartbeat", at_once=True)
+
+    async def _round(self) -> None:
+        try:
+            if not self.broker_epoch:
+                await self._register()
+            await self._heartbeat()
+        except ControllerUnavailable as e:
+            log.info("controller unavailable: %s", e)
 
     async def _register(self) -> None:
         response = await self._controller.call(

@@ -102,6 +102,8 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     # AlterIsr calls whose answer is lost after the commit (the RPC fails UNAVAILABLE), as when
     # the connection drops or the controller loses its lease before answering.
     lose_alter_isr_answers: int = 0
+    # BrokerHeartbeat calls answered so far.
+    heartbeats: int = 0
 
     async def start(self) -> str:
         """Serve ControllerService (AlterIsr) on 127.0.0.1; returns the address."""
@@ -165,6 +167,7 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
     async def BrokerHeartbeat(
         self, request: controller_pb2.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.BrokerHeartbeatResponse:
+        self.heartbeats += 1
         return controller_pb2.BrokerHeartbeatResponse()
 
     async def ControlledShutdown(

@@ -219,10 +219,12 @@ class Cluster:
         broker_id: int,
         controller_proxies: bool = False,
         inbound_proxy: bool = False,
+        file_size_limit: int | None = None,
         **settings: str,
     ) -> str:
         """Start (or restart, on the same log dir) a broker process. Its own address (for
-        the test's clients) is the one it binds, even behind an inbound proxy."""
+        the test's clients) is the one it binds, even behind an inbound proxy. With
+        `file_size_limit`, a write that would grow one of its files past it fails."""
         addresses = [p.address for p in self.controllers.values()]
         if controller_proxies:
             # The active controller first: the broker's first call must not be answered
@@ -252,6 +254,7 @@ class Cluster:
                 advertised=advertised,
             ),
             self.root,
+            file_size_limit,
         )
         self.brokers[broker_id] = proc
         return await asyncio.to_thread(proc.start)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
+from tidewater.broker.log.dir_failure import LogDirFailureChannel, reports_io_failures
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import AppendInfo, Log
 from tidewater.broker.producer_state import ProducerStateManager, batch_headers
@@ -68,10 +70,21 @@ class HostedPartition:
     def leader_epoch_cache(self) -> LeaderEpochCache:
         return self.log.leader_epoch_cache
 
+    # The producer state's snapshots live in the log's directory: their I/O errors are the
+    # log dir's too.
+    @property
+    def dir_failures(self) -> LogDirFailureChannel | None:
+        return self.log.dir_failures
+
+    @property
+    def log_dir(self) -> Path:
+        return self.log.log_dir
+
     def reconfigure(self, config: TopicConfig, replica_lag_time_max_ms: int) -> None:
         self.config = config
         self.state.config = replication_config(config, replica_lag_time_max_ms)
 
+    @reports_io_failures
     async def append_as_leader(
         self, batch: bytearray, acks: int, now_ms: int
     ) -> tuple[AppendInfo, bool]:
@@ -106,6 +119,7 @@ class HostedPartition:
             info = await self.log.append_batch_off_loop(batch, self.state.leader_epoch, appended)
             return info, high_watermark_moved
 
+    @reports_io_failures
     async def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append what the leader sent (large data on a worker thread) and replay it into the
         producer state, so this replica deduplicates retries if it becomes leader."""
@@ -118,14 +132,17 @@ class HostedPartition:
 
         return await self.log.append_as_follower_off_loop(batches, appended)
 
+    @reports_io_failures
     def truncate_to(self, offset: int) -> None:
         self.log.truncate_to(offset)
         self.producer_state.truncate_to(self.log.log_end_offset)
 
+    @reports_io_failures
     def truncate_fully_and_start_at(self, offset: int) -> None:
         self.log.truncate_fully_and_start_at(offset)
         self.producer_state.clear()
 
+    @reports_io_failures
     def take_producer_snapshot(self) -> None:
         """Snapshot the producer state at the LEO (clean shutdown)."""
         self.producer_state.take_snapshot(self.log.log_end_offset)
@@ -133,6 +150,7 @@ class HostedPartition:
     def _active_segment_base(self) -> int:
         return self.log.active_segment_base
 
+    @reports_io_failures
     def _snapshot_if_rolled(self, active_segment_before: int) -> None:
         # Kafka snapshots on segment roll, so a restart replays about one segment at most,
         # and since KAFKA-9693/KAFKA-15046 fsyncs it in the background: on a busy disk those

@@ -107,7 +107,9 @@ class ReplicaManager:
         # until the first one. Only these may join an ISR.
         self.usable_brokers: set[int] | None = None
         self._checkpointed_hws: dict[TopicPartition, int] = {}
-        self._hw_writer = OffsetCheckpointWriter(HIGH_WATERMARK_CHECKPOINT)
+        self._hw_writer = OffsetCheckpointWriter(
+            HIGH_WATERMARK_CHECKPOINT, log_manager.dir_failures
+        )
         self._replication_waits = ReplicationWaits()
         self._written_hws: dict[Path, dict[TopicPartition, int]] = {}
         for log_dir in config.log_dirs:

@@ -13,6 +13,7 @@ from tidewater.broker import background
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.lifecycle import BrokerLifecycle
 from tidewater.broker.limits import raise_open_file_limit
+from tidewater.broker.log.dir_failure import LogDirFailureChannel, OnFailure, halt
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.broker.service import BrokerControl, BrokerService, add_broker_service
@@ -34,12 +35,22 @@ def wall_clock_ms() -> int:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, metrics_port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        metrics_port: int | None = None,
+        on_log_dir_failure: OnFailure = halt,
+    ) -> None:
+        """`on_log_dir_failure`: what an I/O error in a log dir does (stops the process)."""
         self.config = config
         self.metrics_port = metrics_port
         self.metrics: MetricsEndpoint | None = None
         defaults = TopicConfig.from_properties(dict(config.topic_defaults))
-        self.log_manager = LogManager(list(config.log_dirs), defaults.log)
+        self.log_manager = LogManager(
+            list(config.log_dirs),
+            defaults.log,
+            dir_failures=LogDirFailureChannel(on_log_dir_failure),
+        )
         loop = asyncio.get_running_loop()
         self.replica_manager = ReplicaManager(config, self.log_manager, loop, wall_clock_ms)
         names = [

@@ -15,12 +15,29 @@ class ProcessFailed(RuntimeError):
     pass
 
 
-class ManagedProcess:
-    """Starts a `python -m tidewater ...` child that writes its address to a ready file."""
+# Runs the rest of its command line under a file size limit (argv[1], bytes): a write past it
+# fails with EFBIG, as a write to a full disk fails with ENOSPC (SIGXFSZ, which would kill the
+# process instead, stays ignored through the exec).
+_UNDER_FILE_SIZE_LIMIT = (
+    "import os, resource, signal, sys; "
+    "limit = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); "
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"
+)
 
-    def __init__(self, name: str, args: Sequence[str], work_dir: Path) -> None:
+
+class ManagedProcess:
+    """Starts a `python -m tidewater ...` child that writes its address to a ready file.
+    With `file_size_limit`, no file it writes can grow past that many bytes (a disk that
+    fails, for fault tests)."""
+
+    def __init__(
+        self, name: str, args: Sequence[str], work_dir: Path, file_size_limit: int | None = None
+    ) -> None:
         self.name = name
         self.args = list(args)
+        self.file_size_limit = file_size_limit
         self.work_dir = work_dir
         self.ready_file = work_dir / f"{name}.ready"
         self.log_file = work_dir / f"{name}.log"
@@ -32,9 +49,15 @@ class ManagedProcess:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.ready_file.unlink(missing_ok=True)
         with self.log_file.open("ab") as log:
+            limited = (
+                []
+                if self.file_size_limit is None
+                else ["-c", _UNDER_FILE_SIZE_LIMIT, str(self.file_size_limit)]
+            )
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
+                    *limited,
                     "-m",
                     "tidewater",
                     *self.args,

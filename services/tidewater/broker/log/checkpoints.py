@@ -18,6 +18,7 @@ from itertools import count, pairwise
 from pathlib import Path
 from typing import NamedTuple
 
+from tidewater.broker.log.dir_failure import LogDirFailureChannel, guarded
 from tidewater.errors import InvalidTopic, StorageError
 from tidewater.topic_names import validate_topic_name
 
@@ -152,20 +153,28 @@ class OffsetCheckpointWriter:
     Writes land in the order they were asked for: offsets handed to a worker thread never
     overwrite those of a later write that got to the file first."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, dir_failures: LogDirFailureChannel | None = None) -> None:
         self.name = name
+        self.dir_failures = dir_failures
         self._lock = threading.Lock()
         self._asked = count()
         self._written: dict[Path, int] = {}  # per log dir, the latest write on disk
 
     def write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:
-        self._write(log_dir, offsets, next(self._asked))
+        with guarded(self.dir_failures, log_dir):
+            self._write(log_dir, offsets, next(self._asked))
 
     def write_off_loop(
         self, log_dir: Path, offsets: Mapping[tuple[str, int], int]
     ) -> Awaitable[None]:
         """write() on a worker thread, in its place among the writes asked for by now."""
-        return asyncio.to_thread(self._write, log_dir, offsets, next(self._asked))
+        return self._reported(
+            log_dir, asyncio.to_thread(self._write, log_dir, offsets, next(self._asked))
+        )
+
+    async def _reported(self, log_dir: Path, write: Awaitable[None]) -> None:
+        with guarded(self.dir_failures, log_dir):
+            await write
 
     def _write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int], asked: int) -> None:
         with self._lock:

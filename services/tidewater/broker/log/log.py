@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, LeaderEpochCheckpoint, fsync_dir
 from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.dir_failure import LogDirFailureChannel, io_failure, reports_io_failures
 from tidewater.broker.log.index import CorruptIndex
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.segment import (
@@ -143,6 +144,8 @@ class Log:
         # Bumped by whatever makes a flush job in flight describe the wrong files.
         self._generation = 0
         self._pending_write: _PendingWrite | None = None
+        # Set by the LogManager: where an I/O error in this log is reported.
+        self.dir_failures: LogDirFailureChannel | None = None
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT)
         )
@@ -187,6 +190,10 @@ class Log:
         return self.dir.name
 
     @property
+    def log_dir(self) -> Path:
+        return self.dir.parent
+
+    @property
     def log_start_offset(self) -> int:
         return self._segments[0].base_offset
 
@@ -214,12 +221,14 @@ class Log:
 
     # -- appends -------------------------------------------------------------------------
 
+    @reports_io_failures
     def append_as_leader(self, batches: bytearray, leader_epoch: int) -> AppendInfo:
         """Append validated batches, assigning offsets from the LEO: each batch's base offset
         and partition leader epoch are patched in place (outside the CRC)."""
         self.take_in_pending_write()
         return self._append(batches, self._assign_offsets(batches, leader_epoch))
 
+    @reports_io_failures
     async def append_batch_off_loop(
         self, batch: bytearray, leader_epoch: int, on_appended: Callable[[AppendInfo], None]
     ) -> AppendInfo:
@@ -249,6 +258,7 @@ class Log:
             return info
         return await self._write_off_loop(_WRITERS, segment, batch, headers, batch, on_appended)
 
+    @reports_io_failures
     async def append_as_follower_off_loop(
         self, batches: bytes | bytearray | memoryview, on_appended: Callable[[AppendInfo], None]
     ) -> AppendInfo:
@@ -315,6 +325,9 @@ class Log:
         except (StorageError, OSError) as e:  # OSError: the files were closed under the write
             # The epochs of the batches not written must not stay in the history.
             self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+            # Reported here: the appender may have gone (cancelled) and never see it.
+            if self.dir_failures is not None and (cause := io_failure(e)) is not None:
+                self.dir_failures.failed(self.log_dir, cause)
             if not isinstance(e, StorageError):
                 e = StorageError(f"{self.name}: write failed: {e}")
             pending.appended.set_exception(e)
@@ -347,6 +360,7 @@ class Log:
             position += header.size
         return assigned
 
+    @reports_io_failures
     def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append batches copied from the leader, offsets already assigned: the first must
         start at our LEO and each must start after the previous one ends."""
@@ -454,6 +468,7 @@ class Log:
 
     # -- reads ---------------------------------------------------------------------------
 
+    @reports_io_failures
     def read(
         self,
         offset: int,
@@ -482,6 +497,7 @@ class Log:
                 return segment.read(position, first, max_bytes, max_offset, min_one_batch)
         return b""
 
+    @reports_io_failures
     def fetch_offset_by_timestamp(self, target_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record whose timestamp is >= target_ms."""
         for segment in self._segments:
@@ -493,6 +509,7 @@ class Log:
 
     # -- truncation ----------------------------------------------------------------------
 
+    @reports_io_failures
     def truncate_to(self, offset: int) -> None:
         """Drop every record at or after `offset` (a follower whose log diverged). Batches
         are whole: the LEO becomes the start of the batch holding `offset`."""
@@ -526,6 +543,7 @@ class Log:
             truncated,
         )
 
+    @reports_io_failures
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and start empty at `offset`: log start = LEO = offset."""
         self._generation += 1
@@ -548,6 +566,7 @@ class Log:
 
     # -- retention -----------------------------------------------------------------------
 
+    @reports_io_failures
     def delete_retention_segments(self, now_ms: int, high_watermark: int) -> int:
         """Delete the oldest segments that retention.ms or retention.bytes let go, among those
         the HW has passed (Kafka's deletableSegments: the next segment's base offset is at or
@@ -589,6 +608,7 @@ class Log:
 
     # -- durability ----------------------------------------------------------------------
 
+    @reports_io_failures
     def flush(self, offset: int | None = None) -> None:
         """fsync everything below `offset` (default: the LEO) and move the recovery point."""
         target = self.log_end_offset if offset is None else min(offset, self.log_end_offset)
@@ -620,6 +640,7 @@ class Log:
             job.paths += paths
         return job
 
+    @reports_io_failures
     def sync_files(self, paths: Sequence[Path]) -> None:
         """fsync files written into the log's directory without it (and the directory): in
         the background after any rolled segment's flush when a log manager runs the log,
@@ -646,6 +667,7 @@ class Log:
         self.recovery_point = job.offset
         self._last_flush_ms = self._time_ms()
 
+    @reports_io_failures
     def flush_if_due(self, now_ms: int) -> None:
         """flush.ms: flush when unflushed data has waited that long since the last flush."""
         flush_ms = self.config.flush_ms
@@ -656,6 +678,7 @@ class Log:
         ):
             self.flush()
 
+    @reports_io_failures
     def close(self) -> None:
         """Flush, then close every file."""
         self.take_in_pending_write()
@@ -664,6 +687,7 @@ class Log:
         for segment in self._segments:
             segment.close()
 
+    @reports_io_failures
     def delete(self) -> None:
         """Remove the log from disk: renamed away first, so a crash midway leaves a directory
         that the next start removes rather than a half-deleted log."""

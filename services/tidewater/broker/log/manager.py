@@ -25,6 +25,7 @@ from tidewater.broker.log.checkpoints import (
     OffsetCheckpointWriter,
 )
 from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.dir_failure import LogDirFailureChannel, guarded
 from tidewater.broker.log.log import (
     DELETE_DIR_SUFFIX,
     FlushJob,
@@ -47,13 +48,18 @@ class LogManager:
         log_dirs: list[Path],
         default_config: LogConfig,
         time_ms: Callable[[], int] = wall_clock_ms,
+        dir_failures: LogDirFailureChannel | None = None,
     ) -> None:
-        """Lock every log dir and load every partition in it."""
+        """Lock every log dir and load every partition in it. An I/O error in a log dir
+        after that goes to `dir_failures` (see dir_failure)."""
         self.log_dirs = [Path(d) for d in log_dirs]
         self.default_config = default_config
         self._time_ms = time_ms
+        self.dir_failures = dir_failures
         self._logs: dict[TopicPartition, Log] = {}
-        self._recovery_point_writer = OffsetCheckpointWriter(RECOVERY_POINT_CHECKPOINT)
+        self._recovery_point_writer = OffsetCheckpointWriter(
+            RECOVERY_POINT_CHECKPOINT, dir_failures
+        )
         # Set by the ReplicaManager: a hosted partition's HW, else -1. Retention deletes only
         # segments the HW has passed: none of a log whose HW is not known yet.
         self.high_watermark: Callable[[TopicPartition], int] = lambda _: -1
@@ -115,6 +121,7 @@ class LogManager:
     def _add(self, tp: TopicPartition, lg: Log) -> None:
         lg.flush_in_background = self._flush_in_background
         lg.recovery_point_lowered = self._checkpoint_recovery_points_in
+        lg.dir_failures = self.dir_failures
         self._logs[tp] = lg
         self._partitions_in[lg.dir.parent].add(tp)
 
@@ -133,7 +140,8 @@ class LogManager:
             existing.config = config
             return existing
         log_dir = min(self.log_dirs, key=lambda d: len(self._partitions_in[d]))
-        created = Log.open(log_dir / f"{topic}-{partition}", config, 0, self._time_ms)
+        with guarded(self.dir_failures, log_dir):
+            created = Log.open(log_dir / f"{topic}-{partition}", config, 0, self._time_ms)
         self._add((topic, partition), created)
         log.info("created log %s in %s", created.name, log_dir)
         return created
@@ -157,25 +165,25 @@ class LogManager:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop to keep going: flush now
-            job.run()
+            with guarded(self.dir_failures, lg.log_dir):
+                job.run()
             lg.finish_flush(job)
             return
         self._flushing = loop.create_task(self._flush_after(self._flushing, lg, job))
 
-    @staticmethod
-    async def _flush_after(previous: asyncio.Task[None] | None, lg: Log, job: FlushJob) -> None:
+    async def _flush_after(
+        self, previous: asyncio.Task[None] | None, lg: Log, job: FlushJob
+    ) -> None:
         try:
             if previous is not None:
                 await asyncio.wait([previous])
         except asyncio.CancelledError:
             job.close()
             raise
-        try:
+        # A failed fsync is not retried: the kernel may have dropped the pages it could not
+        # write and report the next fsync clean.
+        with guarded(self.dir_failures, lg.log_dir):
             await asyncio.to_thread(job.run)  # which closes the job's descriptors
-        except OSError:
-            # What it covered stays unflushed: the next flush (flush.ms, shutdown) tries again.
-            log.exception("%s: a background flush failed", lg.name)
-            return
         lg.finish_flush(job)
 
     def checkpoint_recovery_points(self) -> None:

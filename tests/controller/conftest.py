@@ -8,11 +8,13 @@ service for the SDK's clients), all killed at teardown."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import aetcd
 import grpc
 import pytest
 
@@ -321,6 +323,27 @@ class Cluster:
         found = await self.store.load_partitions()
         return {p: value for (t, p), (value, _) in found.items() if t == topic}
 
+    async def partition_history(
+        self, topic: str, partition: int, since: int, timeout_s: float = RPC_TIMEOUT_S
+    ) -> list[dict[str, Any]]:
+        """Every LeaderAndIsr committed for a partition after partition epoch `since`, oldest
+        first, up to the current one: etcd's history of its key (`partitions/<topic>/<p>`)."""
+        _, current = (await self.store.load_partitions())[topic, partition]
+        if current == since:
+            return []
+        host, _, port = self.etcd.endpoint.rpartition(":")
+        key = f"/tidewater/{self.name}/partitions/{topic}/{partition}".encode()
+        states: list[dict[str, Any]] = []
+        async with aetcd.Client(host, int(port)) as client, asyncio.timeout(timeout_s):
+            watch = await client.watch(key, start_revision=since + 1)
+            async for event in watch:
+                assert isinstance(event, aetcd.Event), event  # a broken stream's error
+                states.append(json.loads(event.kv.value))
+                if event.kv.mod_revision >= current:
+                    break
+            await watch.cancel()
+        return states
+
     async def broker_statuses(self) -> dict[int, int]:
         """Broker id → BrokerStatus, per the active controller."""
         response = await self.call_controller("DescribeCluster", cpb.DescribeClusterRequest())
@@ -387,6 +410,18 @@ class Cluster:
         if result is None or result.error_code != ErrorCode.NONE:
             return None
         return result.base_offset
+
+    async def produce_all(
+        self, topic: str, partition: int, values: list[bytes]
+    ) -> dict[bytes, int]:
+        """acks=all, one value after the other, each of which must be acknowledged: value →
+        offset."""
+        acked = {}
+        for value in values:
+            offset = await self.produce(topic, partition, value)
+            assert offset is not None, value
+            acked[value] = offset
+        return acked
 
     async def produced(self, topic: str, partition: int, value: bytes) -> bool:
         return await self.produce(topic, partition, value) is not None

@@ -28,12 +28,7 @@ async def test_kill_9_of_a_leading_broker_moves_leadership_and_loses_nothing(
 ) -> None:
     await cluster.create_topic("payments", 3, 3, **{"min.insync.replicas": "2"})
     await eventually(lambda: cluster.produced("payments", 0, b"warm-up"), 20)
-    acked = {}
-    for i in range(30):
-        value = f"before-{i}".encode()
-        offset = await cluster.produce("payments", 0, value)
-        assert offset is not None
-        acked[value] = offset
+    acked = await cluster.produce_all("payments", 0, [f"before-{i}".encode() for i in range(30)])
     victim = (await cluster.partitions("payments"))[0]["leader"]
     led = {p for p, s in (await cluster.partitions("payments")).items() if s["leader"] == victim}
     cluster.brokers[victim].kill()

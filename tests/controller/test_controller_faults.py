@@ -1,14 +1,18 @@
 """Faults against a real cluster (etcd, two controller processes, three broker processes):
-a paused controller, partitioned replicas, a broker cut off from the controllers, unclean
-election, and AlterIsr batching when a follower stops."""
+a paused controller, partitioned replicas, a broker cut off from the controllers, a broker
+restarted during a controller failover, unclean election, and AlterIsr batching when a
+follower stops."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.log import Log
 from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
@@ -17,6 +21,8 @@ from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
 UNREACHABLE_S = 5.0
+# A new controller's grace period (one session timeout) that outlasts a broker's restart.
+LONG_SESSION_TIMEOUT_MS = 15000
 
 if TYPE_CHECKING:
     from conftest import Cluster, Eventually
@@ -146,12 +152,7 @@ async def test_jepsen_2013_an_isolated_leader_acknowledges_nothing_and_no_laggin
     leader, followers = 1, (2, 3)
     await cluster.create_topic("jepsen", assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
     await eventually(lambda: cluster.produced("jepsen", 0, b"warm-up"), 20)
-    acked: dict[bytes, int] = {}
-    for i in range(20):
-        value = f"acked-{i}".encode()
-        offset = await cluster.produce("jepsen", 0, value)
-        assert offset is not None
-        acked[value] = offset
+    acked = await cluster.produce_all("jepsen", 0, [f"acked-{i}".encode() for i in range(20)])
 
     for follower in followers:
         cluster.brokers[follower].signal(signal.SIGSTOP)
@@ -296,6 +297,78 @@ async def test_a_broker_back_from_a_missed_session_rejoins_the_isrs(
     assert await cluster.produced("rejoin", 0, b"while it catches up")
     # Caught up within a few fetches (100 ms backoff, 200 ms long polls).
     await eventually(lambda: isr([1, 2, 3]), 5)
+
+
+def lose_tail(partition_dir: Path, records: int) -> None:
+    """What a crash may do to a stopped broker's log: its last `records` records, unflushed,
+    are gone."""
+    log = Log.open(partition_dir, LogConfig())
+    try:
+        log.truncate_to(log.log_end_offset - records)
+    finally:
+        log.close()
+
+
+async def test_a_broker_restarted_during_a_new_controllers_grace_period_leads_no_more_at_its_epoch(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually, tmp_path: Path
+) -> None:
+    cluster = await make_cluster(session_timeout_ms=LONG_SESSION_TIMEOUT_MS)
+    await cluster.create_topic("restart", assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
+    await eventually(lambda: cluster.settled(["restart"]), 20)
+    acked = await cluster.produce_all("restart", 0, [f"r{i}".encode() for i in range(20)])
+    before, since = (await cluster.store.load_partitions())["restart", 0]
+    assert before["leader"] == 1
+    active = await cluster.store.active_controller()
+    assert active is not None
+
+    # The leader dies, losing its unflushed tail, and so does the active controller, long
+    # before the leader's session ends: the next controller loads broker 1 as registered and
+    # leading, fenced only until it hears from it, and moves no leader in its grace period.
+    cluster.brokers[1].kill()
+    cluster.controllers[active[0]].kill()
+    lose_tail(tmp_path / "broker-1" / "restart-0", 5)
+
+    async def new_controller() -> bool:
+        now = await cluster.store.active_controller()
+        return now is not None and now[0] != active[0]
+
+    await eventually(new_controller, cluster.lease_ttl_s + 5)
+    await eventually(lambda: cluster.has_alive_brokers({2, 3}), 10)
+    assert (await cluster.partitions("restart"))[0] == before
+    # Broker 1 restarts within that grace period.
+    await cluster.start_broker(1)
+
+    async def moved() -> bool:
+        state = (await cluster.partitions("restart"))[0]
+        return state["leader"] != 1 and state["leader_epoch"] > before["leader_epoch"]
+
+    await eventually(moved, 20)
+    await eventually(lambda: cluster.settled(["restart"]), 20)  # broker 1 back in the ISR
+    history = await cluster.partition_history("restart", 0, since)
+    # Its new incarnation never led or counted in the ISR at its old incarnation's epoch: its
+    # leadership and ISR membership went in one change, at a newer leader epoch, and the new
+    # leader let it back into the ISR only later (AlterIsr: same leader, same epoch).
+    taken = history[0]
+    assert taken["leader"] in (2, 3) and 1 not in taken["isr"], history
+    assert taken["leader_epoch"] > before["leader_epoch"], history
+    rejoined = next(s for s in history if 1 in s["isr"])
+    assert (rejoined["leader"], rejoined["leader_epoch"]) == (
+        taken["leader"],
+        taken["leader_epoch"],
+    ), history
+
+    # It had caught up: leading again, it serves every acknowledged record at its offset.
+    await cluster.call_controller(
+        "ElectLeaders", cpb.ElectLeadersRequest(election_type=cpb.ELECTION_TYPE_PREFERRED)
+    )
+
+    async def leads_again() -> bool:
+        state = (await cluster.partitions("restart"))[0]
+        return state["leader"] == 1 and await cluster.applied(["restart"])
+
+    await eventually(leads_again, 20)
+    seen = await cluster.read(1, "restart", 0)
+    assert {v: seen.get(v) for v in acked} == acked
 
 
 async def test_unclean_leader_election_only_where_the_topic_enables_it(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidewater.controller.core import (
+    PartitionChange,
     changes_for_controlled_shutdown,
     changes_for_offline_partitions,
     changes_for_unusable_broker,
@@ -19,6 +20,7 @@ from tidewater.controller.model import (
     ClusterModel,
     PartitionRecord,
     Reassignment,
+    TopicPartition,
     TopicState,
 )
 from tidewater.errors import TidewaterError
@@ -85,6 +87,65 @@ def test_offline_partition_comes_back_when_an_isr_member_returns() -> None:
     m.brokers[1].fenced = False
     assert elect() == {("t", 0): 1}
     assert elect() == {}
+
+
+def commit(
+    m: ClusterModel, changes: list[PartitionChange]
+) -> dict[TopicPartition, PartitionRecord]:
+    for c in changes:
+        m.partitions[c.tp] = c.after
+    return {c.tp: c.after for c in changes}
+
+
+def test_a_broker_restarted_in_a_new_controllers_grace_period_leaves_its_leaderships_and_isrs() -> (
+    None
+):
+    # After a failover every broker is fenced until it heartbeats to the new controller; only
+    # 2 has when broker 1 registers a new incarnation.
+    m = model(fenced=(1, 3))
+    changes = commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    led, followed = changes[("t", 0)], changes[("t", 1)]
+    assert (led.leader, led.leader_epoch, led.isr) == (2, 6, (2,))
+    assert (followed.leader, followed.leader_epoch, followed.isr) == (2, 4, (2, 3))
+
+
+def test_a_restarted_broker_leaves_isrs_even_where_no_leader_can_be_elected_yet() -> None:
+    m = model(fenced=(1, 2, 3))  # the new controller has heard from nobody yet
+    changes = commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    led, followed = changes[("t", 0)], changes[("t", 1)]
+    assert (led.leader, led.leader_epoch, led.isr) == (NO_LEADER, 6, (2, 3))
+    assert (followed.leader, followed.leader_epoch, followed.isr) == (2, 4, (2, 3))
+    # Its new incarnation is back first: no longer in sync, it does not lead (it may have lost
+    # what it led); an ISR member does once back, at a new epoch.
+    m.brokers[1].fenced = False
+    commit(m, changes_for_offline_partitions(m, EPOCH))
+    assert m.partitions[("t", 0)].leader == NO_LEADER
+    m.brokers[2].fenced = False
+    back = commit(m, changes_for_offline_partitions(m, EPOCH))
+    assert (back[("t", 0)].leader, back[("t", 0)].leader_epoch) == (2, 7)
+
+
+def test_a_restarted_last_isr_member_stays_one_and_leads_again_at_a_new_epoch() -> None:
+    m = model(fenced=(1, 2, 3))
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,))
+    changes = commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    led = changes[("t", 0)]
+    assert (led.leader, led.leader_epoch, led.isr) == (NO_LEADER, 6, (1,))
+    m.brokers[1].fenced = False
+    back = commit(m, changes_for_offline_partitions(m, EPOCH))
+    assert (back[("t", 0)].leader, back[("t", 0)].leader_epoch, back[("t", 0)].isr) == (1, 7, (1,))
+
+
+def test_no_unclean_election_while_a_new_controller_has_not_heard_from_every_broker() -> None:
+    for in_grace in (True, False):
+        m = model(unclean=True, fenced=(1, 3))
+        m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1, 3))
+        changes = changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=in_grace)
+        (change,) = [c for c in changes if c.tp == ("t", 0)]
+        # In the grace period ISR member 3 may be alive: wait for it rather than lose data.
+        assert (change.after.leader, change.unclean) == (
+            (NO_LEADER, False) if in_grace else (2, True)
+        )
 
 
 def test_controlled_shutdown_hands_over_leadership_and_leaves_the_isr() -> None:

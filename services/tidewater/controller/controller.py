@@ -273,12 +273,20 @@ class Controller:
             if not broker.fenced and now - broker.last_heartbeat_ms > timeout:
                 await self.fence(broker, "missed its session timeout")
 
-    async def fence(self, broker: BrokerState, reason: str) -> None:
+    async def fence(self, broker: BrokerState, reason: str, restarted: bool = False) -> None:
+        """Move its leaderships and take it out of ISRs; `restarted`: a new incarnation
+        registered (see changes_for_unusable_broker)."""
         log.warning("fencing broker %d: %s", broker.broker_id, reason)
         with tracing.span(
             "broker.fence", {"tidewater.broker.id": broker.broker_id, "tidewater.reason": reason}
         ):
-            changes = changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
+            changes = changes_for_unusable_broker(
+                self.model,
+                broker.broker_id,
+                self.epoch,
+                restarted=restarted,
+                in_grace=bool(self._grace_until_ms),
+            )
             broker.fenced = True
             await self.commit_and_send(changes)
 

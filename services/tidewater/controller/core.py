@@ -6,7 +6,7 @@ epoch) and whom to tell; the Controller (controller.py) commits them and sends t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tidewater.controller.leader_election import (
     controlled_shutdown_leader,
@@ -39,21 +39,37 @@ class PartitionChange:
 
 
 def changes_for_unusable_broker(
-    model: ClusterModel, broker_id: int, controller_epoch: int
+    model: ClusterModel,
+    broker_id: int,
+    controller_epoch: int,
+    *,
+    restarted: bool = False,
+    in_grace: bool = False,
 ) -> list[PartitionChange]:
     """A broker was fenced or is shutting down: elect new leaders where it led, and take it
-    out of the ISRs it was in (Kafka's OnlineReplica → OfflineReplica)."""
+    out of the ISRs it was in (Kafka's OnlineReplica → OfflineReplica).
+
+    `restarted`: it registered a new incarnation, which may have lost an unflushed log tail.
+    It then leaves every ISR that has another member, also where no leader can be elected
+    now, so it never leads or counts in an ISR at its old incarnation's leader epoch (Kafka
+    fences the old broker epoch; KIP-903). Where it was the last ISR member it stays one:
+    it leads again at a new epoch once it is back (Kafka without KIP-966's ELR).
+    `in_grace`: a new controller has not heard from every broker yet, and those it has not
+    may be alive and in sync: no unclean election until the grace period ends."""
     usable = model.usable_brokers() - {broker_id}
     changes = []
     for tp, record in sorted(model.partitions.items()):
         if broker_id not in model.replicas(tp):
             continue
+        others = tuple(b for b in record.isr if b != broker_id)
         if record.leader == broker_id:
-            changes.append(_elect(model, tp, record, usable, controller_epoch))
-        elif broker_id in record.isr and record.leader != NO_LEADER:
-            isr = tuple(b for b in record.isr if b != broker_id)
+            change = _elect(model, tp, record, usable, controller_epoch, unclean=not in_grace)
+            if restarted and change.after.leader == NO_LEADER and others:
+                change = replace(change, after=change.after.with_(isr=others))
+            changes.append(change)
+        elif broker_id in record.isr and others and (record.leader != NO_LEADER or restarted):
             after = record.with_(
-                isr=isr, leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch
+                isr=others, leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch
             )
             changes.append(PartitionChange(tp, record, after))
     return changes
@@ -140,13 +156,15 @@ def _elect(
     record: PartitionRecord,
     usable: set[int],
     controller_epoch: int,
+    unclean: bool = True,
 ) -> PartitionChange:
+    """Offline election; unclean only if `unclean` and the topic allows it."""
     try:
         result = offline_partition_leader(
             model.replicas(tp),
             record,
             usable,
-            unclean_allowed=model.topics[tp[0]].unclean_leader_election_enable,
+            unclean_allowed=unclean and model.topics[tp[0]].unclean_leader_election_enable,
         )
         after, unclean = result.leader_and_isr, result.unclean
     except NoReplicaOnline:

@@ -113,9 +113,11 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             if old is not None and old.incarnation_id == request.incarnation_id:
                 response.broker_epoch = old.epoch
                 return
-            if old is not None and not old.fenced:
-                # A new incarnation: the old one is gone, whatever it led must move first.
-                await self._c.fence(old, "registered again with a new incarnation")
+            if old is not None:
+                # A new incarnation: the old one is gone, whatever it led or was in sync for
+                # moves first. Also when it is fenced only because this controller has not
+                # heard from it yet (the grace period after a failover).
+                await self._c.fence(old, "registered again with a new incarnation", restarted=True)
             broker = BrokerState(
                 broker_id=info.broker_id,
                 host=info.endpoint.host,

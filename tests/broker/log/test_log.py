@@ -733,6 +733,27 @@ def test_truncate_survives_reopening(
     assert bodies(read_all(reopened, split)) == [body(i) for i in range(11)]
 
 
+def test_a_truncation_is_on_disk_before_truncate_to_returns(
+    open_log: OpenLog, make_batch: MakeBatch, log_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Else a crash could bring back dropped records past the new end, where the appends
+    after them did not reach the disk: another leader's records, with good CRCs."""
+    log = open_log(segment_bytes=1000, index_interval_bytes=100)
+    fill(log, make_batch, 20)
+    log.flush()
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    log.truncate_to(27)
+    active = f"{log.segments[-1].base_offset:020d}"
+    assert {f"{active}.log", log_dir.name} <= set(synced)
+
+
 def test_truncate_fully_and_start_at(
     open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
 ) -> None:

@@ -534,6 +534,11 @@ class Log:
         truncated = self._segments[-1].truncate_to(
             offset, self.config.index_interval_bytes, self._time_ms()
         )
+        # On disk before anything is appended again: records a crash brought back past the
+        # new end would go on in the log, another leader's, if the appends after them did
+        # not reach the disk, and recovery would find their CRCs good.
+        self._segments[-1].flush()
+        self._sync_dirs()
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
         self._set_recovery_point_after_truncation(min(self.recovery_point, self.log_end_offset))
         log.info(
@@ -619,11 +624,14 @@ class Log:
             if segment.base_offset >= target:
                 break
             segment.flush()
+        self._sync_dirs()
+        self.recovery_point = target
+        self._last_flush_ms = self._time_ms()
+
+    def _sync_dirs(self) -> None:
         for directory in self._unsynced_dirs:
             fsync_dir(directory)
         self._unsynced_dirs.clear()
-        self.recovery_point = target
-        self._last_flush_ms = self._time_ms()
 
     def flush_job(self, offset: int) -> FlushJob | None:
         """flush(offset) as a job for another thread; finish_flush() applies its outcome."""

@@ -4,8 +4,9 @@ three RF=3 partitions with min.insync.replicas=2. A seeded schedule of faults, o
 another: a broker killed -9 or shut down and started again, a broker or two paused (past the
 ISR's lag time and the broker session, or not), a broker cut off from the controllers, or
 from everyone who calls it (other brokers' fetches, the controllers, clients), or both (its
-connections dropped or blackholed), the active controller killed -9 and started again; and,
-as an operator would, preferred leaders elected again (ElectLeaders). Then,
+connections dropped or blackholed), the active controller killed -9 and started again, a
+broker's disk filling up (it stops, and starts again with room); and, as an operator would,
+preferred leaders elected again (ElectLeaders). Then,
 with everything back and the ISRs full: every acknowledged record is in its partition exactly
 once, at the offset its acknowledgement named; no record is there twice; each partition holds
 its records in send order; and the three replicas of each partition hold the same bytes. A
@@ -31,6 +32,7 @@ import grpc
 import pytest
 
 from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.dir_failure import HALT_EXIT_CODE
 from tidewater.broker.log.log import Log
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import ClientError
@@ -59,6 +61,8 @@ PRODUCER = {
     "delivery_timeout_ms": 60000,
 }
 DEADLINE_S = 30.0
+# How long a broker whose disk fills may go on before the fault ends.
+FULL_DISK_S = 10.0
 
 
 def seeds() -> list[int]:
@@ -86,6 +90,7 @@ class Nemesis:
             self.isolate_broker,
             self.kill_controller,
             self.elect_preferred_leaders,
+            self.fill_disk,
         ]
         for _ in range(faults):
             self.done.append(await self.rng.choice(kinds)())
@@ -116,6 +121,29 @@ class Nemesis:
 
     async def start(self, broker: int) -> None:
         await self.cluster.start_broker(broker, controller_proxies=True, inbound_proxy=True)
+
+    async def fill_disk(self) -> str:
+        """The broker's disk fills up: killed and started again under a file size limit a
+        little past its largest file, it stops by itself at its first write past the limit
+        (or the fault ends first), and starts again with room."""
+        broker = self.rng.choice(BROKERS)
+        self.cluster.brokers[broker].kill()
+        files = (self.cluster.root / f"broker-{broker}").rglob("*")
+        largest = max((f.stat().st_size for f in files if f.is_file()), default=0)
+        limit = largest + self.rng.randint(1, 64) * 1024
+        await self.cluster.start_broker(
+            broker, controller_proxies=True, inbound_proxy=True, file_size_limit=limit
+        )
+        process = self.cluster.brokers[broker]
+        deadline = asyncio.get_running_loop().time() + FULL_DISK_S
+        while process.running and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        outcome = "it stopped" if not process.running else "not reached"
+        if not process.running:
+            assert process.proc is not None and process.proc.returncode == HALT_EXIT_CODE
+        process.kill()
+        await self.start(broker)
+        return f"fill the disk of broker {broker} ({largest} + {limit - largest} bytes): {outcome}"
 
     async def cut_broker_off(self) -> str:
         broker = self.rng.choice(BROKERS)

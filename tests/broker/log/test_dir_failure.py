@@ -114,6 +114,16 @@ def test_a_checkpoint_the_disk_refuses_takes_the_log_dir_offline(
     assert failures.errnos() == [(tmp_path, errno.EFBIG)]
 
 
+def test_a_new_leader_epoch_the_disk_refuses_takes_the_log_dir_offline(
+    manager: LogManager, failures: Failures
+) -> None:
+    """The epoch a new leader records is written from outside the log, by the partition."""
+    log = manager.get_or_create_log("t", 0, CONFIG)
+    with files_limited_to(4), pytest.raises(StorageError):
+        log.leader_epoch_cache.assign(5, log.log_end_offset)
+    assert failures.errnos() == [(log.dir.parent, errno.EFBIG)]
+
+
 @pytest.mark.parametrize("background", [False, True], ids=["flush", "background-flush"])
 async def test_a_failed_flush_takes_the_log_dir_offline_and_moves_no_recovery_point(
     manager: LogManager,

@@ -9,7 +9,9 @@ The logic is in memory; every change is persisted through the checkpoint before 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
+from collections.abc import Callable
 
 from tidewater.broker.log.checkpoints import EpochEntry, LeaderEpochCheckpoint
 
@@ -20,8 +22,14 @@ UNDEFINED_EPOCH_OFFSET = -1
 
 
 class LeaderEpochCache:
-    def __init__(self, checkpoint: LeaderEpochCheckpoint) -> None:
+    def __init__(
+        self,
+        checkpoint: LeaderEpochCheckpoint,
+        guard: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
+        """`guard`: around each checkpoint write (the log's: an I/O error is its log dir's)."""
         self._checkpoint = checkpoint
+        self._guard = guard
         self._entries: list[EpochEntry] = checkpoint.read()
 
     @property
@@ -96,5 +104,6 @@ class LeaderEpochCache:
         self._persist()
 
     def _persist(self) -> None:
-        self._checkpoint.write(self._entries)
+        with self._guard():
+            self._checkpoint.write(self._entries)
         log.debug("%s: leader epochs %s", self._checkpoint.path, self._entries)

@@ -28,7 +28,12 @@ from typing import NamedTuple
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, LeaderEpochCheckpoint, fsync_dir
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.dir_failure import LogDirFailureChannel, io_failure, reports_io_failures
+from tidewater.broker.log.dir_failure import (
+    LogDirFailureChannel,
+    guarded,
+    io_failure,
+    reports_io_failures,
+)
 from tidewater.broker.log.index import CorruptIndex
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.segment import (
@@ -147,7 +152,9 @@ class Log:
         # Set by the LogManager: where an I/O error in this log is reported.
         self.dir_failures: LogDirFailureChannel | None = None
         self.leader_epoch_cache = LeaderEpochCache(
-            LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT)
+            LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT),
+            # Written also from outside the log (a new leader's epoch).
+            lambda: guarded(self.dir_failures, self.log_dir),
         )
         # The epoch checkpoint may know of data that the crash took back, or that retention
         # removed: Kafka trims it to the log on load.

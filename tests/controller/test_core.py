@@ -10,6 +10,7 @@ from tidewater.controller.core import (
     changes_for_offline_partitions,
     changes_for_unusable_broker,
     initial_partition_records,
+    resume_reassignment,
     start_reassignment,
     unclean_leader_change,
     validate_isr_change,
@@ -272,3 +273,46 @@ def test_a_cancel_that_would_leave_no_isr_member_needs_unclean_election() -> Non
     m = reassigning((4,), leader=4, unclean=True)
     _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
     assert (change.after.leader, change.after.isr, change.unclean) == (1, (1,), True)
+
+
+# What a new controller does with a reassignment it finds in flight: its predecessor may have
+# stored the assignment and died before the LeaderAndIsr in a new leader epoch.
+
+
+def test_a_reassignment_in_flight_is_announced_again_in_a_new_leader_epoch() -> None:
+    # As the first write of the reassignment leaves it: the replicas grew, the leader epoch not.
+    m = reassigning((1, 2, 3), leader=1)
+    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
+    assert not completes
+    after = change.after
+    assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2, 3))
+    assert after.controller_epoch == EPOCH
+    assert change.expected_partition_epoch == 200
+
+
+def test_a_cancel_in_flight_still_moves_leadership_off_the_replica_it_drops() -> None:
+    # A cancel's first write: back to [1, 2, 3] while broker 4, being dropped, still leads.
+    m = reassigning((4, 3, 2), leader=4)
+    m.topics["t"].assignment[0] = (1, 2, 3)
+    m.topics["t"].reassignments[0] = Reassignment((1, 2, 3), (1, 2, 3))
+    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
+    assert not completes
+    assert (change.after.leader, change.after.leader_epoch, change.after.isr) == (2, 8, (3, 2))
+
+
+def test_a_reassignment_in_flight_whose_targets_are_in_the_isr_completes() -> None:
+    m = reassigning((3, 1, 2, 4), leader=3)
+    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
+    assert completes
+    after = change.after
+    # Broker 3 leaves: leadership goes to the first target in the ISR.
+    assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2, 4))
+
+
+def test_a_reassignment_in_flight_with_no_replica_to_lead_is_left_as_it_is() -> None:
+    m = reassigning((4,), leader=4)
+    m.topics["t"].assignment[0] = (1, 2, 3)
+    m.topics["t"].reassignments[0] = Reassignment((1, 2, 3), (1, 2, 3))
+    with pytest.raises(TidewaterError) as info:
+        resume_reassignment(m, ("t", 0), EPOCH)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE

@@ -1,9 +1,13 @@
-"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress."""
+"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress, and one cut
+by a controller failover."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
+from tidewater.controller.model import Reassignment, TopicState
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -24,6 +28,17 @@ async def reassign(cluster: Cluster, replicas: list[int] | None) -> None:
     assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
 
 
+async def elect_preferred(cluster: Cluster) -> None:
+    response = await cluster.call_controller(
+        "ElectLeaders",
+        cpb.ElectLeadersRequest(
+            election_type=cpb.ELECTION_TYPE_PREFERRED,
+            partitions=[common_pb2.TopicPartition(topic="moving", partition=0)],
+        ),
+    )
+    assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
+
+
 async def test_cancelling_a_reassignment_takes_its_added_replicas_out_of_the_isr(
     cluster: Cluster, eventually: Eventually
 ) -> None:
@@ -40,14 +55,7 @@ async def test_cancelling_a_reassignment_takes_its_added_replicas_out_of_the_isr
     await reassign(cluster, [2, 3])
     await eventually(lambda: state(lambda s: sorted(s["isr"]) == [1, 2]), 20)
     # The replica being added leads (it is the preferred one of the target replicas).
-    response = await cluster.call_controller(
-        "ElectLeaders",
-        cpb.ElectLeadersRequest(
-            election_type=cpb.ELECTION_TYPE_PREFERRED,
-            partitions=[common_pb2.TopicPartition(topic="moving", partition=0)],
-        ),
-    )
-    assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
+    await elect_preferred(cluster)
     await eventually(lambda: state(lambda s: s["leader"] == 2), 10)
 
     await reassign(cluster, None)
@@ -60,3 +68,52 @@ async def test_cancelling_a_reassignment_takes_its_added_replicas_out_of_the_isr
     seen = await cluster.read(1, "moving", 0)
     assert {b"before", b"after"} <= set(seen)
     await eventually(lambda: not (cluster.root / "broker-2" / "moving-0").exists(), 10)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param((3, 1), id="adding-3"),
+        # Its target is in the ISR already: it completes as soon as it starts.
+        pytest.param((2,), id="completing"),
+    ],
+)
+async def test_a_reassignment_cut_by_a_controller_failover_is_resumed(
+    cluster: Cluster, eventually: Eventually, target: tuple[int, ...]
+) -> None:
+    await cluster.create_topic("moving", assignments=[(1, 2)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    active = await cluster.store.active_controller()
+    assert active is not None
+    active_id, address, epoch = active
+    # No controller acts until etcd holds what the active one left when it was killed between
+    # the two writes of a reassignment: the assignment with the reassignment in flight, but
+    # not the partition's LeaderAndIsr in a new leader epoch.
+    for controller in cluster.controllers.values():
+        controller.kill()
+    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
+    reassignment = Reassignment(original=(1, 2), target=target)
+    topic.reassignments[0] = reassignment
+    topic.assignment[0] = reassignment.replicas
+    await cluster.store.put_topic(epoch, "moving", topic.to_json())
+    await cluster.start_controller(active_id, listen=address)
+
+    async def finished() -> bool:
+        listed = await cluster.call_controller(
+            "ListPartitionReassignments", cpb.ListPartitionReassignmentsRequest()
+        )
+        state = (await cluster.partitions("moving"))[0]
+        return not listed.reassignments and sorted(state["isr"]) == sorted(target)
+
+    await eventually(finished, 30)
+    assert (await cluster.store.load_topics())["moving"]["assignment"]["0"] == list(target)
+    # Every replica follows the leader in its leader epoch; the new ones caught up: led by
+    # the first of them, the partition serves what broker 1 acknowledged.
+    await eventually(lambda: cluster.applied(["moving"]), 10)
+    if (await cluster.partitions("moving"))[0]["leader"] != target[0]:
+        await elect_preferred(cluster)
+    await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
+    assert (await cluster.partitions("moving"))[0]["leader"] == target[0]
+    assert {b"before", b"after"} <= set(await cluster.read(target[0], "moving", 0))
+    (removed,) = set(reassignment.removing)
+    await eventually(lambda: not (cluster.root / f"broker-{removed}" / "moving-0").exists(), 10)

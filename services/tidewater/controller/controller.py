@@ -25,6 +25,7 @@ from tidewater.controller.core import (
     changes_for_unusable_broker,
     complete_reassignment,
     preferred_leader_change,
+    resume_reassignment,
     start_reassignment,
 )
 from tidewater.controller.leader_election import imbalanced_brokers
@@ -268,6 +269,7 @@ class Controller:
                         changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
                     )
             await self.commit_and_send(changes_for_offline_partitions(self.model, self.epoch))
+            await self._resume_reassignments()
         timeout = self.config.broker_session_timeout_ms
         for broker in list(self.model.brokers.values()):
             if not broker.fenced and now - broker.last_heartbeat_ms > timeout:
@@ -293,7 +295,10 @@ class Controller:
     async def unfence(self, broker: BrokerState) -> None:
         log.info("broker %d is alive (epoch %d)", broker.broker_id, broker.epoch)
         broker.fenced = False
-        if self._grace_until_ms and all(not b.fenced for b in self.model.brokers.values()):
+        grace_ends = bool(self._grace_until_ms) and all(
+            not b.fenced for b in self.model.brokers.values()
+        )
+        if grace_ends:
             self._grace_until_ms = 0
         changes = (
             [] if self._grace_until_ms else changes_for_offline_partitions(self.model, self.epoch)
@@ -310,6 +315,8 @@ class Controller:
         for name, deletion in sorted(self.model.deletions.items()):
             if broker.broker_id in deletion.pending:
                 self._send_deletion(name, broker.broker_id)
+        if grace_ends:
+            await self._resume_reassignments()
 
     # -- topic deletion ------------------------------------------------------------------------
 
@@ -410,16 +417,44 @@ class Controller:
         if topic is None or reassignment is None:
             return
         change = complete_reassignment(self.model, tp, self.epoch)
-        if change is None:
-            return
+        if change is not None:
+            await self._complete_reassignment(tp, change)
+
+    async def _complete_reassignment(self, tp: TopicPartition, change: PartitionChange) -> None:
+        topic = self.model.topics[tp[0]]
+        reassignment = topic.reassignments[tp[1]]
         removing = [b for b in topic.assignment[tp[1]] if b not in reassignment.target]
         topic.assignment[tp[1]] = reassignment.target
         del topic.reassignments[tp[1]]
+        # Kafka's order: the partition state, then the assignment. A failover in between
+        # leaves the reassignment in flight with its targets in the ISR, and the next
+        # controller completes it (the other order would leave removed replicas in the ISR of
+        # a partition that no longer names them).
+        if not await self.commit_and_send([change]):
+            topic.assignment[tp[1]] = reassignment.replicas
+            topic.reassignments[tp[1]] = reassignment
+            return
         await self.store.put_topic(self.epoch, topic.name, topic.to_json())
-        await self.commit_and_send([change])
         for broker_id in removing:
             self.sender.stop_replica(broker_id, [tp], delete=True)
         log.info("%s-%d: reassignment to %s complete", *tp, list(reassignment.target))
+
+    async def _resume_reassignments(self) -> None:
+        """KIP-455 after a failover, once the grace period is over (leaders may move): every
+        reassignment in flight completes, or is announced again in a new leader epoch."""
+        announced = []
+        for tp in self.model.reassigning():
+            try:
+                completes, change = resume_reassignment(self.model, tp, self.epoch)
+            except TidewaterError as e:
+                log.warning("%s-%d: the reassignment in flight cannot go on now: %s", *tp, e)
+                continue
+            if completes:
+                await self._complete_reassignment(tp, change)
+            else:
+                announced.append(change)
+        for change in await self.commit_and_send(announced):
+            log.info("%s-%d: reassignment in flight resumed", *change.tp)
 
     # -- commits -------------------------------------------------------------------------------
 

@@ -294,6 +294,21 @@ def start_reassignment(
     )
 
 
+def resume_reassignment(
+    model: ClusterModel, tp: TopicPartition, controller_epoch: int
+) -> tuple[bool, PartitionChange]:
+    """A reassignment a new controller finds in flight (KIP-455): (True, the change that
+    completes it) once every target is in the ISR. Otherwise (False, the change that announces
+    its replicas again in a new leader epoch, as when it started): the previous controller may
+    have stored the assignment and died before the LeaderAndIsr that tells the replicas, who
+    would ignore one in the leader epoch they have. Raises when no replica could lead."""
+    completing = complete_reassignment(model, tp, controller_epoch)
+    if completing is not None:
+        return True, completing
+    target = model.topics[tp[0]].reassignments[tp[1]].target
+    return False, start_reassignment(model, tp, target, controller_epoch)[1]
+
+
 def complete_reassignment(
     model: ClusterModel, tp: TopicPartition, controller_epoch: int
 ) -> PartitionChange | None:

@@ -169,5 +169,9 @@ class ClusterModel:
     def partitions_of(self, topic: str) -> list[TopicPartition]:
         return [(topic, p) for p in sorted(self.topics[topic].assignment)]
 
+    def reassigning(self) -> list[TopicPartition]:
+        """Partitions with a reassignment in flight."""
+        return sorted((t.name, p) for t in self.topics.values() for p in t.reassignments)
+
     def partitions_on(self, broker_id: int) -> list[TopicPartition]:
         return [tp for tp in self.partitions if broker_id in self.replicas(tp)]

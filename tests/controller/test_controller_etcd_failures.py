@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from conftest import Eventually
 
 ConnectStore = Callable[..., Awaitable[ControllerStore]]
-RunController = Callable[..., Controller]
+RunController = Callable[..., tuple[Controller, "asyncio.Task[None]"]]
 # Short enough that an unanswered write fails well before the lease (3 s) counts as lost.
 REQUEST_TIMEOUT_S = 0.5
 LEASE_TTL_S = 3
@@ -59,10 +59,13 @@ async def seed(connect_store: ConnectStore) -> int:
 
 @pytest.fixture
 async def run_controller() -> AsyncIterator[RunController]:
-    """Run a controller (campaigning at once) on a store; stopped at teardown."""
+    """Run a controller (campaigning at once) on a store: the controller and the task that
+    runs it, stopped at teardown."""
     running: list[tuple[Controller, asyncio.Task[None]]] = []
 
-    def run(store: ControllerStore, session_timeout_ms: int = SESSION_TIMEOUT_MS) -> Controller:
+    def run(
+        store: ControllerStore, session_timeout_ms: int = SESSION_TIMEOUT_MS
+    ) -> tuple[Controller, asyncio.Task[None]]:
         controller = Controller(
             ControllerConfig(
                 controller_id=1,
@@ -76,7 +79,7 @@ async def run_controller() -> AsyncIterator[RunController]:
             wall_clock_ms,
         )
         running.append((controller, asyncio.create_task(controller.run())))
-        return controller
+        return running[-1]
 
     yield run
     for controller, task in running:
@@ -95,7 +98,7 @@ async def test_a_write_whose_answer_is_lost_makes_the_controller_resign_not_die(
     seeded_epoch = await seed(connect_store)
     async with TcpProxy(etcd.endpoint) as proxy:
         store = await connect_store(proxy.address, request_timeout_s=REQUEST_TIMEOUT_S)
-        controller = run_controller(store)
+        controller, _ = run_controller(store)
         await eventually(lambda: controller.active, 10)
         assert controller.epoch == seeded_epoch + 1
         # etcd applies what the controller writes; the controller hears nothing back. The
@@ -120,7 +123,7 @@ async def test_a_controller_epoch_moved_on_makes_the_controller_resign_not_die(
 ) -> None:
     seeded_epoch = await seed(connect_store)
     # A grace period long enough to move the epoch before the fencing write at its end.
-    controller = run_controller(await connect_store(), session_timeout_ms=2000)
+    controller, _ = run_controller(await connect_store(), session_timeout_ms=2000)
     await eventually(lambda: controller.active, 10)
     # Another controller's election, as etcd records it, before this one's fencing write.
     host, _, port = etcd.endpoint.rpartition(":")
@@ -140,7 +143,7 @@ async def test_stepping_down_fails_the_queued_events(
     eventually: Eventually,
 ) -> None:
     store = await connect_store()
-    controller = run_controller(store)
+    controller, _ = run_controller(store)
     await eventually(lambda: controller.active, 10)
     running, never = asyncio.Event(), asyncio.Event()
 
@@ -159,3 +162,34 @@ async def test_stepping_down_fails_the_queued_events(
     for call in (first, second):
         with pytest.raises(NotActive):
             await asyncio.wait_for(call, 5)
+
+
+async def test_a_controller_stopped_while_it_steps_down_stops(
+    connect_store: ConnectStore,
+    run_controller: RunController,
+    eventually: Eventually,
+) -> None:
+    store = await connect_store()
+    controller, task = run_controller(store)
+    await eventually(lambda: controller.active, 10)
+    stepping_down, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stepping_down.set()
+            await release.wait()
+            raise
+
+    event = asyncio.create_task(controller.submit(slow_to_stop))
+    await store.resign()
+    await asyncio.wait_for(stepping_down.wait(), 5)
+    # The process stops the controller while it is still stepping down.
+    task.cancel()
+    release.set()
+    with pytest.raises(NotActive):
+        await asyncio.wait_for(event, 5)
+    await asyncio.wait([task], timeout=5)
+    assert task.cancelled()
+    assert not controller.active

@@ -187,8 +187,9 @@ class Controller:
         finally:
             for task in [lost, failed, *tasks]:
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Not each under suppress(CancelledError): that would also swallow this task's own
+            # cancellation (the process stopping) arriving meanwhile, and it would lead on.
+            await asyncio.gather(lost, failed, *tasks, return_exceptions=True)
         for task in tasks:
             if task.done() and not task.cancelled() and task.exception():
                 raise task.exception()  # type: ignore[misc]

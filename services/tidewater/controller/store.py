@@ -80,6 +80,14 @@ def _etcd_call(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"etcd {what}: {e}") from e
 
 
+def _stop_if_cancelled() -> None:
+    """aetcd's waits (asyncio.wait_for, under Python 3.11) can swallow the cancellation of the
+    task awaiting them: a campaign told to stop must stop, not wait on or win."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def _grpc_target(endpoints: Sequence[str]) -> str:
     """One endpoint as given; several as gRPC's static IPv4 list, which fails over between
     members."""
@@ -149,6 +157,7 @@ class ControllerStore:
             raise RuntimeError("campaign while already the active controller")
         failing = False
         while True:
+            _stop_if_cancelled()
             try:
                 holder, epoch_kv = await self._read(self._controller_key, self._epoch_key)
                 if failing:
@@ -157,6 +166,7 @@ class ControllerStore:
                 if holder is None:
                     epoch = await self._try_to_win(controller_id, endpoint, lease_ttl_s, epoch_kv)
                     if epoch is not None:
+                        _stop_if_cancelled()
                         return epoch
                 else:
                     # From the read on, not from the holder's election: etcd compacts its

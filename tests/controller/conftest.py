@@ -261,6 +261,17 @@ class Cluster:
         self.brokers[broker_id] = proc
         return await asyncio.to_thread(proc.start)
 
+    async def crash_controllers_after(self, write: Callable[[int], Awaitable[object]]) -> None:
+        """Kill -9 every controller; then `write(controller epoch)` stores in etcd what the
+        active one wrote last before it died, and it starts again (at its address) on that."""
+        active = await self.store.active_controller()
+        assert active is not None, "no active controller"
+        controller_id, address, epoch = active
+        for proc in self.controllers.values():
+            proc.kill()
+        await write(epoch)
+        await self.start_controller(controller_id, listen=address)
+
     def cut_off(self, broker_id: int, mode: LinkMode) -> None:
         """Set the link between a broker started with controller proxies and the controllers."""
         for proxy in self.controller_links[broker_id]:

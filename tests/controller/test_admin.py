@@ -4,9 +4,11 @@ what each operation does to etcd and the brokers."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from tidewater.controller.model import TopicState
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -95,6 +97,25 @@ async def test_create_partitions(cluster: Cluster, eventually: Eventually) -> No
         cpb.CreatePartitionsRequest(topics=[cpb.CreatePartitionsTopic(name="missing", count=3)]),
     )
     assert response.topics[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def test_a_topic_cut_short_by_a_controller_failover_gets_its_partitions(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    # The active controller dies between the two writes of CreateTopics: it stored the topic's
+    # assignment, not its partitions' LeaderAndIsr.
+    topic = TopicState("half-made", {}, {0: (1, 2), 1: (2, 3)})
+    await cluster.crash_controllers_after(
+        lambda epoch: cluster.store.put_topic(epoch, topic.name, topic.to_json())
+    )
+
+    async def stored() -> bool:
+        return sorted(await cluster.partitions(topic.name)) == [0, 1]
+
+    await eventually(stored, 30)
+    for partition in (0, 1):
+        await eventually(functools.partial(cluster.produced, topic.name, partition, b"x"), 20)
+    await eventually(lambda: cluster.settled([topic.name]), 20)
 
 
 async def test_delete_topics_removes_state_and_logs(

@@ -8,6 +8,7 @@ from tidewater.controller.core import (
     PartitionChange,
     changes_for_controlled_shutdown,
     changes_for_offline_partitions,
+    changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
     initial_partition_records,
     resume_reassignment,
@@ -316,3 +317,16 @@ def test_a_reassignment_in_flight_with_no_replica_to_lead_is_left_as_it_is() -> 
     with pytest.raises(TidewaterError) as info:
         resume_reassignment(m, ("t", 0), EPOCH)
     assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+def test_partitions_stored_without_a_leader_and_isr_start_as_new_ones() -> None:
+    # A controller died between storing topic n (and partition 2 of t) and their state.
+    m = model(fenced=(3,))
+    m.topics["n"] = TopicState("n", {}, {0: (3, 1), 1: (2, 3)})
+    m.topics["t"].assignment[2] = (3, 2, 1)
+    changes = changes_for_unrecorded_partitions(m, EPOCH)
+    assert [(c.tp, c.before, c.after.leader, c.after.isr) for c in changes] == [
+        (("n", 0), None, 1, (1,)),
+        (("n", 1), None, 2, (2,)),
+        (("t", 2), None, 2, (2, 1)),
+    ]

@@ -83,20 +83,16 @@ async def test_a_reassignment_cut_by_a_controller_failover_is_resumed(
 ) -> None:
     await cluster.create_topic("moving", assignments=[(1, 2)])
     await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
-    active = await cluster.store.active_controller()
-    assert active is not None
-    active_id, address, epoch = active
-    # No controller acts until etcd holds what the active one left when it was killed between
-    # the two writes of a reassignment: the assignment with the reassignment in flight, but
-    # not the partition's LeaderAndIsr in a new leader epoch.
-    for controller in cluster.controllers.values():
-        controller.kill()
     topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
     reassignment = Reassignment(original=(1, 2), target=target)
     topic.reassignments[0] = reassignment
     topic.assignment[0] = reassignment.replicas
-    await cluster.store.put_topic(epoch, "moving", topic.to_json())
-    await cluster.start_controller(active_id, listen=address)
+    # The active controller dies between the two writes of a reassignment: it stored the
+    # assignment with the reassignment in flight, not the partition's LeaderAndIsr in a new
+    # leader epoch.
+    await cluster.crash_controllers_after(
+        lambda epoch: cluster.store.put_topic(epoch, "moving", topic.to_json())
+    )
 
     async def finished() -> bool:
         listed = await cluster.call_controller(

@@ -22,6 +22,7 @@ from opentelemetry import context as otel_context
 from tidewater.controller.core import (
     PartitionChange,
     changes_for_offline_partitions,
+    changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
     complete_reassignment,
     preferred_leader_change,
@@ -270,7 +271,7 @@ class Controller:
                         changes_for_unusable_broker(self.model, broker.broker_id, self.epoch)
                     )
             await self.commit_and_send(changes_for_offline_partitions(self.model, self.epoch))
-            await self._resume_reassignments()
+            await self._finish_what_was_cut_short()
         timeout = self.config.broker_session_timeout_ms
         for broker in list(self.model.brokers.values()):
             if not broker.fenced and now - broker.last_heartbeat_ms > timeout:
@@ -317,7 +318,7 @@ class Controller:
             if broker.broker_id in deletion.pending:
                 self._send_deletion(name, broker.broker_id)
         if grace_ends:
-            await self._resume_reassignments()
+            await self._finish_what_was_cut_short()
 
     # -- topic deletion ------------------------------------------------------------------------
 
@@ -440,9 +441,12 @@ class Controller:
             self.sender.stop_replica(broker_id, [tp], delete=True)
         log.info("%s-%d: reassignment to %s complete", *tp, list(reassignment.target))
 
-    async def _resume_reassignments(self) -> None:
-        """KIP-455 after a failover, once the grace period is over (leaders may move): every
-        reassignment in flight completes, or is announced again in a new leader epoch."""
+    async def _finish_what_was_cut_short(self) -> None:
+        """Once a new controller's grace period is over (leaders may move): what a predecessor
+        that failed over between two writes left behind. Partitions stored without a
+        LeaderAndIsr start as new ones; every reassignment in flight completes, or is announced
+        again in a new leader epoch (KIP-455)."""
+        await self.commit_and_send(changes_for_unrecorded_partitions(self.model, self.epoch))
         announced = []
         for tp in self.model.reassigning():
             try:

@@ -239,6 +239,20 @@ def initial_partition_records(
     return changes
 
 
+def changes_for_unrecorded_partitions(
+    model: ClusterModel, controller_epoch: int
+) -> list[PartitionChange]:
+    """Partitions whose assignment etcd holds without a LeaderAndIsr: a controller failed over
+    between storing a topic (or partitions added to it) and their state. They start as new
+    partitions do, as Kafka's new controller brings its NewPartitions online."""
+    usable = model.usable_brokers()
+    changes = []
+    for name, topic in sorted(model.topics.items()):
+        missing = {p: r for p, r in topic.assignment.items() if (name, p) not in model.partitions}
+        changes += initial_partition_records(missing, name, usable, controller_epoch)
+    return changes
+
+
 # -- reassignment (KIP-455) ------------------------------------------------------------------
 
 

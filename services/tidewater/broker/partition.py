@@ -159,6 +159,7 @@ class HostedPartition:
             leo = self.log.log_end_offset
             self.log.sync_files([self.producer_state.take_snapshot(leo, durable=False)])
 
+    @reports_io_failures
     def _rebuild_producer_state(self) -> None:
         """Load the latest snapshot and replay the log after it (or the whole log)."""
         covered = self.producer_state.load_snapshot(self.log.log_end_offset)

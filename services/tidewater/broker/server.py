@@ -147,6 +147,7 @@ class BrokerServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.replica_manager.shutdown()
+        await self.log_manager.background_flushes_done()
         self.log_manager.shutdown()
         if self.metrics is not None:
             self.metrics.close()

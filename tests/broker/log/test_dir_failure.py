@@ -5,6 +5,7 @@ ENOSPC."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import os
@@ -12,16 +13,21 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from tidewater.broker.config import BrokerConfig
+from tidewater.broker.log import index as index_module
 from tidewater.broker.log.checkpoints import OffsetCheckpointWriter
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.dir_failure import HALT_EXIT_CODE, LogDirFailureChannel
 from tidewater.broker.log.manager import LogManager
+from tidewater.broker.server import BrokerServer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange, StorageError
 
 if TYPE_CHECKING:
@@ -94,6 +100,30 @@ async def test_a_leader_append_the_disk_refuses_takes_the_log_dir_offline(
     assert log.log_end_offset == 3
 
 
+async def test_an_index_write_the_disk_refuses_after_an_off_loop_write_is_reported(
+    manager: LogManager,
+    failures: Failures,
+    make_batch: MakeBatch,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log takes the written batch in on the loop, writing its index entries: an error
+    there is the log dir's too, and the appender hears of it rather than waiting for ever."""
+    monkeypatch.setattr("tidewater.broker.log.log.OFF_LOOP_WRITE_BYTES", 0)
+    log = manager.get_or_create_log("t", 0, LogConfig(index_interval_bytes=1))
+    await log.append_batch_off_loop(make_batch(3), 1, lambda _: None)
+    enospc = OSError(errno.ENOSPC, "No space left on device")
+
+    def index_write_fails(fd: int, data: bytes) -> int:
+        raise enospc
+
+    monkeypatch.setattr(index_module.os, "write", index_write_fails)
+    with pytest.raises(StorageError):
+        await asyncio.wait_for(
+            log.append_batch_off_loop(make_batch(3, body=b"x" * 100), 1, lambda _: None), 10
+        )
+    assert failures.seen == [(log.dir.parent, enospc)]
+
+
 async def test_a_follower_append_the_disk_refuses_takes_the_log_dir_offline(
     manager: LogManager, failures: Failures, make_batch: MakeBatch
 ) -> None:
@@ -155,6 +185,41 @@ async def test_a_failed_flush_takes_the_log_dir_offline_and_moves_no_recovery_po
     assert log.recovery_point == 0
 
 
+async def test_a_clean_shutdown_waits_for_a_background_flush_and_its_failure(
+    tmp_path: Path, failures: Failures, make_batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own fsync of the same file could report clean what the failed one did not write,
+    and the recovery points it checkpoints would then skip recovery of those pages."""
+    config = BrokerConfig.from_properties(
+        {"broker.id": 1, "listeners": "127.0.0.1:0", "log.dirs": str(tmp_path / "disk")}
+    )
+    server = BrokerServer(config, on_log_dir_failure=failures.channel.failed)
+    await server.start()
+    log = server.log_manager.get_or_create_log("t", 0, CONFIG)
+    log.append_as_leader(make_batch(2), 1)
+    started = threading.Event()
+    eio = OSError(errno.EIO, "Input/output error")
+    fsync = os.fsync
+
+    def first_fsync_fails_slowly(fd: int) -> None:
+        """The kernel's way: the first fsync after a failed writeback fails, later ones
+        of the same file succeed."""
+        if started.is_set():
+            fsync(fd)
+            return
+        started.set()
+        time.sleep(0.2)  # still running when the shutdown begins
+        raise eio
+
+    monkeypatch.setattr(os, "fsync", first_fsync_fails_slowly)
+    job = log.flush_job(log.log_end_offset)
+    assert job is not None
+    server.log_manager._flush_in_background(log, job)
+    await asyncio.to_thread(started.wait, 10)
+    await server.stop(grace_s=0)
+    assert failures.seen == [(log.dir.parent, eio)]
+
+
 def test_errors_that_are_not_the_disks_leave_the_log_dir_online(
     manager: LogManager, failures: Failures, make_batch: MakeBatch
 ) -> None:
@@ -164,8 +229,9 @@ def test_errors_that_are_not_the_disks_leave_the_log_dir_online(
         log.read(10, 1000)
     with pytest.raises(CorruptMessage):
         log.append_as_follower(b"\x00" * 70)  # not a batch
-    # OSErrors too, but a timeout's or a connection's, not the disk's.
-    for error in (TimeoutError(), ConnectionResetError()):
+    # OSErrors too, but a timeout's, a connection's or the process's limits, not the disk's.
+    too_many_files = OSError(errno.EMFILE, "Too many open files")
+    for error in (TimeoutError(), ConnectionResetError(), too_many_files):
         with pytest.raises(type(error)), failures.channel.guard(log.dir.parent):
             raise error
     assert failures.seen == []

@@ -13,6 +13,7 @@ next start the broker recovers its logs from the files, as after any crash.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import inspect
 import logging
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 HALT_EXIT_CODE = 1
 
 OnFailure = Callable[[Path, BaseException], None]
+
+_NOT_THE_DISKS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM}
 
 
 def halt(log_dir: Path, error: BaseException) -> None:
@@ -79,11 +82,16 @@ def guarded(
 
 
 def io_failure(error: BaseException) -> OSError | None:
-    """The OSError behind `error`, if it is the disk's (raised as is or as a StorageError);
-    a timeout or a connection's error (OSErrors too) is not."""
+    """The OSError behind `error`, if it is the disk's (raised as is or as a StorageError).
+    A timeout's or a connection's (OSErrors too) is not, nor the process's own limits (open
+    files, memory): those leave the files as they were."""
     if isinstance(error, StorageError):
         error = error.__cause__
-    if isinstance(error, OSError) and not isinstance(error, ConnectionError | TimeoutError):
+    if (
+        isinstance(error, OSError)
+        and not isinstance(error, ConnectionError | TimeoutError)
+        and error.errno not in _NOT_THE_DISKS
+    ):
         return error
     return None
 

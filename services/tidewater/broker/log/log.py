@@ -329,20 +329,23 @@ class Log:
             return
         try:
             pending.write.result()
-        except (StorageError, OSError) as e:  # OSError: the files were closed under the write
-            # The epochs of the batches not written must not stay in the history.
-            self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
-            # Reported here: the appender may have gone (cancelled) and never see it.
+            # Writes the batches' index entries (and flush.messages may flush): the disk may
+            # refuse those too.
+            pending.segment.take_in(pending.headers, self.config.index_interval_bytes)
+            info = self._appended(pending.headers, pending.size)
+        except (StorageError, OSError) as e:
+            # Reported first, before anything else writes to the disk; and here, since this
+            # may run as a loop callback, and the appender may have gone (cancelled).
             if self.dir_failures is not None and (cause := io_failure(e)) is not None:
                 self.dir_failures.failed(self.log_dir, cause)
             if not isinstance(e, StorageError):
                 e = StorageError(f"{self.name}: write failed: {e}")
             pending.appended.set_exception(e)
+            # The epochs of the batches not written must not stay in the history.
+            self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
             return
-        pending.segment.take_in(pending.headers, self.config.index_interval_bytes)
         if pending.kept is not None:
             pending.segment.keep_appended_batch(pending.kept)
-        info = self._appended(pending.headers, pending.size)
         # The appender resumes only after on_appended, which may not leave it waiting.
         pending.appended.set_result(info)
         pending.on_appended(info)

@@ -211,6 +211,16 @@ class LogManager:
     def _recovery_points(self, log_dir: Path) -> dict[TopicPartition, int]:
         return {tp: self._logs[tp].recovery_point for tp in self._partitions_in[log_dir]}
 
+    async def background_flushes_done(self) -> None:
+        """Wait for the fsyncs in flight (one that fails stops the broker). shutdown() must
+        come after them: it fsyncs the same files, and after a failed fsync another one of
+        the same file can report success for pages that were never written."""
+        flushing = self._flushing
+        if flushing is not None:
+            await asyncio.wait([flushing])
+            if not flushing.cancelled():
+                flushing.exception()  # reported already; taken, so that it is not logged
+
     def shutdown(self) -> None:
         """Flush every log, checkpoint the recovery points (now the LEOs), close everything:
         the next start recovers nothing. Only the first call does anything."""
@@ -243,8 +253,8 @@ class LogManager:
         """Retention, flush.ms and recovery point checkpoints, each on its own period, until
         cancelled."""
         async with asyncio.TaskGroup() as group:
-            # A failing disk must not stop the other logs' upkeep: a failed run is logged and
-            # the next one retries.
+            # A run that fails otherwise than by the disk (which stops the broker) is logged,
+            # and the next one tries again.
             for interval_ms, job in (
                 (retention_check_interval_ms, self._apply_retention),
                 (flush_check_interval_ms, self._flush_due_logs),

@@ -8,6 +8,7 @@ timestamp (and where it was reached), and the bytes since the last index entry.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -203,8 +204,10 @@ class LogSegment:
                 view = view[written:]
                 position += written
         except OSError as e:
-            # Leave no partial batch behind for the next append to build on.
-            os.ftruncate(self._fd, self._size)
+            # Leave no partial batch behind for the next append to build on (if the disk
+            # lets us: the error to report is the write's).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
             raise StorageError(f"{self.log_path}: write failed: {e}") from e
         if drop_behind_bytes >= 0:
             self._drop_behind(position - drop_behind_bytes)

@@ -66,12 +66,19 @@ class LogDirFailureChannel:
         try:
             yield
         except BaseException as e:
-            if (cause := io_failure(e)) is None:
+            if (failure := self.raised(log_dir, e)) is e:
                 raise
-            self.failed(log_dir, cause)
-            if isinstance(e, StorageError):
-                raise
-            raise StorageError(f"log dir {log_dir} failed: {e}") from e
+            raise failure from e
+
+    def raised(self, log_dir: Path, error: BaseException) -> BaseException:
+        """What to raise for `error`: reported, and as a StorageError, if it is the disk's;
+        else `error` itself."""
+        if (cause := io_failure(error)) is None:
+            return error
+        self.failed(log_dir, cause)
+        if isinstance(error, StorageError):
+            return error
+        return StorageError(f"log dir {log_dir} failed: {error}")
 
 
 def guarded(
@@ -115,14 +122,29 @@ def reports_io_failures(method: Callable[..., R]) -> Callable[..., R]:
 
         @functools.wraps(method)
         async def checked_async(self: ReportsIoFailures, *args: Any, **kwargs: Any) -> Any:
-            with guarded(self.dir_failures, self.log_dir):
+            try:
                 return await method(self, *args, **kwargs)
+            except BaseException as e:
+                if (failure := _raised(self, e)) is e:
+                    raise
+                raise failure from e
 
         return checked_async  # type: ignore[return-value]
 
+    # A try, not `with guarded(...)`: these run several times per record on the data path,
+    # and a context manager object per call costs a few us there.
     @functools.wraps(method)
     def checked(self: ReportsIoFailures, *args: Any, **kwargs: Any) -> R:
-        with guarded(self.dir_failures, self.log_dir):
+        try:
             return method(self, *args, **kwargs)
+        except BaseException as e:
+            if (failure := _raised(self, e)) is e:
+                raise
+            raise failure from e
 
     return checked
+
+
+def _raised(owner: ReportsIoFailures, error: BaseException) -> BaseException:
+    channel = owner.dir_failures
+    return error if channel is None else channel.raised(owner.log_dir, error)

@@ -84,7 +84,6 @@ class HostedPartition:
         self.config = config
         self.state.config = replication_config(config, replica_lag_time_max_ms)
 
-    @reports_io_failures
     async def append_as_leader(
         self, batch: bytearray, acks: int, now_ms: int
     ) -> tuple[AppendInfo, bool]:
@@ -119,7 +118,6 @@ class HostedPartition:
             info = await self.log.append_batch_off_loop(batch, self.state.leader_epoch, appended)
             return info, high_watermark_moved
 
-    @reports_io_failures
     async def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append what the leader sent (large data on a worker thread) and replay it into the
         producer state, so this replica deduplicates retries if it becomes leader."""

@@ -28,12 +28,7 @@ from typing import NamedTuple
 
 from tidewater.broker.log.checkpoints import TEMP_SUFFIX, LeaderEpochCheckpoint, fsync_dir
 from tidewater.broker.log.config import LogConfig
-from tidewater.broker.log.dir_failure import (
-    LogDirFailureChannel,
-    guarded,
-    io_failure,
-    reports_io_failures,
-)
+from tidewater.broker.log.dir_failure import LogDirFailureChannel, guarded, reports_io_failures
 from tidewater.broker.log.index import CorruptIndex
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.segment import (
@@ -336,11 +331,10 @@ class Log:
         except (StorageError, OSError) as e:
             # Reported first, before anything else writes to the disk; and here, since this
             # may run as a loop callback, and the appender may have gone (cancelled).
-            if self.dir_failures is not None and (cause := io_failure(e)) is not None:
-                self.dir_failures.failed(self.log_dir, cause)
-            if not isinstance(e, StorageError):
-                e = StorageError(f"{self.name}: write failed: {e}")
-            pending.appended.set_exception(e)
+            failure = e if self.dir_failures is None else self.dir_failures.raised(self.log_dir, e)
+            if not isinstance(failure, StorageError):
+                failure = StorageError(f"{self.name}: write failed: {e}")
+            pending.appended.set_exception(failure)
             # The epochs of the batches not written must not stay in the history.
             self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
             return
@@ -685,7 +679,6 @@ class Log:
         self.recovery_point = job.offset
         self._last_flush_ms = self._time_ms()
 
-    @reports_io_failures
     def flush_if_due(self, now_ms: int) -> None:
         """flush.ms: flush when unflushed data has waited that long since the last flush."""
         flush_ms = self.config.flush_ms

@@ -437,6 +437,8 @@ class BrokerControlServicer:
         """Replace (FULL) or amend (DELTA) the broker's cluster view: live brokers, every partition's
         leader and ISR, topic configs. The broker uses it to answer NOT_LEADER_OR_FOLLOWER with
         the current leader, to know which brokers are live, and to pick up topic config changes.
+        A FULL view meant for the broker's current epoch also finds its stray logs: local logs
+        of partitions the view does not assign to it, which it renames and deletes later.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,7 +17,7 @@ UPDATE_METADATA_TYPE_DELTA: UpdateMetadataType
 UPDATE_METADATA_TYPE_FULL: UpdateMetadataType
 
 class UpdateMetadataRequest(_message.Message):
-    __slots__ = ("controller_id", "controller_epoch", "broker_epoch", "type", "live_brokers", "partition_states", "deleted_topics", "topic_configs", "controller_endpoint")
+    __slots__ = ("controller_id", "controller_epoch", "broker_epoch", "type", "live_brokers", "partition_states", "deleted_topics", "topic_configs", "controller_endpoint", "deleting_topics")
     CONTROLLER_ID_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class UpdateMetadataRequest(_message.Message):
     DELETED_TOPICS_FIELD_NUMBER: _ClassVar[int]
     TOPIC_CONFIGS_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    DELETING_TOPICS_FIELD_NUMBER: _ClassVar[int]
     controller_id: int
     controller_epoch: int
     broker_epoch: int
@@ -36,7 +37,8 @@ class UpdateMetadataRequest(_message.Message):
     deleted_topics: _containers.RepeatedScalarFieldContainer[str]
     topic_configs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]
     controller_endpoint: _common_pb2.Endpoint
-    def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., type: _Optional[_Union[UpdateMetadataType, str]] = ..., live_brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., partition_states: _Optional[_Iterable[_Union[UpdateMetadataPartitionState, _Mapping]]] = ..., deleted_topics: _Optional[_Iterable[str]] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., controller_endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
+    deleting_topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., type: _Optional[_Union[UpdateMetadataType, str]] = ..., live_brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., partition_states: _Optional[_Iterable[_Union[UpdateMetadataPartitionState, _Mapping]]] = ..., deleted_topics: _Optional[_Iterable[str]] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., controller_endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., deleting_topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UpdateMetadataPartitionState(_message.Message):
     __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "offline_replicas")

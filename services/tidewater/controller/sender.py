@@ -144,6 +144,11 @@ class BrokerSender:
         request = self._update_metadata_request(
             list(model.partitions), cluster_pb2.UPDATE_METADATA_TYPE_FULL
         )
+        # Their logs are the StopReplica(delete)'s that follows, not stray: the deletion
+        # completes once this broker has answered it.
+        request.deleting_topics.extend(
+            sorted(name for name, d in model.deletions.items() if broker_id in d.pending)
+        )
         self._enqueue(broker_id, self._for_broker(request, broker_id))
 
     def stop_replica(

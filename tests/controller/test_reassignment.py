@@ -1,8 +1,10 @@
-"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress, and one cut
-by a controller failover."""
+"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress, one cut
+by a controller failover, and one that moved a partition off a broker that was down."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -113,3 +115,50 @@ async def test_a_reassignment_cut_by_a_controller_failover_is_resumed(
     assert {b"before", b"after"} <= set(await cluster.read(target[0], "moving", 0))
     (removed,) = set(reassignment.removing)
     await eventually(lambda: not (cluster.root / f"broker-{removed}" / "moving-0").exists(), 10)
+
+
+async def test_a_log_a_reassignment_moved_away_while_its_broker_was_down_is_deleted(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    await cluster.create_topic("moving", assignments=[(1, 3)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    old_log = cluster.root / "broker-3" / "moving-0"
+    assert old_log.exists()
+    cluster.brokers[3].kill()
+
+    async def down() -> bool:
+        return 3 not in await cluster.alive_brokers()
+
+    await eventually(down, 20)
+
+    # Off broker 3 while it is down: the StopReplica meant for it is never answered.
+    await reassign(cluster, [1, 2])
+
+    async def moved() -> bool:
+        state = (await cluster.partitions("moving"))[0]
+        assignment = (await cluster.store.load_topics())["moving"]["assignment"]["0"]
+        return assignment == [1, 2] and sorted(state["isr"]) == [1, 2]
+
+    await eventually(moved, 30)
+    assert old_log.exists()
+
+    # Back, with the controller's FULL view: the log is stray, renamed, and deleted after
+    # file.delete.delay.ms.
+    await cluster.start_broker(3, **{"file.delete.delay.ms": "500"})
+    warning = re.compile(r"WARNING.*stray log moving-0: .*; renamed to (\S+-stray), deleted in")
+
+    def renamed() -> re.Match[str] | None:
+        return warning.search(cluster.brokers[3].log_file.read_text(errors="replace"))
+
+    stray = Path((await eventually(renamed, 20))[1])
+    assert stray.parent == old_log.parent
+    assert not old_log.exists()
+    await eventually(lambda: not stray.exists(), 20)
+    assert not any(p.name.startswith("moving-0") for p in old_log.parent.iterdir())
+
+    # The partition's records live on its new replicas, which serve and take writes.
+    await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
+    leader = (await cluster.partitions("moving"))[0]["leader"]
+    assert leader in (1, 2)
+    seen = await cluster.read(leader, "moving", 0)
+    assert {b"before", b"after"} <= set(seen)

@@ -50,6 +50,11 @@ async def test_a_deleted_topics_name_is_free_only_once_every_replica_deleted_its
     await cluster.start_broker(3)
     await eventually(lambda: not old_log.exists(), 20)
     await eventually(lambda: pending_deletions(cluster, {}), 20)
+    # Its StopReplica(delete) deleted the log: the FULL view before it names the deletion
+    # waiting on broker 3, so the log was not taken for a stray one (renamed, deleted later).
+    broker_log = cluster.brokers[3].log_file.read_text(errors="replace")
+    assert "deleted log reborn-0" in broker_log
+    assert "stray log reborn-0" not in broker_log
 
     async def created() -> bool:
         return (await create(cluster, "reborn")).error_code == ErrorCode.NONE

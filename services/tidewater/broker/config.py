@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tidewater.broker.log.manager import FILE_DELETE_DELAY_MS
 from tidewater.errors import InvalidConfig
 from tidewater.rpc.address import HostPort, listen_and_advertised, published
 
@@ -51,6 +52,8 @@ class BrokerConfig:
     log_retention_check_interval_ms: int = 300000
     log_flush_offset_checkpoint_interval_ms: int = 60000
     log_flush_scheduler_interval_ms: int = 1000
+    # How long a stray log stays on disk, renamed, before it is deleted.
+    file_delete_delay_ms: int = FILE_DELETE_DELAY_MS
     replica_lag_time_max_ms: int = 30000
     num_replica_fetchers: int = 1
     replica_fetch_backoff_ms: int = 1000

@@ -25,6 +25,7 @@ from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
 from tidewater.broker.purgatory import Clock, Purgatory
 from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits, fetch_link
+from tidewater.broker.stray_logs import ClusterView, find_stray_logs
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
     NO_ERROR,
@@ -268,16 +269,36 @@ class ReplicaManager:
             )
         return response
 
-    def update_metadata(
+    async def update_metadata(
         self, request: cluster_pb2.UpdateMetadataRequest
     ) -> cluster_pb2.UpdateMetadataResponse:
-        """The controller's view of live brokers, which decides who may join an ISR."""
+        """The controller's view of live brokers, which decides who may join an ISR; a FULL
+        view also finds the stray logs. After any LeaderAndIsr in progress: what it hosts
+        must be known first."""
+        async with self._control_lock:
+            return await self._update_metadata(request)
+
+    async def _update_metadata(
+        self, request: cluster_pb2.UpdateMetadataRequest
+    ) -> cluster_pb2.UpdateMetadataResponse:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
             return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=e.message)
+        strays = find_stray_logs(
+            self.log_manager.local_logs(),
+            ClusterView.of(request),
+            self.partitions,
+            self.broker_id,
+            self.broker_epoch(),
+            self.controller_epoch,
+        )
         self.controller_epoch = request.controller_epoch
         self.usable_brokers = {b.broker_id for b in request.live_brokers}
+        if strays:
+            await self.log_manager.remove_stray_logs(strays)
+            for tp in strays:
+                self._checkpointed_hws.pop(tp, None)
         return cluster_pb2.UpdateMetadataResponse()
 
     def _isr_eligible(self, broker_id: int) -> bool:

@@ -50,6 +50,7 @@ class BrokerServer:
             list(config.log_dirs),
             defaults.log,
             dir_failures=LogDirFailureChannel(on_log_dir_failure),
+            file_delete_delay_ms=config.file_delete_delay_ms,
         )
         loop = asyncio.get_running_loop()
         self.replica_manager = ReplicaManager(config, self.log_manager, loop, wall_clock_ms)

@@ -113,7 +113,7 @@ class BrokerControl(broker_pb2_grpc.BrokerControlServicer):
     async def UpdateMetadata(
         self, request: cluster_pb2.UpdateMetadataRequest, context: grpc.aio.ServicerContext
     ) -> cluster_pb2.UpdateMetadataResponse:
-        return self._rm.update_metadata(request)
+        return await self._rm.update_metadata(request)
 
     async def StopReplica(
         self, request: pb.StopReplicaRequest, context: grpc.aio.ServicerContext

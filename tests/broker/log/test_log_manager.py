@@ -360,3 +360,85 @@ async def test_rolled_segments_are_flushed_off_the_event_loop(
         assert lg.recovery_point == 0  # the appends did not wait for the fsyncs
         await eventually(lambda: lg.recovery_point == lg.segments[-1].base_offset, WAIT_S, POLL_S)
     assert threading.current_thread().name not in threads
+
+
+# -- stray logs ------------------------------------------------------------------------------
+
+
+def stray_dirs(dirs: list[Path]) -> list[Path]:
+    return sorted(p for d in dirs if d.exists() for p in d.iterdir() if p.name.endswith("-stray"))
+
+
+async def test_a_stray_log_is_renamed_at_once_and_deleted_after_the_delay(
+    managers: Callable[..., LogManager],
+    dirs: list[Path],
+    make_batch: MakeBatch,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    manager = managers()
+    append(manager, make_batch, "t", 0, 30)
+    append(manager, make_batch, "u", 0, 3)
+    old_dir = manager._require("t", 0).dir
+    manager.checkpoint_recovery_points()
+    with caplog.at_level(logging.WARNING):
+        await manager.remove_stray_logs({("t", 0): "not assigned here"})
+    # Renamed, no longer loaded or served; the other log goes on.
+    (stray,) = stray_dirs(dirs)
+    assert not old_dir.exists() and stray.parent == old_dir.parent
+    assert stray.name.startswith("t-0.")
+    assert sorted(p.name for p in stray.iterdir() if p.suffix == ".log")
+    assert manager.get_log("t", 0) is None and list(manager.local_logs()) == [("u", 0)]
+    assert f"stray log t-0: not assigned here; renamed to {stray}" in caplog.text
+    assert "deleted in 60000 ms" in caplog.text
+    # Its recovery point would otherwise apply to a new log of the partition.
+    assert ("t", 0) not in OffsetCheckpoint(old_dir.parent / RECOVERY_POINT_CHECKPOINT).read()
+    manager.get_or_create_log("u", 0, SMALL).append_as_leader(make_batch(1), leader_epoch=1)
+
+    clock.now += 59_999
+    assert await manager.delete_due_strays() == 1
+    assert stray.exists()
+    clock.now += 1
+    assert await manager.delete_due_strays() is None
+    assert not stray.exists()
+    assert manager.get_log("u", 0) is not None
+
+
+async def test_a_restart_deletes_a_stray_log_left_over_rather_than_loading_it(
+    managers: Callable[..., LogManager],
+    dirs: list[Path],
+    make_batch: MakeBatch,
+    clock: Clock,
+) -> None:
+    first = managers()
+    append(first, make_batch, "t", 0, 30)
+    await first.remove_stray_logs({("t", 0): "not assigned here"})
+    first.shutdown()  # before its delay was over
+    (stray,) = stray_dirs(dirs)
+
+    restarted = managers()
+    assert restarted.get_log("t", 0) is None
+    # A new log of the partition (a topic of that name created again) starts empty.
+    assert restarted.get_or_create_log("t", 0, SMALL).log_end_offset == 0
+    assert await restarted.delete_due_strays() == 60_000
+    clock.now += 60_000
+    assert await restarted.delete_due_strays() is None
+    assert not stray.exists()
+    assert restarted.get_log("t", 0) is not None
+
+
+async def test_the_background_tasks_delete_a_stray_log_when_its_delay_is_over(
+    dirs: list[Path], make_batch: MakeBatch
+) -> None:
+    manager = LogManager(dirs, SMALL, file_delete_delay_ms=100)
+    background = asyncio.create_task(manager.run_background_tasks())
+    try:
+        append(manager, make_batch, "t", 0, 3)
+        await manager.remove_stray_logs({("t", 0): "not assigned here"})
+        assert stray_dirs(dirs)
+        await eventually(lambda: not stray_dirs(dirs), 10)
+    finally:
+        background.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await background
+        manager.shutdown()

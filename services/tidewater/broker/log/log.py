@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 # A log directory being deleted is renamed `<topic>-<partition>.<id>-delete` first.
 DELETE_DIR_SUFFIX = "-delete"
+# A stray log (tidewater.broker.stray_logs) is renamed `<topic>-<partition>.<id>-stray`, and
+# deleted after file.delete.delay.ms.
+STRAY_DIR_SUFFIX = "-stray"
 # Left by an interrupted delete, compaction or checkpoint write.
 _STRAY_SUFFIXES = (".deleted", ".cleaned", TEMP_SUFFIX)
 _SEGMENT_FILE = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)")
@@ -702,14 +705,25 @@ class Log:
     def delete(self) -> None:
         """Remove the log from disk: renamed away first, so a crash midway leaves a directory
         that the next start removes rather than a half-deleted log."""
+        shutil.rmtree(self._close_and_rename(DELETE_DIR_SUFFIX))
+
+    @reports_io_failures
+    def rename_stray(self) -> Path:
+        """Close the log and rename its directory `<topic>-<partition>.<id>-stray`, which no
+        start loads. Returns the new path."""
+        return self._close_and_rename(STRAY_DIR_SUFFIX)
+
+    def _close_and_rename(self, suffix: str) -> Path:
+        """Close every file, unflushed (the log is going), and rename the directory out of
+        the way, to a name no partition directory has."""
         self.take_in_pending_write()
         for segment in self._segments:
             segment.close()
         self._generation += 1
-        doomed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
-        os.rename(self.dir, doomed)
+        renamed = self.dir.with_name(f"{self.dir.name}.{uuid.uuid4().hex}{suffix}")
+        os.rename(self.dir, renamed)
         fsync_dir(self.dir.parent)
-        shutil.rmtree(doomed)
+        return renamed
 
 
 @dataclass

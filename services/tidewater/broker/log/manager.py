@@ -5,16 +5,21 @@ file keeps a second broker out. Background work (retention, flush.ms, recovery p
 checkpoints) runs in `run_background_tasks` on the broker's event loop; the fsyncs of rolled
 segments, and of the producer state snapshots taken when they roll, run in a worker thread, one
 after the other, so an append never waits for the disk.
+
+Stray logs (tidewater.broker.stray_logs) are renamed `<topic>-<partition>.<id>-stray` at once,
+so that nothing loads or serves them again, and deleted file.delete.delay.ms later, as Kafka
+deletes its logs; a start finds the ones left and deletes them after that delay too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, KeysView, Mapping
 from pathlib import Path
 
 from tidewater.broker import background
@@ -28,6 +33,7 @@ from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.dir_failure import LogDirFailureChannel, guarded
 from tidewater.broker.log.log import (
     DELETE_DIR_SUFFIX,
+    STRAY_DIR_SUFFIX,
     FlushJob,
     Log,
     parse_partition_dir,
@@ -39,6 +45,8 @@ log = logging.getLogger(__name__)
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOCK_FILE = ".lock"
+# Kafka's file.delete.delay.ms: how long a stray log stays on disk, renamed, before deletion.
+FILE_DELETE_DELAY_MS = 60000
 TopicPartition = tuple[str, int]
 
 
@@ -49,6 +57,7 @@ class LogManager:
         default_config: LogConfig,
         time_ms: Callable[[], int] = wall_clock_ms,
         dir_failures: LogDirFailureChannel | None = None,
+        file_delete_delay_ms: int = FILE_DELETE_DELAY_MS,
     ) -> None:
         """Lock every log dir and load every partition in it. An I/O error in a log dir
         after that goes to `dir_failures` (see dir_failure)."""
@@ -56,6 +65,10 @@ class LogManager:
         self.default_config = default_config
         self._time_ms = time_ms
         self.dir_failures = dir_failures
+        self.file_delete_delay_ms = file_delete_delay_ms
+        # Renamed stray log directories → when to delete them (ms); set when one is added.
+        self._strays: dict[Path, int] = {}
+        self._stray_added = asyncio.Event()
         self._logs: dict[TopicPartition, Log] = {}
         self._recovery_point_writer = OffsetCheckpointWriter(
             RECOVERY_POINT_CHECKPOINT, dir_failures
@@ -102,6 +115,15 @@ class LogManager:
             if child.name.endswith(DELETE_DIR_SUFFIX):
                 log.info("%s: finishing an interrupted log deletion", child)
                 shutil.rmtree(child)
+                continue
+            if child.name.endswith(STRAY_DIR_SUFFIX):
+                log.warning(
+                    "%s: a stray log renamed before the last stop; deleted in %d ms "
+                    "(file.delete.delay.ms)",
+                    child,
+                    self.file_delete_delay_ms,
+                )
+                self._add_stray(child)
                 continue
             try:
                 tp = parse_partition_dir(child.name)
@@ -152,6 +174,66 @@ class LogManager:
         del self._logs[(topic, partition)]
         self._partitions_in[doomed.dir.parent].discard((topic, partition))
         log.info("deleted log %s-%d", topic, partition)
+
+    def local_logs(self) -> KeysView[TopicPartition]:
+        return self._logs.keys()
+
+    async def remove_stray_logs(self, strays: Mapping[TopicPartition, str]) -> None:
+        """Rename each stray log (see stray_logs; the values say why it is stray) out of the
+        way now, with a WARN naming it, and delete it after file.delete.delay.ms. Yields to
+        the event loop between logs (a rename fsyncs the log dir): a broker that missed the
+        moves of many partitions must not stall its heartbeats."""
+        dirs: set[Path] = set()
+        for (topic, partition), why in strays.items():
+            await asyncio.sleep(0)
+            stray = self._require(topic, partition)
+            renamed = stray.rename_stray()
+            del self._logs[(topic, partition)]
+            self._partitions_in[stray.dir.parent].discard((topic, partition))
+            dirs.add(stray.dir.parent)
+            self._add_stray(renamed)
+            log.warning(
+                "stray log %s-%d: %s; renamed to %s, deleted in %d ms (file.delete.delay.ms)",
+                topic,
+                partition,
+                why,
+                renamed,
+                self.file_delete_delay_ms,
+            )
+        # A recovery point left in the checkpoint would apply to a new log of the partition.
+        for log_dir in dirs:
+            self._checkpoint_recovery_points(log_dir)
+
+    def _add_stray(self, renamed: Path) -> None:
+        self._strays[renamed] = self._time_ms() + self.file_delete_delay_ms
+        self._stray_added.set()
+
+    async def delete_due_strays(self) -> int | None:
+        """Delete the stray logs whose delay is over (in a worker thread: a log may be
+        large). Returns the ms until the next one is due; None when none is left."""
+        for path, due in list(self._strays.items()):
+            if due > self._time_ms():
+                continue
+            with guarded(self.dir_failures, path.parent):
+                await asyncio.to_thread(_remove_tree, path)
+            del self._strays[path]
+            log.info("deleted stray log %s", path)
+        if not self._strays:
+            return None
+        return max(min(self._strays.values()) - self._time_ms(), 0)
+
+    async def _delete_strays_when_due(self) -> None:
+        while True:
+            self._stray_added.clear()
+            try:
+                wait_ms = await self.delete_due_strays()
+            except Exception:
+                log.exception("deleting stray logs failed; trying again later")
+                wait_ms = self.file_delete_delay_ms
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._stray_added.wait(), None if wait_ms is None else wait_ms / 1000
+                )
 
     def _require(self, topic: str, partition: int) -> Log:
         found = self._logs.get((topic, partition))
@@ -250,9 +332,10 @@ class LogManager:
         flush_check_interval_ms: int = 1000,
         recovery_point_checkpoint_interval_ms: int = 60000,
     ) -> None:
-        """Retention, flush.ms and recovery point checkpoints, each on its own period, until
-        cancelled."""
+        """Retention, flush.ms and recovery point checkpoints, each on its own period, and
+        stray logs' deletions, each when due, until cancelled."""
         async with asyncio.TaskGroup() as group:
+            group.create_task(self._delete_strays_when_due())
             # A run that fails otherwise than by the disk (which stops the broker) is logged,
             # and the next one tries again.
             for interval_ms, job in (
@@ -271,3 +354,9 @@ class LogManager:
         now = self._time_ms()
         for lg in list(self._logs.values()):
             lg.flush_if_due(now)
+
+
+def _remove_tree(path: Path) -> None:
+    # Gone already (an operator took it): nothing left to do.
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)

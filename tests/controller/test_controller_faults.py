@@ -24,6 +24,8 @@ from tidewater.v1.errors_pb2 import ErrorCode
 UNREACHABLE_S = 5.0
 # A new controller's grace period (one session timeout) that outlasts a broker's restart.
 LONG_SESSION_TIMEOUT_MS = 15000
+# One that outlasts a whole test: only every broker heartbeating can end it.
+ENDLESS_SESSION_TIMEOUT_MS = 600_000
 
 if TYPE_CHECKING:
     from conftest import Cluster, Eventually
@@ -371,6 +373,63 @@ async def test_a_broker_restarted_during_a_new_controllers_grace_period_leads_no
 
     await eventually(leads_again, 20)
     seen = await cluster.read(1, "restart", 0)
+    assert {v: seen.get(v) for v in acked} == acked
+
+
+async def test_an_isr_member_heard_from_in_a_grace_period_leads_a_partition_left_offline(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    cluster = await make_cluster(session_timeout_ms=ENDLESS_SESSION_TIMEOUT_MS)
+    await cluster.create_topic("offline", assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
+    await eventually(lambda: cluster.settled(["offline"]), 20)
+    acked = await cluster.produce_all("offline", 0, [f"o{i}".encode() for i in range(20)])
+    before, since = (await cluster.store.load_partitions())["offline", 0]
+    assert before["leader"] == 1
+    active = await cluster.store.active_controller()
+    assert active is not None
+
+    # Leader 1 dies; followers 2 and 3 pause (alive, in sync, silent); then the active
+    # controller dies. The next one hears from no ISR member, and its grace period cannot
+    # end by itself (broker 3 stays silent, and one session timeout outlasts the test).
+    cluster.brokers[1].kill()
+    for b in (2, 3):
+        cluster.brokers[b].signal(signal.SIGSTOP)
+    cluster.controllers[active[0]].kill()
+
+    async def new_controller() -> bool:
+        now = await cluster.store.active_controller()
+        return now is not None and now[0] != active[0]
+
+    await eventually(new_controller, cluster.lease_ttl_s + 5)
+    # Broker 1 restarts: its registration takes it out of the ISR, with no leader to elect.
+    await cluster.start_broker(1)
+    await eventually(lambda: cluster.has_alive_brokers({1}), 20)
+    offline = (await cluster.partitions("offline"))[0]
+    assert (offline["leader"], offline["isr"]) == (-1, [2, 3])
+
+    # ISR member 2 heartbeats: it leads at once, while the grace period goes on.
+    cluster.brokers[2].signal(signal.SIGCONT)
+
+    async def led_by_2() -> bool:
+        return (await cluster.partitions("offline"))[0]["leader"] == 2
+
+    await eventually(led_by_2, 20)
+    assert "grace period over" not in await cluster.active_controller_log()
+    assert 3 not in await cluster.alive_brokers()
+    # A clean election: 2 was in the ISR, and 3, not heard from yet, stays in it (until
+    # leader 2 drops it, as it does a follower that lags).
+    history = (await cluster.partition_history("offline", 0, since))[:2]
+    assert [(s["leader"], s["isr"]) for s in history] == [(-1, [2, 3]), (2, [2, 3])], history
+    assert history[1]["leader_epoch"] == before["leader_epoch"] + 2, history
+
+    # Every acknowledged record is there, at its offset, on the new leader.
+    cluster.brokers[3].signal(signal.SIGCONT)
+    await eventually(lambda: cluster.settled(["offline"]), 20)
+    assert "grace period over (every broker has heartbeated)" in (
+        await cluster.active_controller_log()
+    )
+    assert (await cluster.partitions("offline"))[0]["leader"] == 2
+    seen = await cluster.read(2, "offline", 0)
     assert {v: seen.get(v) for v in acked} == acked
 
 

@@ -150,6 +150,43 @@ def test_no_unclean_election_while_a_new_controller_has_not_heard_from_every_bro
         )
 
 
+def test_in_a_grace_period_an_offline_partition_gets_a_leader_once_an_isr_member_heartbeats() -> (
+    None
+):
+    m = model(fenced=(1, 2, 3))  # the new controller has heard from nobody yet
+    commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    assert m.partitions[("t", 0)].leader == NO_LEADER
+    # Broker 1's new incarnation heartbeats first: it left the ISR, so it does not lead.
+    m.brokers[1].fenced = False
+    assert changes_for_offline_partitions(m, EPOCH, in_grace=True) == []
+    # ISR member 2 heartbeats: it leads at once, without waiting for the grace period to end.
+    # 3, not heard from yet, may be alive and in sync: it stays in the ISR.
+    m.brokers[2].fenced = False
+    (change,) = changes_for_offline_partitions(m, EPOCH, in_grace=True)
+    assert change.tp == ("t", 0) and not change.unclean
+    assert (change.after.leader, change.after.leader_epoch, change.after.isr) == (2, 7, (2, 3))
+    assert change.after.controller_epoch == EPOCH
+
+
+def test_no_unclean_election_of_an_offline_partition_in_a_grace_period() -> None:
+    for in_grace in (True, False):
+        m = model(unclean=True, fenced=(3,))
+        m.partitions[("t", 0)] = PartitionRecord(NO_LEADER, 6, (3,), 1, partition_epoch=120)
+        changes = {c.tp: c for c in changes_for_offline_partitions(m, EPOCH, in_grace=in_grace)}
+        if in_grace:  # ISR member 3 may be alive: wait for it rather than lose data
+            assert changes == {}
+        else:
+            assert (changes[("t", 0)].after.leader, changes[("t", 0)].unclean) == (1, True)
+
+
+def test_in_a_grace_period_a_leader_not_heard_from_yet_keeps_its_partitions() -> None:
+    m = model(fenced=(1, 3))  # 1 leads t-0 and may be alive; 2 has heartbeated
+    assert changes_for_offline_partitions(m, EPOCH, in_grace=True) == []
+    # Once the grace period is over, 1 is gone: its partition moves.
+    (change,) = changes_for_offline_partitions(m, EPOCH)
+    assert (change.tp, change.after.leader, change.after.isr) == (("t", 0), 2, (2,))
+
+
 def test_controlled_shutdown_hands_over_leadership_and_leaves_the_isr() -> None:
     m = model()
     changes = {c.tp: c.after for c in changes_for_controlled_shutdown(m, 1, EPOCH)}

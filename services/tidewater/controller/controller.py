@@ -262,7 +262,7 @@ class Controller:
         if in_grace:
             return
         if self._grace_until_ms:
-            self._grace_until_ms = 0
+            self._end_grace()
             # Brokers that never heartbeated to us are gone: take them out of the ISRs (and
             # leaderships) they still hold, as if we had seen their sessions expire.
             for broker in list(self.model.brokers.values()):
@@ -276,6 +276,13 @@ class Controller:
         for broker in list(self.model.brokers.values()):
             if not broker.fenced and now - broker.last_heartbeat_ms > timeout:
                 await self.fence(broker, "missed its session timeout")
+
+    def _end_grace(self) -> None:
+        """Leaders may move now: every broker has heartbeated, or one session timeout passed."""
+        self._grace_until_ms = 0
+        heard_all = not any(b.fenced for b in self.model.brokers.values())
+        why = "every broker has heartbeated" if heard_all else "one session timeout passed"
+        log.info("controller %d: grace period over (%s)", self.config.controller_id, why)
 
     async def fence(self, broker: BrokerState, reason: str, restarted: bool = False) -> None:
         """Move its leaderships and take it out of ISRs; `restarted`: a new incarnation
@@ -301,9 +308,11 @@ class Controller:
             not b.fenced for b in self.model.brokers.values()
         )
         if grace_ends:
-            self._grace_until_ms = 0
-        changes = (
-            [] if self._grace_until_ms else changes_for_offline_partitions(self.model, self.epoch)
+            self._end_grace()
+        # In the grace period too, an offline partition gets an ISR member we have heard from
+        # as leader at once (but no unclean leader, and no leader we have not heard from moves).
+        changes = changes_for_offline_partitions(
+            self.model, self.epoch, in_grace=bool(self._grace_until_ms)
         )
         committed = await self.commit_and_send(changes)
         # A (re)started broker learns every partition it hosts, not just the changed ones.

@@ -135,18 +135,27 @@ def unclean_leader_change(
 
 
 def changes_for_offline_partitions(
-    model: ClusterModel, controller_epoch: int
+    model: ClusterModel, controller_epoch: int, *, in_grace: bool = False
 ) -> list[PartitionChange]:
     """Partitions without a usable leader that could get one now (a broker came back, or a
-    new controller found leaders dead)."""
+    new controller found leaders dead).
+
+    `in_grace`: a new controller has not heard from every broker yet. A leader it has not
+    heard from may be alive, so only partitions without any leader (offline) are elected, and
+    only cleanly: the first ISR member it has heard from leads. The ISR keeps the members it
+    has not heard from (they may be alive and in sync; those that never heartbeat leave it
+    when the grace period ends)."""
     usable = model.usable_brokers()
     changes = []
     for tp, record in sorted(model.partitions.items()):
-        if record.leader in usable:
+        if record.leader in usable or (in_grace and record.leader != NO_LEADER):
             continue
-        change = _elect(model, tp, record, usable, controller_epoch)
-        if change.after.leader != NO_LEADER or record.leader != NO_LEADER:
-            changes.append(change)
+        change = _elect(model, tp, record, usable, controller_epoch, unclean=not in_grace)
+        if change.after.leader == NO_LEADER and record.leader == NO_LEADER:
+            continue  # offline, and already recorded as such
+        if in_grace:
+            change = replace(change, after=change.after.with_(isr=record.isr))
+        changes.append(change)
     return changes
 
 

@@ -166,6 +166,10 @@ def test_in_a_grace_period_an_offline_partition_gets_a_leader_once_an_isr_member
     assert change.tp == ("t", 0) and not change.unclean
     assert (change.after.leader, change.after.leader_epoch, change.after.isr) == (2, 7, (2, 3))
     assert change.after.controller_epoch == EPOCH
+    # The grace period ends without a word from 3: it leaves the ISR.
+    commit(m, [change])
+    commit(m, changes_for_unusable_broker(m, 3, EPOCH))
+    assert (m.partitions[("t", 0)].leader, m.partitions[("t", 0)].isr) == (2, (2,))
 
 
 def test_no_unclean_election_of_an_offline_partition_in_a_grace_period() -> None:

@@ -314,17 +314,32 @@ def lose_tail(partition_dir: Path, records: int) -> None:
         log.close()
 
 
+async def led_by_1_with_acked_records(
+    cluster: Cluster, eventually: Eventually, topic: str
+) -> tuple[dict[bytes, int], dict[str, Any], int, tuple[int, str, int]]:
+    """`topic`: one partition on [1, 2, 3] (min.insync.replicas=2), settled and led by broker 1,
+    with 20 records acknowledged. Those records (value -> offset), its LeaderAndIsr and
+    partition epoch, and the active controller."""
+    await cluster.create_topic(topic, assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
+    await eventually(lambda: cluster.settled([topic]), 20)
+    acked = await cluster.produce_all(topic, 0, [f"{topic}{i}".encode() for i in range(20)])
+    before, since = (await cluster.store.load_partitions())[topic, 0]
+    assert before["leader"] == 1
+    active = await cluster.store.active_controller()
+    assert active is not None
+    return acked, before, since, active
+
+
+async def another_controller_active(cluster: Cluster, old: tuple[int, str, int]) -> bool:
+    now = await cluster.store.active_controller()
+    return now is not None and now[0] != old[0]
+
+
 async def test_a_broker_restarted_during_a_new_controllers_grace_period_leads_no_more_at_its_epoch(
     make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually, tmp_path: Path
 ) -> None:
     cluster = await make_cluster(session_timeout_ms=LONG_SESSION_TIMEOUT_MS)
-    await cluster.create_topic("restart", assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
-    await eventually(lambda: cluster.settled(["restart"]), 20)
-    acked = await cluster.produce_all("restart", 0, [f"r{i}".encode() for i in range(20)])
-    before, since = (await cluster.store.load_partitions())["restart", 0]
-    assert before["leader"] == 1
-    active = await cluster.store.active_controller()
-    assert active is not None
+    acked, before, since, active = await led_by_1_with_acked_records(cluster, eventually, "restart")
 
     # The leader dies, losing its unflushed tail, and so does the active controller, long
     # before the leader's session ends: the next controller loads broker 1 as registered and
@@ -333,11 +348,7 @@ async def test_a_broker_restarted_during_a_new_controllers_grace_period_leads_no
     cluster.controllers[active[0]].kill()
     lose_tail(tmp_path / "broker-1" / "restart-0", 5)
 
-    async def new_controller() -> bool:
-        now = await cluster.store.active_controller()
-        return now is not None and now[0] != active[0]
-
-    await eventually(new_controller, cluster.lease_ttl_s + 5)
+    await eventually(lambda: another_controller_active(cluster, active), cluster.lease_ttl_s + 5)
     await eventually(lambda: cluster.has_alive_brokers({2, 3}), 10)
     assert (await cluster.partitions("restart"))[0] == before
     # Broker 1 restarts within that grace period.
@@ -380,13 +391,7 @@ async def test_an_isr_member_heard_from_in_a_grace_period_leads_a_partition_left
     make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
 ) -> None:
     cluster = await make_cluster(session_timeout_ms=ENDLESS_SESSION_TIMEOUT_MS)
-    await cluster.create_topic("offline", assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
-    await eventually(lambda: cluster.settled(["offline"]), 20)
-    acked = await cluster.produce_all("offline", 0, [f"o{i}".encode() for i in range(20)])
-    before, since = (await cluster.store.load_partitions())["offline", 0]
-    assert before["leader"] == 1
-    active = await cluster.store.active_controller()
-    assert active is not None
+    acked, before, since, active = await led_by_1_with_acked_records(cluster, eventually, "offline")
 
     # Leader 1 dies; followers 2 and 3 pause (alive, in sync, silent); then the active
     # controller dies. The next one hears from no ISR member, and its grace period cannot
@@ -396,11 +401,7 @@ async def test_an_isr_member_heard_from_in_a_grace_period_leads_a_partition_left
         cluster.brokers[b].signal(signal.SIGSTOP)
     cluster.controllers[active[0]].kill()
 
-    async def new_controller() -> bool:
-        now = await cluster.store.active_controller()
-        return now is not None and now[0] != active[0]
-
-    await eventually(new_controller, cluster.lease_ttl_s + 5)
+    await eventually(lambda: another_controller_active(cluster, active), cluster.lease_ttl_s + 5)
     # Broker 1 restarts: its registration takes it out of the ISR, with no leader to elect.
     await cluster.start_broker(1)
     await eventually(lambda: cluster.has_alive_brokers({1}), 20)

@@ -613,3 +613,26 @@ async def test_high_watermark_checkpoint_is_rewritten_only_when_a_hw_moved(
     await produce_ok(client, batch_of([b"c"]))
     rm.checkpoint_high_watermarks()
     assert OffsetCheckpoint(path).read() == {(TOPIC, 0): 3}
+
+
+async def test_stop_replica_with_delete_rewrites_the_high_watermark_checkpoint(
+    start_broker: Callable[..., Any],
+) -> None:
+    """At once, not at the next periodic checkpoint: a new log of the partition starts at
+    min(checkpointed HW, LEO), and the deleted log's HW would let consumers read past the
+    new one's."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    await produce_ok(client, batch_of([b"a", b"b"]))
+    rm = server.replica_manager
+    path = rm.config.log_dirs[0] / "replication-offset-checkpoint"
+    rm.checkpoint_high_watermarks()
+    assert OffsetCheckpoint(path).read() == {(TOPIC, 0): 2}
+    stopped = await rm.stop_replica(
+        pb.StopReplicaRequest(
+            controller_epoch=1,
+            partitions=[pb.StopReplicaPartition(topic=TOPIC, partition=0, delete_partition=True)],
+        )
+    )
+    assert stopped.error_code == ErrorCode.NONE, stopped.error_message
+    assert OffsetCheckpoint(path).read() == {}

@@ -253,6 +253,7 @@ class ReplicaManager:
             return pb.StopReplicaResponse(error_code=e.code, error_message=e.message)
         self.controller_epoch = request.controller_epoch
         response = pb.StopReplicaResponse()
+        deleted = False
         for sp in request.partitions:
             tp = (sp.topic, sp.partition)
             self.fetcher_manager.remove_partitions([tp])
@@ -264,9 +265,13 @@ class ReplicaManager:
             if sp.delete_partition and self.log_manager.get_log(*tp) is not None:
                 self.log_manager.delete_log(*tp)
                 self._checkpointed_hws.pop(tp, None)
+                deleted = True
             response.partition_errors.append(
                 common_pb2.PartitionError(topic=sp.topic, partition=sp.partition)
             )
+        if deleted:
+            # Likewise its HW: a new log of the partition starts at min(checkpoint, LEO).
+            self.checkpoint_high_watermarks()
         return response
 
     async def update_metadata(

@@ -245,6 +245,23 @@ def test_delete_log_removes_it_for_good(
     assert restarted.get_log("t", 1).log_end_offset == 6
 
 
+def test_a_deleted_logs_recovery_point_leaves_the_checkpoint_at_once(
+    managers: Callable[..., LogManager], make_batch: MakeBatch
+) -> None:
+    """Kafka's asyncDelete checkpoints right away: a crash before the next periodic
+    checkpoint must not hand the deleted log's recovery point to a new log of the partition
+    (its unsynced records below that point would be trusted without a CRC check)."""
+    manager = managers()
+    append(manager, make_batch, "t", 0, 10)
+    append(manager, make_batch, "t", 1, 3)
+    manager.get_log("t", 0).flush()
+    manager.checkpoint_recovery_points()
+    log_dir = manager.get_log("t", 0).dir.parent
+    assert OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()[("t", 0)] == 20
+    manager.delete_log("t", 0)
+    assert ("t", 0) not in OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()
+
+
 def test_start_finishes_interrupted_deletions_and_skips_strangers(
     managers: Callable[..., LogManager], dirs: list[Path]
 ) -> None:

@@ -173,6 +173,9 @@ class LogManager:
         doomed.delete()
         del self._logs[(topic, partition)]
         self._partitions_in[doomed.dir.parent].discard((topic, partition))
+        # At once, as Kafka's asyncDelete: a recovery point left in the checkpoint would
+        # apply, after a crash, to a new log of the partition and skip its recovery.
+        self._checkpoint_recovery_points(doomed.dir.parent)
         log.info("deleted log %s-%d", topic, partition)
 
     def local_logs(self) -> KeysView[TopicPartition]:

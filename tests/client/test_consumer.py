@@ -104,3 +104,45 @@ async def test_a_partition_error_comes_after_the_records_of_the_same_answer() ->
             await consumer.poll(0)
     finally:
         await consumer.close()
+
+
+def corrupt(batch: bytearray) -> bytes:
+    """`batch` with a flipped byte in its records: it fails its CRC."""
+    batch[-1] ^= 0x01
+    return bytes(batch)
+
+
+async def test_a_batch_that_cannot_be_decoded_costs_no_other_records() -> None:
+    """As in Kafka's consumer: the partition stops before the bad batch and the next poll
+    raises, for that partition alone; records decoded before it, of the same partition or of
+    another one in the same answer, are handed over, never skipped."""
+    consumer = Consumer(["127.0.0.1:1"])
+    first, second = ("t", 0), ("t", 1)
+    consumer.assign([first, second])
+    consumer.seek(first, 0)
+    consumer.seek(second, 0)
+    good = build_batch([Record(value=b"a"), Record(value=b"b")])
+    bad = bytearray(build_batch([Record(value=b"c")]))
+    bad[0:8] = (2).to_bytes(8, "big")  # base offset 2, after the good batch
+    answer = pb.FetchResponse(
+        partitions=[
+            pb.FetchPartitionResponse(
+                topic="t", partition=1, high_watermark=3, record_batches=good + corrupt(bad)
+            ),
+            pb.FetchPartitionResponse(
+                topic="t",
+                partition=0,
+                high_watermark=2,
+                record_batches=build_batch([Record(value=b"x"), Record(value=b"y")]),
+            ),
+        ]
+    )
+    try:
+        fetched = consumer._apply({first: 0, second: 0}, answer)
+        assert [r.value for r in fetched[second]] == [b"a", b"b"]
+        assert [r.value for r in fetched[first]] == [b"x", b"y"]
+        assert (consumer.position(first), consumer.position(second)) == (2, 2)
+        with pytest.raises(CorruptMessage, match=r"t-1 at offset 2: .*CRC32C"):
+            await consumer.poll(0)
+    finally:
+        await consumer.close()

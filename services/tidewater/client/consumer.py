@@ -300,7 +300,8 @@ class Consumer:
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """The records of an answer to a fetch from `offsets`, positions moved past them. A
         partition sought elsewhere or unassigned since the fetch was sent gets nothing; a
-        partition's error is kept in `_error`, so records of the others are not lost."""
+        partition's error, or a batch of it that cannot be decoded, is kept in `_error`, so
+        records of the others are not lost."""
         fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
@@ -322,11 +323,18 @@ class Consumer:
                 continue
             self._high_watermarks[tp] = result.high_watermark
             records = fetched[tp] = []
-            for record in decode_batches(result.record_batches):
-                # A batch may start before the position asked for.
-                if record.offset >= position:
-                    records.append(record)
-                    position = record.offset + 1
+            try:
+                for record in decode_batches(result.record_batches):
+                    # A batch may start before the position asked for.
+                    if record.offset >= position:
+                        records.append(record)
+                        position = record.offset + 1
+            except TidewaterError as e:
+                # This partition stops before the batch that cannot be read (as Kafka's
+                # consumer: the next poll raises, and again until the application seeks
+                # past it); the other partitions' records are still handed over.
+                message = f"{tp[0]}-{tp[1]} at offset {position}: {e.message}"
+                self._error = self._error or type(e)(message, e.code)
             self._positions[tp] = position
         return fetched
 

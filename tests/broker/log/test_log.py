@@ -1026,6 +1026,35 @@ def test_crc_corrupted_tail_is_truncated(
     assert bodies(read_all(reopened, split)) == [body(i) for i in range(9)]
 
 
+def test_what_recovery_truncates_and_deletes_is_on_disk_before_the_log_opens(
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    log_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As truncate_to: else a second crash could bring back the dropped tail and the deleted
+    later segments, CRCs good, around the records appended since."""
+    log = open_log(segment_bytes=1000)
+    fill(log, make_batch, 12)
+    assert len(log.segments) > 2
+    crash(log)
+    first = log_dir / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    data[-10] ^= 0x01  # the first segment's last batch is corrupt: later segments go
+    first.write_bytes(data)
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    reopened = open_log(segment_bytes=1000)
+    assert len(reopened.segments) == 1
+    assert {first.name, log_dir.name} <= set(synced)
+
+
 def test_garbage_after_the_last_batch_is_truncated(
     open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
 ) -> None:

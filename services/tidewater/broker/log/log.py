@@ -799,6 +799,11 @@ def _load_segments(
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             unflushed = next_base is None or next_base > recovery_point
             truncated = _load_segment(segment, interval, recovery_point if unflushed else None)
+            if truncated:
+                # On disk before the log takes appends, as truncate_to does: a crash could
+                # otherwise bring back the dropped tail and later segments, CRCs good, around
+                # records appended since.
+                segment.flush()
             if next_base is not None and segment.next_offset > next_base:
                 raise StorageError(
                     f"{segment.log_path} holds offsets up to {segment.next_offset - 1}, past "
@@ -813,6 +818,7 @@ def _load_segments(
                 )
                 for later in bases[i + 1 :]:
                     LogSegment.open(directory, later, now_ms).delete()
+                fsync_dir(directory)
                 break
     except BaseException:
         for loaded in segments:

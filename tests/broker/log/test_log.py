@@ -46,6 +46,19 @@ def fill(log: Log, make_batch: MakeBatch, count: int, records: int = 3, size: in
         log.append_as_leader(make_batch(records, body=body(i, size)), leader_epoch=1)
 
 
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the names of the files and directories fsynced, in order."""
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced
+
+
 def body(i: int, size: int = 200) -> bytes:
     return f"batch-{i:05d}|".encode().ljust(size, b".")
 
@@ -741,14 +754,7 @@ def test_a_truncation_is_on_disk_before_truncate_to_returns(
     log = open_log(segment_bytes=1000, index_interval_bytes=100)
     fill(log, make_batch, 20)
     log.flush()
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     log.truncate_to(27)
     active = f"{log.segments[-1].base_offset:020d}"
     assert {f"{active}.log", log_dir.name} <= set(synced)
@@ -1042,14 +1048,7 @@ def test_what_recovery_truncates_and_deletes_is_on_disk_before_the_log_opens(
     data = bytearray(first.read_bytes())
     data[-10] ^= 0x01  # the first segment's last batch is corrupt: later segments go
     first.write_bytes(data)
-    synced: list[str] = []
-    fsync = os.fsync
-
-    def recording_fsync(fd: int) -> None:
-        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
-        fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording_fsync)
+    synced = record_fsyncs(monkeypatch)
     reopened = open_log(segment_bytes=1000)
     assert len(reopened.segments) == 1
     assert {first.name, log_dir.name} <= set(synced)

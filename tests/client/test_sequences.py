@@ -152,6 +152,23 @@ def test_an_expired_batch_refused_after_bumps(seq: ProducerSequences) -> None:
     assert behind.stamped == (PID, 1, 0)
 
 
+def test_a_batch_answered_not_leader_that_fails_keeps_the_ones_behind_it_numbered(
+    seq: ProducerSequences,
+) -> None:
+    # The old leader may have appended both before leadership moved (and the new leader
+    # copied them): NOT_LEADER_OR_FOLLOWER leaves `failing` unresolved, not a gap.
+    failing, behind = Batch(), Batch()
+    send(seq, failing, behind)
+    for batch in (failing, behind):
+        assert refuse(seq, batch, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+    assert seq.failed(failing)  # retries or time ran out: it may be in the log
+    assert seq.settle() == []
+    assert seq.may_send(behind) and not seq.may_send(Batch())
+    send(seq, behind)
+    seq.acknowledged(behind)  # the new leader had it: a duplicate, answered with its offset
+    assert (behind.stamped, seq.bumps) == ((PID, 0, 10), 0)
+
+
 def test_when_every_batch_expires_the_partition_moves_to_a_new_epoch(
     seq: ProducerSequences,
 ) -> None:

@@ -34,7 +34,7 @@ from tidewater.client.errors import (
 )
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.client.partitioner import StickyPartitioner, partition_for_key
-from tidewater.client.sequences import ProducerSequences
+from tidewater.client.sequences import REFUSED_BEFORE_APPEND, ProducerSequences
 from tidewater.client.spans import BatchTrace
 from tidewater.errors import (
     InvalidConfig,
@@ -477,7 +477,11 @@ class Producer:
         else:
             retriable = code in RETRIABLE
         if not retriable or batch.attempts > config.retries:
-            self._fail(batch, error_for(code, f"{batch.tp[0]}-{batch.tp[1]}: {message}"))
+            message = f"{batch.tp[0]}-{batch.tp[1]}: {message}"
+            if retriable and code not in REFUSED_BEFORE_APPEND:
+                # Retries ran out on an answer that may follow an append: outcome unknown.
+                message += "; retries exhausted, the batch may be in the log"
+            self._fail(batch, error_for(code, message))
         elif now - batch.created + config.retry_backoff_s > config.delivery_timeout_s:
             self._fail(
                 batch,

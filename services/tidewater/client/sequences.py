@@ -4,12 +4,14 @@ machine: the sender tells it what it sends and what came back; it stamps batches
 what may be sent and whether an error is worth a retry.
 
 A partition's sequence state goes wrong in two ways, and both end in an epoch bump:
-- a gap: a batch known not to be in the log will never be (it failed for good, or the broker
-  lost the producer's state: UNKNOWN_PRODUCER_ID, or a gap after the last acknowledged batch:
-  OUT_OF_ORDER_SEQUENCE). The batches after it cannot be appended with their sequences.
-- an unresolved sequence: a batch that may be in the log failed for good (delivery timeout).
-  New batches wait until the batches sent after it settle: one acknowledged proves it was
-  written; otherwise its fate is unknown, and the partition moves on in a new epoch.
+- a gap: a batch known not to be in the log will never be (it failed for good and every
+  attempt was refused before the append, or the broker lost the producer's state:
+  UNKNOWN_PRODUCER_ID, or a gap after the last acknowledged batch: OUT_OF_ORDER_SEQUENCE).
+  The batches after it cannot be appended with their sequences.
+- an unresolved sequence: a batch that may be in the log failed for good (time or retries ran
+  out after an answer that may follow an append, such as NOT_LEADER_OR_FOLLOWER or a lost
+  one). New batches wait until the batches sent after it settle: one acknowledged proves it
+  was written; otherwise its fate is unknown, and the partition moves on in a new epoch.
 
 The bump waits until the partition has nothing in flight and nothing unacknowledged below the
 gap, so every batch it renumbers is one the broker has refused: renumbered from sequence 0 in
@@ -34,13 +36,23 @@ from tidewater.records.header import (
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
-# Errors that may arrive after the leader appended the batch: its fate is unknown.
-MAYBE_APPENDED = frozenset(
+# Errors our broker gives only before it appends the batch (validation, the ISR check, the
+# producer state check): that attempt is known not to be in the log. Any other answer, a lost
+# one included, may follow an append: NOT_LEADER_OR_FOLLOWER answers a batch the old leader
+# appended when leadership moves before the HW covers it, and the new leader may hold it.
+REFUSED_BEFORE_APPEND = frozenset(
     {
-        ErrorCode.REQUEST_TIMED_OUT,
-        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        ErrorCode.STORAGE_ERROR,
-        ErrorCode.UNKNOWN_SERVER_ERROR,
+        ErrorCode.CORRUPT_MESSAGE,
+        ErrorCode.MESSAGE_TOO_LARGE,
+        ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.INVALID_REQUEST,
+        ErrorCode.INVALID_REQUIRED_ACKS,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_PRODUCER_ID,
+        ErrorCode.INVALID_PRODUCER_EPOCH,
+        ErrorCode.OUT_OF_ORDER_SEQUENCE,
     }
 )
 
@@ -155,7 +167,7 @@ class ProducerSequences:
         REQUEST_TIMED_OUT): whether to send it again, maybe after a bump."""
         entry = self._entries[batch]
         entry.in_flight = False
-        if code in MAYBE_APPENDED:
+        if code not in REFUSED_BEFORE_APPEND:
             entry.maybe_appended = True
         state = self._partitions[batch.tp]
         if code in (ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.OUT_OF_ORDER_SEQUENCE):
@@ -166,17 +178,21 @@ class ProducerSequences:
             return True
         return code in retriable_codes
 
-    def failed(self, batch: SequencedBatch) -> None:
-        """`batch` failed for good (retries or time ran out, or a fatal error)."""
+    def failed(self, batch: SequencedBatch) -> bool:
+        """`batch` failed for good (retries or time ran out, or a fatal error); returns
+        whether it may be in the log all the same (its outcome is unknown)."""
         entry = self._entries.pop(batch, None)
         if entry is None:
-            return  # never sent: it holds no sequence
+            return False  # never sent: it holds no sequence
         state = self._partitions[batch.tp]
         state.unacked.remove(entry)
         if entry.maybe_appended:
+            # Its sequence is unresolved: the batches after it keep their numbers (Kafka's
+            # markSequenceUnresolved), as the broker may hold them too.
             state.unresolved = max(state.unresolved or 0, entry.end)
         else:
             self._gap(state, entry.base)
+        return entry.maybe_appended
 
     # -- the bump --------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections import Counter
 from typing import Any
@@ -86,6 +87,22 @@ async def test_unknown_topic_is_a_clear_error(cluster: Any) -> None:
     async with Producer(cluster.bootstrap, max_block_ms=300, **NO_IDEMPOTENCE) as producer:
         with pytest.raises(UnknownTopicOrPartition, match="nope"):
             await producer.send("nope", b"x")
+
+
+async def test_a_record_that_is_not_bytes_is_refused_by_send_and_the_producer_goes_on(
+    cluster: Any,
+) -> None:
+    """Before, the sender met it when encoding the batch and died: every future hung."""
+    await cluster.create_topic("typed")
+    # The old code hung in close(): bounded, so that it fails rather than hangs.
+    async with asyncio.timeout(30), Producer(cluster.bootstrap, **NO_IDEMPOTENCE) as producer:
+        with pytest.raises(TypeError, match="not NoneType and str"):
+            await producer.send("typed", "text")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="a header is"):
+            await producer.send("typed", b"v", headers=(("h", "text"),))  # type: ignore[arg-type]
+        future = await producer.send("typed", b"bytes")
+        await producer.flush()
+        assert future.result().offset == 0
 
 
 async def test_oversized_record_is_refused(cluster: Any) -> None:

@@ -131,6 +131,23 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise InvalidConfig(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+_BYTES_OR_NONE = (bytes, bytearray, memoryview, type(None))
+
+
+def _check_bytes(key: object, value: object, headers: Headers) -> None:
+    if not isinstance(value, _BYTES_OR_NONE) or not isinstance(key, _BYTES_OR_NONE):
+        raise TypeError(
+            f"a record's key and value are bytes or None, not {type(key).__name__} and "
+            f"{type(value).__name__}: encode them first"
+        )
+    for name, header_value in headers:
+        if not isinstance(name, str) or not isinstance(header_value, _BYTES_OR_NONE):
+            raise TypeError(
+                f"a header is (str, bytes | None), not ({type(name).__name__}, "
+                f"{type(header_value).__name__})"
+            )
+
+
 class Producer:
     """`await producer.send(...)` queues a record and returns a future of its RecordMetadata.
 
@@ -208,9 +225,12 @@ class Producer:
         timestamp_ms: int | None = None,
     ) -> RecordFuture:
         """Queue a record; waits up to max_block_ms for the topic's metadata and for buffer
-        memory. The returned future resolves once the record is acknowledged."""
+        memory. The returned future resolves once the record is acknowledged. A key, value
+        or header value that is not bytes raises TypeError here (as Kafka's serializers fail
+        in send()): the sender, which encodes the batch later, must never meet one."""
         if self._closed:
             raise ProducerClosed("send() on a closed producer")
+        _check_bytes(key, value, headers)
         if self._accumulator is None:
             await self.start()
         accumulator = self._accumulator

@@ -12,10 +12,16 @@ import grpc
 import pytest
 
 from tidewater.broker.server import BrokerServer
+from tidewater.client import producer as producer_mod
+from tidewater.client.accumulator import ProducerBatch, RecordAccumulator
+from tidewater.client.partitioner import StickyPartitioner
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
 from tidewater.metadata.server import MetadataServer
 from tidewater.v1 import cluster_pb2, common_pb2, metadata_pb2_grpc
+
+# The leader a hand-driven producer sends to: (broker id, address, leader epoch).
+OLD_LEADER = (1, "old-leader:1", 5)
 
 # Child-process brokers: quick replication, and retention checked often.
 PROCESS_SETTINGS = {
@@ -147,3 +153,39 @@ async def process_cluster(
     finally:
         await meta.stop(0)
         await controller.stop()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[ProducerBatch]:
+    """The batches producers send, through a fake link that never answers: the test does."""
+    batches: list[ProducerBatch] = []
+
+    class FakeLink:
+        def __init__(self, producer: Any, address: str) -> None:
+            pass
+
+        def send(self, sending: list[ProducerBatch]) -> None:
+            batches.extend(sending)
+
+        async def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(producer_mod, "_BrokerLink", FakeLink)
+    return batches
+
+
+@pytest.fixture
+def hand_driven_producer(sent: list[ProducerBatch]) -> Callable[..., producer_mod.Producer]:
+    """Producers whose sender is driven by hand (_drain, _completed, settle) against the fake
+    link, with producer id 4242 epoch 0, one record a batch, and OLD_LEADER leading."""
+
+    def make(**config: Any) -> producer_mod.Producer:
+        producer = producer_mod.Producer(["127.0.0.1:1"], batch_size=1, linger_ms=0, **config)
+        producer._accumulator = RecordAccumulator(1, asyncio.get_running_loop())
+        producer._partitioner = StickyPartitioner(lambda *a: 0, lambda *a: True)
+        producer._sequences.set_producer_id(4242, 0)
+        producer.metadata.leader = lambda tp: OLD_LEADER  # type: ignore[method-assign]
+        producer.metadata.request_refresh = lambda: None  # type: ignore[method-assign]
+        return producer
+
+    return make

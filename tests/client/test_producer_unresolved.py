@@ -7,18 +7,15 @@ one acknowledged at its first offset, not renumbered in a new epoch and written 
 
 from __future__ import annotations
 
-import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tidewater.broker.producer_state import ProducerStateManager
 from tidewater.client import producer as producer_mod
-from tidewater.client.accumulator import ProducerBatch, RecordAccumulator
+from tidewater.client.accumulator import ProducerBatch
 from tidewater.client.errors import DeliveryTimeout
-from tidewater.client.partitioner import StickyPartitioner
 from tidewater.errors import NotLeaderOrFollower
 from tidewater.records.batch import Record
 from tidewater.records.header import read_header
@@ -26,7 +23,6 @@ from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TP = ("t", 0)
-OLD_LEADER = (1, "old-leader:1", 5)
 NEW_LEADER = (2, "new-leader:1", 6)
 NOT_LEADER = pb.PartitionProduceResponse(
     topic="t", partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -62,32 +58,6 @@ class NewLeader:
             )
 
 
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> list[ProducerBatch]:
-    batches: list[ProducerBatch] = []
-
-    class FakeLink:
-        def __init__(self, producer: Any, address: str) -> None:
-            pass
-
-        def send(self, sending: list[ProducerBatch]) -> None:
-            batches.extend(sending)
-
-    monkeypatch.setattr(producer_mod, "_BrokerLink", FakeLink)
-    return batches
-
-
-def sender(**config: Any) -> producer_mod.Producer:
-    """A producer whose sender is driven by hand, with producer id 4242 epoch 0."""
-    producer = producer_mod.Producer(["127.0.0.1:1"], batch_size=1, linger_ms=0, **config)
-    producer._accumulator = RecordAccumulator(1, asyncio.get_running_loop())
-    producer._partitioner = StickyPartitioner(lambda *a: 0, lambda *a: True)
-    producer._sequences.set_producer_id(4242, 0)
-    producer.metadata.leader = lambda tp: OLD_LEADER  # type: ignore[method-assign]
-    producer.metadata.request_refresh = lambda: None  # type: ignore[method-assign]
-    return producer
-
-
 def both_sent_appended_and_answered_not_leader(
     producer: producer_mod.Producer,
     sent: list[ProducerBatch],
@@ -110,9 +80,9 @@ def both_sent_appended_and_answered_not_leader(
 
 
 async def test_a_batch_expired_after_not_leader_leaves_the_next_one_numbered(
-    sent: list[ProducerBatch], tmp_path: Path
+    sent: list[ProducerBatch], hand_driven_producer: Callable[..., Any], tmp_path: Path
 ) -> None:
-    producer = sender(delivery_timeout_ms=120_000, request_timeout_ms=30_000)
+    producer = hand_driven_producer(delivery_timeout_ms=120_000, request_timeout_ms=30_000)
     new_leader = NewLeader(tmp_path)
     t0 = time.monotonic()
     # B is created 60 s after A: when A passes delivery_timeout_ms, B has not.
@@ -130,9 +100,9 @@ async def test_a_batch_expired_after_not_leader_leaves_the_next_one_numbered(
 
 
 async def test_a_batch_out_of_retries_after_not_leader_leaves_the_next_one_numbered(
-    sent: list[ProducerBatch], tmp_path: Path
+    sent: list[ProducerBatch], hand_driven_producer: Callable[..., Any], tmp_path: Path
 ) -> None:
-    producer = sender(retries=2)
+    producer = hand_driven_producer(retries=2)
     new_leader = NewLeader(tmp_path)
     t0 = time.monotonic()
     a, b = both_sent_appended_and_answered_not_leader(producer, sent, new_leader, (t0, t0))

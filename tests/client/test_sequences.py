@@ -169,6 +169,15 @@ def test_a_batch_answered_not_leader_that_fails_keeps_the_ones_behind_it_numbere
     assert (behind.stamped, seq.bumps) == ((PID, 0, 10), 0)
 
 
+def test_a_batch_failed_while_in_flight_may_be_in_the_log(seq: ProducerSequences) -> None:
+    # The producer closed before its answer came: its request may still append it.
+    in_flight, behind = Batch(), Batch()
+    send(seq, in_flight, behind)
+    assert seq.failed(in_flight)
+    seq.acknowledged(behind)  # proves it written: its sequence is not a gap
+    assert seq.settle() == [] and seq.bumps == 0
+
+
 def test_when_every_batch_expires_the_partition_moves_to_a_new_epoch(
     seq: ProducerSequences,
 ) -> None:

@@ -19,7 +19,8 @@ class BufferExhausted(ClientError):
 
 
 class ProducerClosed(ClientError):
-    """send() after close()."""
+    """send() after close() began, or a record close() left unacknowledged (it was cancelled
+    or timed out)."""
 
 
 class DeliveryTimeout(TidewaterError):

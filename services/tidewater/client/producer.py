@@ -175,7 +175,8 @@ class Producer:
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._links: dict[str, _BrokerLink] = {}
-        self._in_flight: dict[TopicPartition, int] = {}
+        # Sent batches not answered yet, oldest first (Kafka's inFlightBatches).
+        self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
         self._muted_until: dict[TopicPartition, float] = {}
         self._sequences = ProducerSequences()
         self._flushing = 0
@@ -203,6 +204,8 @@ class Producer:
         )
         if self.config.idempotent:
             await self._first_producer_id()
+        # close() may have run meanwhile: a sender started now would never be stopped.
+        self._check_open()
         self._sender = loop.create_task(self._run())
 
     def _sticky_partition(self, topic: str, num_partitions: int, size: int) -> int:
@@ -227,9 +230,9 @@ class Producer:
         """Queue a record; waits up to max_block_ms for the topic's metadata and for buffer
         memory. The returned future resolves once the record is acknowledged. A key, value
         or header value that is not bytes raises TypeError here (as Kafka's serializers fail
-        in send()): the sender, which encodes the batch later, must never meet one."""
-        if self._closed:
-            raise ProducerClosed("send() on a closed producer")
+        in send()): the sender, which encodes the batch later, must never meet one.
+        ProducerClosed once close() has begun, also when it begins while send() waits."""
+        self._check_open()
         _check_bytes(key, value, headers)
         if self._accumulator is None:
             await self.start()
@@ -254,6 +257,9 @@ class Producer:
             )
         if self._used_memory + size > self.config.buffer_memory:
             await self._wait_for_memory(size, deadline)
+        # Checked again after the waits (as Kafka's accumulator does): a record appended after
+        # close() stopped the sender would never be sent, and its future never resolved.
+        self._check_open()
         self._used_memory += size
         future, batch = accumulator.append(
             (topic, partition), Record(key, value, headers, timestamp_ms), size, time.monotonic()
@@ -281,31 +287,70 @@ class Producer:
         self._flushing += 1
         self._wake.set()
         try:
-            await asyncio.gather(*waiting)
+            # wait(), not gather(): a cancelled flush() must not cancel the batches' futures.
+            await asyncio.wait(waiting)
         finally:
             self._flushing -= 1
 
     async def close(self) -> None:
-        """Deliver what is queued (up to delivery_timeout_ms), then release connections."""
+        """Deliver what is queued (up to delivery_timeout_ms), then release connections. What
+        is still unacknowledged after that (close() was cancelled or timed out) fails with
+        ProducerClosed: no future is left pending."""
         if self._closed:
             return
         self._closed = True
         try:
             await self.flush()
         finally:
-            if self._sender is not None:
-                self._sender.cancel()
-                await asyncio.gather(self._sender, return_exceptions=True)
-            for link in self._links.values():
-                await link.close()
-            await self.metadata.close()
+            # Shielded: a close() cancelled again still stops everything and fails the rest.
+            await asyncio.shield(self._shut_down())
+
+    async def _shut_down(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
+        for link in self._links.values():
+            await link.close()
+        self._abort()
+        await self.metadata.close()
+
+    def _abort(self) -> None:
+        """Fail every batch left once the sender and the links stopped (Kafka's
+        abortIncompleteBatches): nothing else would resolve their futures."""
+        if self._accumulator is None:
+            return
+        # Batches still in flight lost their answers (their link stopped first).
+        left = self._accumulator.incomplete.union(*self._in_flight.values())
+        for batch in sorted(left, key=lambda b: b.order):
+            message = f"{batch.tp[0]}-{batch.tp[1]}: the producer closed before an acknowledgement"
+            if batch.attempts:
+                message += "; it was sent, so it may be in the log"
+            self._fail(batch, ProducerClosed(message))
+        self._accumulator.queues.clear()
+        self._in_flight.clear()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProducerClosed("send() on a closed producer")
+
+    async def _refresh(self, topics: Sequence[str] = ()) -> None:
+        """metadata.refresh(), where close() cancelling the refresh this task shares (not this
+        task) raises ProducerClosed rather than a CancelledError no one asked for."""
+        try:
+            await self.metadata.refresh(topics)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                self._check_open()
+            raise
 
     # -- metadata and memory ----------------------------------------------------------
 
     async def _partition_count(self, topic: str, deadline: float) -> int:
         info = self.metadata.topics.get(topic)
         while info is None or info.error_code != ErrorCode.NONE or not info.num_partitions:
-            await self.metadata.refresh([topic])
+            self._check_open()  # after close(), a refresh opens channels nothing closes
+            await self._refresh([topic])
             info = self.metadata.topics.get(topic)
             if info is not None and info.error_code == ErrorCode.NONE and info.num_partitions:
                 break
@@ -343,6 +388,7 @@ class Producer:
         the cluster starts) for up to max_block_ms, as Kafka's producer waits for its id."""
         deadline = time.monotonic() + self.config.max_block_s
         while True:
+            self._check_open()
             try:
                 return await self._init_producer_id()
             except TidewaterError as e:
@@ -352,7 +398,7 @@ class Producer:
             await asyncio.sleep(self.config.retry_backoff_s)
 
     async def _init_producer_id(self) -> None:
-        await self.metadata.refresh()
+        await self._refresh()
         errors = []
         for address in list(self.metadata.brokers.values()):
             stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
@@ -432,7 +478,7 @@ class Producer:
             if ready_at > now:
                 wait_s = min(wait_s, ready_at - now)
                 continue
-            in_flight = self._in_flight.get(tp, 0)
+            in_flight = len(self._in_flight.get(tp, ()))
             # A retry goes alone so the batches behind it cannot overtake it.
             if in_flight >= config.max_in_flight or (head.attempts and in_flight):
                 continue
@@ -453,7 +499,7 @@ class Producer:
             if batch.data is None:
                 batch.build(config.compression, time.time_ns() // 1_000_000)
             batch.attempts += 1
-            self._in_flight[tp] = in_flight + 1
+            self._in_flight.setdefault(tp, []).append(batch)
             by_leader.setdefault(leader[1], []).append(batch)
         for address, batches in by_leader.items():
             link = self._links.get(address)
@@ -465,7 +511,7 @@ class Producer:
     def _completed(self, batch: ProducerBatch, result: pb.PartitionProduceResponse) -> None:
         """Handle a partition's answer for one in-flight batch."""
         tp = batch.tp
-        self._in_flight[tp] -= 1
+        self._in_flight[tp].remove(batch)
         code = result.error_code
         if code == ErrorCode.NONE:
             if self.config.idempotent:
@@ -485,7 +531,7 @@ class Producer:
         """The request's outcome is unknown: retry (idempotence keeps it exactly-once)."""
         self.metadata.request_refresh()
         for batch in batches:
-            self._in_flight[batch.tp] -= 1
+            self._in_flight[batch.tp].remove(batch)
             self._retry_or_fail(batch, ErrorCode.REQUEST_TIMED_OUT, reason)
         self._wake.set()
 

@@ -186,13 +186,15 @@ class ProducerSequences:
             return False  # never sent: it holds no sequence
         state = self._partitions[batch.tp]
         state.unacked.remove(entry)
-        if entry.maybe_appended:
+        # Still in flight (the producer closed before the answer): it may be appended yet.
+        maybe_appended = entry.maybe_appended or entry.in_flight
+        if maybe_appended:
             # Its sequence is unresolved: the batches after it keep their numbers (Kafka's
             # markSequenceUnresolved), as the broker may hold them too.
             state.unresolved = max(state.unresolved or 0, entry.end)
         else:
             self._gap(state, entry.base)
-        return entry.maybe_appended
+        return maybe_appended
 
     # -- the bump --------------------------------------------------------------------------
 

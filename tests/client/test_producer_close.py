@@ -1,0 +1,135 @@
+"""The producer's futures around close() and flush(): a send() racing close(), a close() that
+times out, and a cancelled flush(). The real producer, its sender driven by hand against a
+fake link that never answers (conftest's `sent`): every future must resolve, and with its real
+outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tidewater.client.accumulator import ProducerBatch
+from tidewater.client.errors import ProducerClosed
+from tidewater.client.metadata import TopicInfo
+from tidewater.client.producer import Producer
+from tidewater.records.batch import Record
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TP = ("t", 0)
+NOT_LEADER = pb.PartitionProduceResponse(
+    topic="t", partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER
+)
+
+
+def acknowledged(offset: int) -> pb.PartitionProduceResponse:
+    return pb.PartitionProduceResponse(
+        topic="t", partition=0, error_code=ErrorCode.NONE, base_offset=offset
+    )
+
+
+def knows_topic(producer: Producer) -> Producer:
+    producer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1)
+    return producer
+
+
+def append(producer: Producer, value: bytes, created: float) -> ProducerBatch:
+    assert producer._accumulator is not None
+    return producer._accumulator.append(TP, Record(None, value, (), None), 100, created)[1]
+
+
+async def test_a_send_whose_metadata_comes_after_close_raises_producer_closed(
+    hand_driven_producer: Callable[..., Producer],
+) -> None:
+    """Before, it appended after close() had flushed and stopped the sender: its future hung."""
+    async with asyncio.timeout(10):
+        producer = hand_driven_producer()
+        asked, answer = asyncio.Event(), asyncio.Event()
+
+        async def slow_refresh(topics: Any = ()) -> None:
+            asked.set()
+            await answer.wait()
+            knows_topic(producer)
+
+        producer.metadata.refresh = slow_refresh  # type: ignore[method-assign]
+        sending = asyncio.create_task(producer.send("t", b"x"))
+        await asked.wait()
+        await producer.close()
+        answer.set()
+        with pytest.raises(ProducerClosed):
+            await sending
+        assert producer._accumulator is not None and not producer._accumulator.incomplete
+
+
+async def test_a_send_waiting_on_a_refresh_close_cancels_raises_producer_closed(
+    hand_driven_producer: Callable[..., Producer],
+) -> None:
+    """close() cancels the metadata refresh the send() shares: before, the send() raised
+    that CancelledError, as if the application had cancelled it."""
+    async with asyncio.timeout(10):
+        producer = hand_driven_producer()
+        asked = asyncio.Event()
+
+        async def silent_service(topics: list[str]) -> None:
+            asked.set()
+            await asyncio.Event().wait()  # a metadata service that never answers
+
+        producer.metadata._fetch = silent_service  # type: ignore[method-assign,assignment]
+        sending = asyncio.create_task(producer.send("t", b"x"))
+        await asked.wait()
+        await producer.close()
+        with pytest.raises(ProducerClosed):
+            await sending
+
+
+async def test_a_close_that_times_out_fails_every_future_and_the_send_waiting_for_memory(
+    hand_driven_producer: Callable[..., Producer], sent: list[ProducerBatch]
+) -> None:
+    """Before, the timed-out close() cancelled the queued futures (awaiting one raised
+    CancelledError, result() gave offset -1) and the send() waiting for memory hung."""
+    async with asyncio.timeout(10):
+        # Two records of 121 bytes (100 and the record overhead) fill buffer_memory.
+        producer = knows_topic(hand_driven_producer(buffer_memory=250))
+        in_flight = await producer.send("t", bytes(100))
+        producer._drain(time.monotonic())
+        assert len(sent) == 1  # its answer never comes
+        queued = await producer.send("t", bytes(100))
+        # _wait_for_memory clears the event: then the send() waits for memory.
+        producer._memory_freed.set()
+        waiting = asyncio.create_task(producer.send("t", bytes(100)))
+        while producer._memory_freed.is_set():
+            await asyncio.sleep(0)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):  # never met: the answer never comes
+                await producer.close()
+        for future in (in_flight, queued):
+            with pytest.raises(ProducerClosed):
+                await future
+        assert "may be in the log" in str(in_flight.exception())
+        assert "may be in the log" not in str(queued.exception())
+        with pytest.raises(ProducerClosed):
+            await waiting
+        # The batch sent has an unresolved sequence; nothing is left open.
+        assert not producer._sequences._entries
+        assert producer._used_memory == 0
+
+
+async def test_a_cancelled_flush_leaves_the_futures_to_their_outcome(
+    hand_driven_producer: Callable[..., Producer], sent: list[ProducerBatch]
+) -> None:
+    """Before, cancelling flush() cancelled the batches' futures: the record was written, but
+    awaiting its future raised CancelledError."""
+    async with asyncio.timeout(10):
+        producer = knows_topic(hand_driven_producer())
+        future = await producer.send("t", b"x")
+        producer._drain(time.monotonic())
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):  # never met: the answer has not come
+                await producer.flush()
+        assert not future.done()
+        producer._completed(sent[0], acknowledged(7))
+        assert (await future).offset == 7

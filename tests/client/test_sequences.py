@@ -169,6 +169,22 @@ def test_a_batch_answered_not_leader_that_fails_keeps_the_ones_behind_it_numbere
     assert (behind.stamped, seq.bumps) == ((PID, 0, 10), 0)
 
 
+def test_a_batch_given_up_on_after_a_later_one_was_acknowledged_needs_no_bump(
+    seq: ProducerSequences,
+) -> None:
+    # `failing`'s answer was lost; `behind` was acknowledged (the new leader had `failing`
+    # copied), so `failing` is in the log, though its own retries run out after that.
+    failing, behind = Batch(), Batch()
+    send(seq, failing, behind)
+    assert refuse(seq, failing, ErrorCode.REQUEST_TIMED_OUT)
+    seq.acknowledged(behind)
+    assert seq.failed(failing)
+    assert seq.settle() == []
+    new = Batch()
+    send(seq, new)
+    assert (new.stamped, seq.bumps) == ((PID, 0, 20), 0)
+
+
 def test_a_batch_failed_while_in_flight_may_be_in_the_log(seq: ProducerSequences) -> None:
     # The producer closed before its answer came: its request may still append it.
     in_flight, behind = Batch(), Batch()

@@ -1,7 +1,7 @@
-"""The producer's futures around close() and flush(): a send() racing close(), a close() that
-times out, and a cancelled flush(). The real producer, its sender driven by hand against a
-fake link that never answers (conftest's `sent`): every future must resolve, and with its real
-outcome."""
+"""The producer's futures around close(), flush() and the delivery timeout: a send() racing
+close(), a close() that times out, a cancelled flush(), and a batch in flight past
+delivery_timeout_ms. The real producer, its sender driven by hand against a fake link that
+never answers (conftest's `sent`): every future must resolve, and with its real outcome."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tidewater.client.accumulator import ProducerBatch
-from tidewater.client.errors import ProducerClosed
+from tidewater.client.errors import DeliveryTimeout, ProducerClosed
 from tidewater.client.metadata import TopicInfo
 from tidewater.client.producer import Producer
 from tidewater.records.batch import Record
@@ -133,3 +133,52 @@ async def test_a_cancelled_flush_leaves_the_futures_to_their_outcome(
         assert not future.done()
         producer._completed(sent[0], acknowledged(7))
         assert (await future).offset == 7
+
+
+async def test_a_batch_in_flight_expires_at_the_delivery_timeout(
+    hand_driven_producer: Callable[..., Producer], sent: list[ProducerBatch]
+) -> None:
+    """As in Kafka, delivery_timeout_ms bounds a batch in flight too: its future fails at the
+    deadline, without waiting for the answer (request_timeout_ms, and the link's own timeout,
+    after the send). Its request may still append it: its sequence is unresolved, new batches
+    wait for its answer, and then go on in the same epoch when it was appended."""
+    producer = hand_driven_producer(delivery_timeout_ms=120_000, request_timeout_ms=30_000)
+    t0 = time.monotonic()
+    a = append(producer, b"A", t0)
+    producer._drain(t0)
+    assert sent == [a]
+    # The sender wakes up at its deadline, before request_timeout_ms.
+    assert producer._drain(t0 + 100) == pytest.approx(20)
+    producer._drain(t0 + 120)
+    assert isinstance(a.error, DeliveryTimeout)
+    assert "may be in the log" in str(a.error)
+    assert producer._accumulator is not None and not producer._accumulator.incomplete
+    assert producer._sequences.settle() == []  # no bump while it may yet be appended
+    b = append(producer, b"B", t0 + 120)
+    producer._drain(t0 + 120)
+    assert sent == [a]  # B waits for A's answer
+    producer._completed(a, acknowledged(0))  # it was appended
+    producer._drain(t0 + 121)
+    assert sent == [a, b]
+    producer._completed(b, acknowledged(1))
+    assert isinstance(a.error, DeliveryTimeout)
+    assert b.error is None and b.base_offset == 1
+    assert (b.producer_epoch, b.base_sequence, producer._sequences.bumps) == (0, 1, 0)
+
+
+async def test_a_batch_expired_in_flight_is_not_sent_again_after_its_answer(
+    hand_driven_producer: Callable[..., Producer], sent: list[ProducerBatch]
+) -> None:
+    producer = hand_driven_producer(delivery_timeout_ms=120_000, request_timeout_ms=30_000)
+    t0 = time.monotonic()
+    a = append(producer, b"A", t0)
+    producer._drain(t0)
+    producer._drain(t0 + 120)
+    assert isinstance(a.error, DeliveryTimeout)
+    sent.clear()
+    producer._completed(a, NOT_LEADER)
+    producer._sequences.settle()
+    producer._drain(t0 + 130)
+    assert sent == [] and not producer._in_flight[TP]
+    # Its sequence was unresolved: the partition moved on in a new epoch.
+    assert producer._sequences.bumps == 1

@@ -24,8 +24,8 @@ class ProducerClosed(ClientError):
 
 
 class DeliveryTimeout(TidewaterError):
-    """A record was not acknowledged within delivery_timeout_ms (retries included). Once sent,
-    its outcome is unknown: it may be in the log."""
+    """A record was not acknowledged within delivery_timeout_ms (retries and a request in
+    flight included). Once sent, its outcome is unknown: it may be in the log."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
 

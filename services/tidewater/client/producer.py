@@ -319,7 +319,8 @@ class Producer:
         abortIncompleteBatches): nothing else would resolve their futures."""
         if self._accumulator is None:
             return
-        # Batches still in flight lost their answers (their link stopped first).
+        # Batches still in flight lost their answers (their link stopped first); those that
+        # expired in flight are no longer incomplete, but their sequences are still open.
         left = self._accumulator.incomplete.union(*self._in_flight.values())
         for batch in sorted(left, key=lambda b: b.order):
             message = f"{batch.tp[0]}-{batch.tp[1]}: the producer closed before an acknowledgement"
@@ -379,6 +380,8 @@ class Producer:
 
     def _release(self, batch: ProducerBatch) -> None:
         assert self._accumulator is not None
+        if batch not in self._accumulator.incomplete:
+            return  # released when it expired in flight
         self._accumulator.incomplete.discard(batch)
         self._used_memory -= batch.size
         self._memory_freed.set()
@@ -461,7 +464,7 @@ class Producer:
         assert self._accumulator is not None
         config = self.config
         flushing = self._flushing > 0 or self._closed
-        wait_s = config.request_timeout_s
+        wait_s = min(config.request_timeout_s, self._expire_in_flight(now))
         by_leader: dict[str, list[ProducerBatch]] = {}
         for tp, queue in self._accumulator.queues.items():
             while queue and now - queue[0].created > config.delivery_timeout_s:
@@ -508,6 +511,29 @@ class Producer:
             link.send(batches)
         return wait_s
 
+    def _expire_in_flight(self, now: float) -> float:
+        """Fail the in-flight batches past delivery_timeout_ms now, as Kafka's sender does
+        (getExpiredInflightBatches). Their requests may still append them: they stay in flight,
+        their sequences unresolved, and their answers settle them (_completed, _retry_or_fail).
+        Returns how long until the next one expires."""
+        timeout_s = self.config.delivery_timeout_s
+        wait_s = timeout_s
+        for tp, sending in self._in_flight.items():
+            for batch in sending:
+                if batch.done.done():
+                    continue
+                left = batch.created + timeout_s - now
+                if left > 0:
+                    wait_s = min(wait_s, left)
+                    continue
+                if self.config.idempotent:
+                    self._sequences.expired(batch)
+                batch.fail(
+                    DeliveryTimeout(f"{_expired(self.config, tp)}; in flight: it may be in the log")
+                )
+                self._release(batch)
+        return wait_s
+
     def _completed(self, batch: ProducerBatch, result: pb.PartitionProduceResponse) -> None:
         """Handle a partition's answer for one in-flight batch."""
         tp = batch.tp
@@ -542,7 +568,11 @@ class Producer:
             retriable = self._sequences.retriable(batch, code, RETRIABLE)
         else:
             retriable = code in RETRIABLE
-        if not retriable or batch.attempts > config.retries:
+        if batch.done.done():
+            # It expired in flight (_expire_in_flight): its answer only settles its sequence.
+            if config.idempotent:
+                self._sequences.failed(batch)
+        elif not retriable or batch.attempts > config.retries:
             message = f"{batch.tp[0]}-{batch.tp[1]}: {message}"
             if retriable and code not in REFUSED_BEFORE_APPEND:
                 # Retries ran out on an answer that may follow an append: outcome unknown.

@@ -10,9 +10,9 @@ A partition's sequence state goes wrong in two ways, and both end in an epoch bu
   The batches after it cannot be appended with their sequences.
 - an unresolved sequence: a batch that may be in the log failed for good (time or retries ran
   out after an answer that may follow an append, such as NOT_LEADER_OR_FOLLOWER or a lost
-  one). New batches wait until the batches sent after it settle: one acknowledged (before or
-  after) proves it was written; otherwise its fate is unknown, and the partition moves on in a
-  new epoch.
+  one, or time ran out while it was in flight). New batches wait until the batches sent after
+  it settle: one acknowledged (before or after) proves it was written; otherwise its fate is
+  unknown, and the partition moves on in a new epoch.
 
 The bump waits until the partition has nothing in flight and nothing unacknowledged below the
 gap, so every batch it renumbers is one the broker has refused: renumbered from sequence 0 in
@@ -189,15 +189,25 @@ class ProducerSequences:
         state.unacked.remove(entry)
         # Still in flight (the producer closed before the answer): it may be appended yet.
         maybe_appended = entry.maybe_appended or entry.in_flight
-        if not maybe_appended:
+        if maybe_appended:
+            self._unresolved(state, entry)
+        else:
             self._gap(state, entry.base)
-        elif state.last_acked + 1 < entry.end:
-            # Its sequence is unresolved: the batches after it keep their numbers (Kafka's
-            # markSequenceUnresolved), as the broker may hold them too.
+        return maybe_appended
+
+    def expired(self, batch: SequencedBatch) -> None:
+        """`batch` was given up on while in flight (delivery timeout): its request may still
+        append it. It stays in flight until its answer (acknowledged() or failed()); new
+        batches wait for that (Kafka's markSequenceUnresolved for an expired batch)."""
+        self._unresolved(self._partitions[batch.tp], self._entries[batch])
+
+    def _unresolved(self, state: _Partition, entry: _Entry) -> None:
+        """`entry` may be in the log: the batches after it keep their numbers (Kafka's
+        markSequenceUnresolved), as the broker may hold them too."""
+        if state.last_acked + 1 < entry.end:
             state.unresolved = max(state.unresolved or 0, entry.end)
         # Otherwise a batch after it is acknowledged already, so it is in the log: nothing is
         # unresolved (Kafka's maybeResolveSequences finds the next sequence acknowledged).
-        return maybe_appended
 
     # -- the bump --------------------------------------------------------------------------
 

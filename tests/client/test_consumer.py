@@ -4,13 +4,16 @@ the poll that sent it, as in Kafka's consumer."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 
 from tidewater.client.consumer import Consumer
+from tidewater.client.errors import NoOffsetForPartition
+from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
-from tidewater.errors import CorruptMessage
+from tidewater.errors import CorruptMessage, OffsetOutOfRange
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -97,7 +100,7 @@ async def test_a_partition_error_comes_after_the_records_of_the_same_answer() ->
         ]
     )
     try:
-        fetched = consumer._apply({good: 0, bad: 0}, answer)
+        fetched = consumer._apply({good: FetchPosition(0), bad: FetchPosition(0)}, answer)
         assert [r.value for r in fetched[good]] == [b"v"]
         assert (consumer.position(good), consumer.position(bad)) == (1, 0)
         with pytest.raises(CorruptMessage, match="t-1: crc"):
@@ -138,7 +141,7 @@ async def test_a_batch_that_cannot_be_decoded_costs_no_other_records() -> None:
         ]
     )
     try:
-        fetched = consumer._apply({first: 0, second: 0}, answer)
+        fetched = consumer._apply({first: FetchPosition(0), second: FetchPosition(0)}, answer)
         assert [r.value for r in fetched[second]] == [b"a", b"b"]
         assert [r.value for r in fetched[first]] == [b"x", b"y"]
         assert (consumer.position(first), consumer.position(second)) == (2, 2)
@@ -146,3 +149,68 @@ async def test_a_batch_that_cannot_be_decoded_costs_no_other_records() -> None:
             await consumer.poll(0)
     finally:
         await consumer.close()
+
+
+async def test_the_position_takes_the_leader_epoch_of_the_last_records_batch() -> None:
+    """KIP-320: the epoch a position is validated with after a leader change."""
+    consumer = Consumer(["127.0.0.1:1"])
+    tp = ("t", 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 1)
+    batches = build_batch([Record(value=b"a"), Record(value=b"b")], partition_leader_epoch=3)
+    later = build_batch([Record(value=b"c")], base_offset=2, partition_leader_epoch=4)
+    answer = pb.FetchResponse(
+        partitions=[
+            pb.FetchPartitionResponse(
+                topic="t", partition=0, high_watermark=3, record_batches=batches + later
+            )
+        ]
+    )
+    try:
+        fetched = consumer._apply({tp: FetchPosition(1)}, answer)
+        assert [r.value for r in fetched[tp]] == [b"b", b"c"]
+        assert consumer._positions[tp] == FetchPosition(3, 4)
+    finally:
+        await consumer.close()
+
+
+async def test_an_out_of_range_position_is_reset_with_a_warning(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    await cluster.create_topic("range")
+    tp = ("range", 0)
+    caplog.set_level(logging.WARNING, logger="tidewater.client.consumer")
+    async with (
+        Producer(cluster.bootstrap) as producer,
+        Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer,
+    ):
+        for value in (b"x", b"y"):
+            await producer.send_and_wait("range", value, partition=0)
+        consumer.assign([tp])
+        consumer.seek(tp, 7)
+        assert [value for _, value in await poll_until(consumer, 2)] == [b"x", b"y"]
+    assert "range-0: fetch position 7 out of range, reset (earliest) to offset 0" in caplog.text
+
+
+async def test_an_out_of_range_position_without_reset_policy_is_raised_by_every_poll(
+    cluster: Any,
+) -> None:
+    await cluster.create_topic("norange")
+    tp = ("norange", 0)
+    async with (
+        Producer(cluster.bootstrap) as producer,
+        Consumer(cluster.bootstrap, auto_offset_reset="none") as consumer,
+    ):
+        await producer.send_and_wait("norange", b"x", partition=0)
+        consumer.assign([tp])
+        with pytest.raises(NoOffsetForPartition, match="norange-0"):
+            await consumer.poll(0)
+        consumer.seek(tp, 7)
+        async with asyncio.timeout(DEADLINE_S):
+            for _ in range(2):
+                with pytest.raises(OffsetOutOfRange, match="norange-0: fetch position 7"):
+                    while True:
+                        await consumer.poll(LONG_POLL_MS)
+        assert consumer.position(tp) == 7
+        consumer.seek(tp, 0)
+        assert await poll_until(consumer, 1) == [(0, b"x")]

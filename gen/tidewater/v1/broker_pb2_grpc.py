@@ -127,7 +127,8 @@ class BrokerServiceServicer:
 
     def OffsetForLeaderEpoch(self, request, context):
         """The end offset of a leader epoch in the leader's log (KIP-101/279), used by followers
-        to decide where to truncate.
+        to decide where to truncate, and by consumers to validate their position after a leader
+        change (KIP-320).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -3,20 +3,31 @@ from each leader, committed records only (the broker stops at the high watermark
 
 As in Kafka's consumer, each leader has at most one fetch in flight, and a fetch outlives
 the poll that sent it: a poll returns as soon as any leader answered with records, while the
-others keep waiting for theirs, to be collected by a later poll."""
+others keep waiting for theirs, to be collected by a later poll.
+
+Positions carry the leader epoch of the record before them (KIP-320, see positions.py): after
+a leader change the new leader confirms a position with OffsetForLeaderEpoch before the
+partition is fetched again, so a log truncated under the consumer is detected."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
 
-from tidewater.client.errors import REFRESH_METADATA, error_for
+from tidewater.client.errors import REFRESH_METADATA, NoOffsetForPartition, error_for
 from tidewater.client.metadata import ClusterMetadata, TopicPartition
-from tidewater.errors import InvalidConfig, TidewaterError
+from tidewater.client.positions import (
+    RESET_POLICIES,
+    FetchPosition,
+    for_current_leader,
+    validated,
+)
+from tidewater.errors import InvalidConfig, OffsetOutOfRange, TidewaterError
 from tidewater.records.batch import ConsumerRecord, decode_batches
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -24,6 +35,8 @@ from tidewater.v1 import broker_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 __all__ = ["Consumer", "ConsumerRecord"]
+
+log = logging.getLogger(__name__)
 
 
 class Consumer:
@@ -41,9 +54,10 @@ class Consumer:
         retry_backoff_ms: int = 100,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
-        if auto_offset_reset not in ("earliest", "latest"):
+        if auto_offset_reset not in RESET_POLICIES:
             raise InvalidConfig(
-                f"auto_offset_reset must be 'earliest' or 'latest', got {auto_offset_reset!r}"
+                "auto_offset_reset must be 'earliest', 'latest' or 'none', "
+                f"got {auto_offset_reset!r}"
             )
         if fetch_min_bytes < 0 or fetch_max_wait_ms < 0 or fetch_max_bytes < 1:
             raise InvalidConfig("fetch sizes and waits must not be negative")
@@ -58,7 +72,12 @@ class Consumer:
             request_timeout_s=min(self.request_timeout_s, 10.0),
             retry_backoff_s=self.retry_backoff_s,
         )
-        self._positions: dict[TopicPartition, int | None] = {}
+        self._positions: dict[TopicPartition, FetchPosition | None] = {}
+        # KIP-320: partitions whose leader changed under a position with an epoch, not
+        # fetched until the new leader confirmed or corrected the position.
+        self._awaiting_validation: set[TopicPartition] = set()
+        # Positions found out of range, by partition, for the warning of their reset.
+        self._out_of_range: dict[TopicPartition, int] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._in_flight: dict[str, _InFlightFetch] = {}  # by leader address
         # A partition's error, raised by the next poll when this one has records to return.
@@ -75,17 +94,22 @@ class Consumer:
         """Read exactly these partitions (replacing any earlier assignment)."""
         wanted = [(topic, int(p)) for topic, p in partitions]
         self._positions = {tp: self._positions.get(tp) for tp in wanted}
+        self._awaiting_validation &= set(wanted)
+        self._out_of_range = {tp: o for tp, o in self._out_of_range.items() if tp in wanted}
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._positions)
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Read from `offset` next; with no epoch known, the position is not validated
+        after a leader change (as Kafka's seek(offset))."""
         self._check_assigned(tp)
-        self._positions[tp] = offset
+        self._set_position(tp, FetchPosition(offset))
 
     def position(self, tp: TopicPartition) -> int | None:
         self._check_assigned(tp)
-        return self._positions[tp]
+        position = self._positions[tp]
+        return None if position is None else position.offset
 
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         await self._seek_by_spec(partitions, pb.OFFSET_SPEC_EARLIEST)
@@ -95,10 +119,10 @@ class Consumer:
 
     async def seek_to_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> None:
         """The first record at or after timestamp_ms; the end of the log when none is."""
-        offset = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
-        if offset < 0:
-            offset = await self._list_offset(tp, pb.OFFSET_SPEC_LATEST)
-        self._positions[tp] = offset
+        position = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
+        if position.offset < 0:
+            position = await self._list_offset(tp, pb.OFFSET_SPEC_LATEST)
+        self._set_position(tp, position)
 
     def lag(self, tp: TopicPartition) -> int | None:
         """HW - position, as of the last fetch (None before one)."""
@@ -142,6 +166,8 @@ class Consumer:
         self._raise_error()
         while True:
             await self._reset_missing_positions()
+            await self._validate_positions()
+            self._raise_error()
             self._send_fetches()
             if not self._in_flight:
                 await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
@@ -156,7 +182,7 @@ class Consumer:
                 if fetch.answer.done():
                     del self._in_flight[address]
                     answer = fetch.answer.result()
-                    fetched.update(self._apply(fetch.offsets, answer))
+                    fetched.update(self._apply(fetch.positions, answer))
                     failed |= answer is None or any(r.error_code for r in answer.partitions)
             if any(fetched.values()):
                 return fetched
@@ -173,17 +199,31 @@ class Consumer:
 
     def _send_fetches(self) -> None:
         """A fetch to every leader of assigned partitions that has none in flight."""
-        fetching = {tp for fetch in self._in_flight.values() for tp in fetch.offsets}
-        by_leader: dict[str, list[tuple[TopicPartition, int]]] = {}
-        for tp, position in self._positions.items():
-            leader = self.metadata.leader(tp)
-            if leader is None or position is None:
-                self.metadata.request_refresh()
+        fetching = {tp for fetch in self._in_flight.values() for tp in fetch.positions}
+        by_leader: dict[str, list[TopicPartition]] = {}
+        for tp in self._positions:
+            address = self._follow_leader(tp)
+            if address is None or tp in self._awaiting_validation:
                 continue
-            if leader[1] not in self._in_flight and tp not in fetching:
-                by_leader.setdefault(leader[1], []).append((tp, leader[2]))
+            if address not in self._in_flight and tp not in fetching:
+                by_leader.setdefault(address, []).append(tp)
         for address, partitions in by_leader.items():
             self._in_flight[address] = self._send_fetch(address, partitions)
+
+    def _follow_leader(self, tp: TopicPartition) -> str | None:
+        """The address of the partition's leader, its position moved to that leader (and due
+        for validation if the leader changed under an epoch); None when the leader or the
+        position is not known yet."""
+        leader = self.metadata.leader(tp)
+        position = self._positions[tp]
+        if leader is None or position is None:
+            self.metadata.request_refresh()
+            return None
+        position, validate = for_current_leader(position, (leader[0], leader[2]))
+        self._positions[tp] = position
+        if validate:
+            self._awaiting_validation.add(tp)
+        return leader[1]
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while True:
@@ -204,20 +244,119 @@ class Consumer:
         if tp not in self._positions:
             raise InvalidConfig(f"{tp[0]}-{tp[1]} is not assigned to this consumer")
 
+    def _positions_of(
+        self, partitions: list[TopicPartition]
+    ) -> dict[TopicPartition, FetchPosition]:
+        """The positions of partitions that have one (all that _follow_leader passed)."""
+        return {tp: p for tp in partitions if (p := self._positions[tp]) is not None}
+
+    def _set_position(self, tp: TopicPartition, position: FetchPosition | None) -> None:
+        self._positions[tp] = position
+        self._awaiting_validation.discard(tp)
+        self._out_of_range.pop(tp, None)
+
     async def _reset_missing_positions(self) -> None:
         missing = [tp for tp, position in self._positions.items() if position is None]
-        if missing:
-            spec = (
-                pb.OFFSET_SPEC_EARLIEST
-                if self.auto_offset_reset == "earliest"
-                else pb.OFFSET_SPEC_LATEST
-            )
-            await self._seek_by_spec(missing, spec)
+        if not missing:
+            return
+        if self.auto_offset_reset == "none":
+            names = ", ".join(f"{topic}-{p}" for topic, p in missing)
+            raise NoOffsetForPartition(f"no position and auto_offset_reset 'none' for {names}")
+        spec = (
+            pb.OFFSET_SPEC_EARLIEST
+            if self.auto_offset_reset == "earliest"
+            else pb.OFFSET_SPEC_LATEST
+        )
+        for tp in missing:
+            out_of_range = self._out_of_range.get(tp)
+            await self._seek_by_spec([tp], spec)
+            if out_of_range is not None:
+                log.warning(
+                    "%s-%d: fetch position %d out of range, reset (%s) to offset %s",
+                    *tp,
+                    out_of_range,
+                    self.auto_offset_reset,
+                    self.position(tp),
+                )
 
     async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
         for tp in partitions or list(self._positions):
             self._check_assigned(tp)
-            self._positions[tp] = await self._list_offset(tp, spec)
+            self._set_position(tp, await self._list_offset(tp, spec))
+
+    async def _validate_positions(self) -> None:
+        """KIP-320: OffsetForLeaderEpoch to the leader of every partition awaiting validation,
+        one request per leader."""
+        by_leader: dict[str, list[TopicPartition]] = {}
+        for tp in list(self._awaiting_validation):
+            address = self._follow_leader(tp)
+            if address is not None:
+                by_leader.setdefault(address, []).append(tp)
+        await asyncio.gather(*(self._validate(a, tps) for a, tps in by_leader.items()))
+
+    async def _validate(self, address: str, partitions: list[TopicPartition]) -> None:
+        sent = self._positions_of(partitions)
+        stub = self._stub(address)
+        try:
+            response = await stub.OffsetForLeaderEpoch(
+                pb.OffsetForLeaderEpochRequest(
+                    replica_id=-1,
+                    partitions=[
+                        pb.OffsetForLeaderEpochPartition(
+                            topic=tp[0],
+                            partition=tp[1],
+                            current_leader_epoch=position.current_leader_epoch,
+                            leader_epoch=position.offset_epoch,
+                        )
+                        for tp, position in sent.items()
+                    ],
+                ),
+                timeout=self.request_timeout_s,
+            )
+        except grpc.aio.AioRpcError:
+            # The leader may be gone: the next poll asks the one the metadata names then.
+            self.metadata.request_refresh()
+            return
+        for result in response.partitions:
+            tp = (result.topic, result.partition)
+            position = sent.get(tp)
+            # Sought, reassigned or moved to another leader meanwhile: the answer is stale.
+            if position is None or self._positions.get(tp) != position:
+                continue
+            if result.error_code != ErrorCode.NONE:
+                if result.error_code in REFRESH_METADATA:
+                    self.metadata.request_refresh()
+                else:
+                    self._keep_error(tp, result.error_code, result.error_message)
+                continue
+            try:
+                found = validated(
+                    tp, position, result.leader_epoch, result.end_offset, self.auto_offset_reset
+                )
+            except TidewaterError as e:
+                # Still awaiting validation: every poll raises it until a seek().
+                self._error = self._error or e
+                continue
+            if found is None:
+                self._out_of_range[tp] = position.offset
+            elif found.offset != position.offset:
+                log.warning(
+                    "%s-%d: log truncation detected at fetch position %d (epoch %d): the "
+                    "leader's log diverges from offset %d, reading on from there",
+                    *tp,
+                    position.offset,
+                    position.offset_epoch,
+                    found.offset,
+                )
+            self._awaiting_validation.discard(tp)
+            self._positions[tp] = found
+
+    def _keep_error(self, tp: TopicPartition, code: int, reason: str) -> None:
+        """A partition's error, for the next poll to raise (the first one kept wins)."""
+        self._error = self._error or error_for(code, f"{tp[0]}-{tp[1]}: {reason}")
+
+    def _stub(self, address: str) -> broker_pb2_grpc.BrokerServiceStub:
+        return broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
 
     async def _leader(self, tp: TopicPartition) -> tuple[int, str, int]:
         leader = self.metadata.leader(tp)
@@ -232,9 +371,13 @@ class Consumer:
             raise error_for(code, f"{tp[0]}-{tp[1]}: no leader known")
         return leader
 
-    async def _list_offset(self, tp: TopicPartition, spec: int, timestamp_ms: int = -1) -> int:
-        _, address, epoch = await self._leader(tp)
-        stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
+    async def _list_offset(
+        self, tp: TopicPartition, spec: int, timestamp_ms: int = -1
+    ) -> FetchPosition:
+        """The offset found, with the leader epoch of its batch (validated after a leader
+        change, as Kafka's reset positions are)."""
+        leader_id, address, epoch = await self._leader(tp)
+        stub = self._stub(address)
         response = await stub.ListOffsets(
             pb.ListOffsetsRequest(
                 replica_id=-1,
@@ -255,13 +398,11 @@ class Consumer:
             if result.error_code in REFRESH_METADATA:
                 self.metadata.request_refresh()
             raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
-        return result.offset
+        return FetchPosition(result.offset, result.leader_epoch, (leader_id, epoch))
 
-    def _send_fetch(
-        self, address: str, partitions: list[tuple[TopicPartition, int]]
-    ) -> _InFlightFetch:
-        """partitions: (partition, current leader epoch) pairs led by `address`."""
-        offsets = {tp: self._positions[tp] or 0 for tp, _ in partitions}
+    def _send_fetch(self, address: str, partitions: list[TopicPartition]) -> _InFlightFetch:
+        """A fetch of `partitions`, whose positions have moved to their leader at `address`."""
+        positions = self._positions_of(partitions)
         request = pb.FetchRequest(
             replica_id=-1,
             max_wait_ms=self.fetch_max_wait_ms,
@@ -271,19 +412,21 @@ class Consumer:
                 pb.FetchPartition(
                     topic=tp[0],
                     partition=tp[1],
-                    fetch_offset=offsets[tp],
-                    current_leader_epoch=epoch,
+                    fetch_offset=position.offset,
+                    current_leader_epoch=position.current_leader_epoch,
+                    # The broker checks it for followers only (the consumer validates
+                    # positions with OffsetForLeaderEpoch instead).
                     last_fetched_epoch=-1,
                     log_start_offset=-1,
                 )
-                for tp, epoch in partitions
+                for tp, position in positions.items()
             ],
         )
-        return _InFlightFetch(offsets, asyncio.create_task(self._fetch(address, request)))
+        return _InFlightFetch(positions, asyncio.create_task(self._fetch(address, request)))
 
     async def _fetch(self, address: str, request: pb.FetchRequest) -> pb.FetchResponse | None:
         """The leader's answer; None when the call failed."""
-        stub = broker_pb2_grpc.BrokerServiceStub(self.metadata.channel_for(address))
+        stub = self._stub(address)
         try:
             return await stub.Fetch(
                 request,
@@ -296,25 +439,24 @@ class Consumer:
             return None
 
     def _apply(
-        self, offsets: dict[TopicPartition, int], response: pb.FetchResponse | None
+        self, sent: dict[TopicPartition, FetchPosition], response: pb.FetchResponse | None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """The records of an answer to a fetch from `offsets`, positions moved past them. A
-        partition sought elsewhere or unassigned since the fetch was sent gets nothing; a
-        partition's error, or a batch of it that cannot be decoded, is kept in `_error`, so
-        records of the others are not lost."""
+        """The records of an answer to a fetch from the positions `sent`, positions moved
+        past them. A partition sought elsewhere, unassigned, or moved to another leader since
+        the fetch was sent gets nothing; a partition's error, or a batch of it that cannot be
+        decoded, is kept in `_error`, so records of the others are not lost."""
         fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
             position = self._positions.get(tp)
-            if position is None or position != offsets.get(tp):
+            if position is None or position != sent.get(tp):
                 continue
             if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
-                self._positions[tp] = None
+                self._fetch_out_of_range(tp, position.offset, result.error_message)
                 continue
             if result.error_code != ErrorCode.NONE:
                 if result.error_code not in REFRESH_METADATA:
-                    message = f"{tp[0]}-{tp[1]}: {result.error_message}"
-                    self._error = self._error or error_for(result.error_code, message)
+                    self._keep_error(tp, result.error_code, result.error_message)
                     continue
                 if result.HasField("current_leader"):
                     leader = result.current_leader
@@ -323,23 +465,36 @@ class Consumer:
                 continue
             self._high_watermarks[tp] = result.high_watermark
             records = fetched[tp] = []
+            offset = position.offset
             try:
                 for record in decode_batches(result.record_batches):
                     # A batch may start before the position asked for.
-                    if record.offset >= position:
+                    if record.offset >= offset:
                         records.append(record)
-                        position = record.offset + 1
+                        offset = record.offset + 1
             except TidewaterError as e:
                 # This partition stops before the batch that cannot be read (as Kafka's
                 # consumer: the next poll raises, and again until the application seeks
                 # past it); the other partitions' records are still handed over.
-                message = f"{tp[0]}-{tp[1]} at offset {position}: {e.message}"
+                message = f"{tp[0]}-{tp[1]} at offset {offset}: {e.message}"
                 self._error = self._error or type(e)(message, e.code)
-            self._positions[tp] = position
+            if records:  # the position's epoch: that of the last record's batch
+                position = FetchPosition(offset, records[-1].leader_epoch, position.current_leader)
+                self._positions[tp] = position
         return fetched
+
+    def _fetch_out_of_range(self, tp: TopicPartition, offset: int, reason: str) -> None:
+        """Reset by auto_offset_reset at the next poll (which logs it), or raised with 'none'
+        (the position stays: every poll raises it until a seek())."""
+        if self.auto_offset_reset == "none":
+            message = f"{tp[0]}-{tp[1]}: fetch position {offset} is out of range: {reason}"
+            self._error = self._error or OffsetOutOfRange(message)
+            return
+        self._positions[tp] = None
+        self._out_of_range[tp] = offset
 
 
 @dataclass(frozen=True)
 class _InFlightFetch:
-    offsets: dict[TopicPartition, int]  # the fetch offset asked for, per partition
+    positions: dict[TopicPartition, FetchPosition]  # the positions fetched from
     answer: asyncio.Task[pb.FetchResponse | None]

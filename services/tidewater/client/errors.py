@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from tidewater.errors import TidewaterError
+from typing import TYPE_CHECKING
+
+from tidewater.errors import OffsetOutOfRange, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
+
+if TYPE_CHECKING:  # metadata imports this module
+    from tidewater.client.metadata import TopicPartition
 
 
 class ClientError(Exception):
@@ -23,11 +28,36 @@ class ProducerClosed(ClientError):
     or timed out)."""
 
 
+class NoOffsetForPartition(ClientError):
+    """poll() on a partition with no position (never sought) and auto_offset_reset "none"."""
+
+
 class DeliveryTimeout(TidewaterError):
     """A record was not acknowledged within delivery_timeout_ms (retries and a request in
     flight included). Once sent, its outcome is unknown: it may be in the log."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class LogTruncation(OffsetOutOfRange):
+    """KIP-320: the partition's leader changed and its log ends, in the epoch of the records
+    the consumer read last, before the consumer's position: records it read are not in the
+    log (an unclean election, or tails lost unflushed). Raised by poll() when
+    auto_offset_reset is "none" (with a policy the consumer goes on from divergent_offset,
+    the first offset known to diverge); poll() raises it again until a seek()."""
+
+    def __init__(self, tp: TopicPartition, position: int, divergent_offset: int) -> None:
+        super().__init__(
+            f"{tp[0]}-{tp[1]}: log truncation detected: fetch position {position}, but the "
+            f"leader's log diverges from offset {divergent_offset}"
+        )
+        self.topic_partition = tp
+        self.position = position
+        self.divergent_offset = divergent_offset
+
+
+# Raised by the client with its own arguments, never made from a response's error code.
+_CLIENT_SIDE = (DeliveryTimeout, LogTruncation)
 
 
 # Per the protocol guide: the same request may succeed when sent again, maybe elsewhere.
@@ -61,7 +91,7 @@ REFRESH_METADATA = frozenset(
 def error_for(code: int, message: str) -> TidewaterError:
     """The TidewaterError subclass whose code is `code` (the base class when none is)."""
     for cls in _subclasses(TidewaterError):
-        if cls.code == code and cls is not DeliveryTimeout:
+        if cls.code == code and cls not in _CLIENT_SIDE:
             return cls(message)
     return TidewaterError(message, code)
 

@@ -17,6 +17,7 @@ async def alter_isr(
     state: dict[str, Any],
     partition_epoch: int,
     new_isr: list[int],
+    new_isr_broker_epochs: list[int] | None = None,
 ) -> cpb.AlterIsrPartitionResponse:
     """Partition 0's leader per `state` (a LeaderAndIsr) proposes `new_isr`."""
     leader = state["leader"]
@@ -30,6 +31,7 @@ async def alter_isr(
                 leader_epoch=state["leader_epoch"],
                 new_isr=new_isr,
                 partition_epoch=partition_epoch,
+                new_isr_broker_epochs=new_isr_broker_epochs,
             )
         ],
     )
@@ -90,3 +92,25 @@ async def test_a_state_etcd_holds_but_the_brokers_never_heard_of_is_announced(
         return True
 
     await eventually(everyone_follows_broker_2, 10)
+
+
+async def test_an_expansion_naming_a_stale_incarnation_of_a_member_is_refused(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    """KIP-903 through the controller's RPC and etcd: an expansion whose new member's broker
+    epoch is not its current registration commits nothing."""
+    state, partition_epoch = await created(cluster, eventually, "incarnations")
+    shrunk = await alter_isr(cluster, "incarnations", state, partition_epoch, [1, 2])
+    assert shrunk.error_code == ErrorCode.NONE, shrunk.error_message
+    epoch_of_3 = (await cluster.store.load_brokers())[3]["epoch"]
+    stale = await alter_isr(
+        cluster, "incarnations", state, shrunk.partition_epoch, [1, 2, 3], [-1, -1, epoch_of_3 - 1]
+    )
+    assert stale.error_code == ErrorCode.INELIGIBLE_REPLICA, ErrorCode.Name(stale.error_code)
+    committed, committed_epoch = (await cluster.store.load_partitions())["incarnations", 0]
+    assert (committed["isr"], committed_epoch) == ([1, 2], shrunk.partition_epoch)
+    current = await alter_isr(
+        cluster, "incarnations", state, shrunk.partition_epoch, [1, 2, 3], [-1, -1, epoch_of_3]
+    )
+    assert current.error_code == ErrorCode.NONE, current.error_message
+    assert list(current.isr) == [1, 2, 3]

@@ -233,6 +233,38 @@ def test_alter_isr_refuses_a_fenced_member() -> None:
     assert (change.after.isr, change.after.leader_epoch) == ((1, 2), 5)
 
 
+def test_alter_isr_refuses_a_member_that_registered_again_since_it_was_proposed() -> None:
+    """KIP-903's race: follower 3 (epoch 3) caught up and its leader proposed ISR {1, 2, 3}.
+    Before the proposal arrives, 3 crashes, loses its unflushed tail, registers again (epoch
+    50) and heartbeats: alive and unfenced, but not the incarnation that caught up. Admitting
+    it would let a replica lacking acknowledged records be elected."""
+    m = model()
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1, 2))
+    proposed = (-1, 2, 3)  # the leader's own epoch is the request's; 2 and 3 as they fetched
+    old = m.brokers[3]
+    m.brokers[3] = BrokerState(3, old.host, old.port, "", "y", epoch=50)
+    for change in changes_for_unusable_broker(m, 3, EPOCH, restarted=True):
+        m.partitions[change.tp] = change.after
+    assert m.partitions[("t", 0)].leader_epoch == 5, "3 was not in this ISR: no new epoch"
+    m.brokers[3].fenced = False  # its first heartbeat
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH, proposed)
+    assert info.value.code == ErrorCode.INELIGIBLE_REPLICA
+    assert "broker 3 at epoch 3" in info.value.message
+    # Once the new incarnation has caught up, the leader proposes it at its current epoch.
+    change = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH, (-1, 2, 50))
+    assert change is not None and change.after.isr == (1, 2, 3)
+    # -1 skips a member's check, as does a proposal without epochs.
+    assert validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH, (-1, -1, -1))
+    assert validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH)
+
+
+def test_alter_isr_with_broker_epochs_not_one_per_member_is_invalid() -> None:
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(model(), 1, ("t", 0), 5, 100, (1, 2), EPOCH, (-1, 2, 3))
+    assert info.value.code == ErrorCode.INVALID_REQUEST
+
+
 def test_a_retried_alter_isr_that_already_committed_is_answered_with_the_current_state() -> None:
     """The answer to an expansion {1, 2} -> {1, 2, 3} was lost after it committed (partition
     epoch 100 -> 130); the leader resends it naming epoch 100. Refusing it would leave the

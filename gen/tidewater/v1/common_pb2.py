@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidewater.v1 import errors_pb2 as tidewater_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidewater/v1/common.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/errors.proto\"\xaf\x01\n\x06Record\x12\x10\n\x03key\x18\x01 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x01\x88\x01\x01\x12+\n\x07headers\x18\x03 \x03(\x0b\x32\x1a.tidewater.v1.RecordHeader\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x06 \x01(\x05\x42\x06\n\x04_keyB\x08\n\x06_valueJ\x04\x08\x07\x10\x10\"9\n\x0cRecordHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x42\x08\n\x06_value\"&\n\x08\x45ndpoint\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\"]\n\nBrokerInfo\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12(\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.Endpoint\x12\x0c\n\x04rack\x18\x03 \x01(\tJ\x04\x08\x04\x10\n\"2\n\x0eTopicPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"v\n\x0ePartitionError\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\";\n\x10LeaderIdAndEpoch\x12\x11\n\tleader_id\x18\x01 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x02 \x01(\x05\"q\n\x0e\x43ontrollerInfo\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12(\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.Endpoint\x12\x18\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05J\x04\x08\x04\x10\n\"\x85\x01\n\x0bTopicConfig\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x37\n\x07\x63onfigs\x18\x02 \x03(\x0b\x32&.tidewater.v1.TopicConfig.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42S\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidewater/v1/common.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/errors.proto\"\xaf\x01\n\x06Record\x12\x10\n\x03key\x18\x01 \x01(\x0cH\x00\x88\x01\x01\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x01\x88\x01\x01\x12+\n\x07headers\x18\x03 \x03(\x0b\x32\x1a.tidewater.v1.RecordHeader\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x06 \x01(\x05\x42\x06\n\x04_keyB\x08\n\x06_valueJ\x04\x08\x07\x10\x10\"9\n\x0cRecordHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x0cH\x00\x88\x01\x01\x42\x08\n\x06_value\"&\n\x08\x45ndpoint\x12\x0c\n\x04host\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\x05\"s\n\nBrokerInfo\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12(\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.Endpoint\x12\x0c\n\x04rack\x18\x03 \x01(\t\x12\x14\n\x0c\x62roker_epoch\x18\x04 \x01(\x03J\x04\x08\x05\x10\n\"2\n\x0eTopicPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\"v\n\x0ePartitionError\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12+\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\";\n\x10LeaderIdAndEpoch\x12\x11\n\tleader_id\x18\x01 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x02 \x01(\x05\"q\n\x0e\x43ontrollerInfo\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12(\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.Endpoint\x12\x18\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05J\x04\x08\x04\x10\n\"\x85\x01\n\x0bTopicConfig\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x37\n\x07\x63onfigs\x18\x02 \x03(\x0b\x32&.tidewater.v1.TopicConfig.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42S\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,19 +42,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINT']._serialized_start=307
   _globals['_ENDPOINT']._serialized_end=345
   _globals['_BROKERINFO']._serialized_start=347
-  _globals['_BROKERINFO']._serialized_end=440
-  _globals['_TOPICPARTITION']._serialized_start=442
-  _globals['_TOPICPARTITION']._serialized_end=492
-  _globals['_PARTITIONERROR']._serialized_start=494
-  _globals['_PARTITIONERROR']._serialized_end=612
-  _globals['_EPOCHENDOFFSET']._serialized_start=614
-  _globals['_EPOCHENDOFFSET']._serialized_end=665
-  _globals['_LEADERIDANDEPOCH']._serialized_start=667
-  _globals['_LEADERIDANDEPOCH']._serialized_end=726
-  _globals['_CONTROLLERINFO']._serialized_start=728
-  _globals['_CONTROLLERINFO']._serialized_end=841
-  _globals['_TOPICCONFIG']._serialized_start=844
-  _globals['_TOPICCONFIG']._serialized_end=977
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_start=931
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_end=977
+  _globals['_BROKERINFO']._serialized_end=462
+  _globals['_TOPICPARTITION']._serialized_start=464
+  _globals['_TOPICPARTITION']._serialized_end=514
+  _globals['_PARTITIONERROR']._serialized_start=516
+  _globals['_PARTITIONERROR']._serialized_end=634
+  _globals['_EPOCHENDOFFSET']._serialized_start=636
+  _globals['_EPOCHENDOFFSET']._serialized_end=687
+  _globals['_LEADERIDANDEPOCH']._serialized_start=689
+  _globals['_LEADERIDANDEPOCH']._serialized_end=748
+  _globals['_CONTROLLERINFO']._serialized_start=750
+  _globals['_CONTROLLERINFO']._serialized_end=863
+  _globals['_TOPICCONFIG']._serialized_start=866
+  _globals['_TOPICCONFIG']._serialized_end=999
+  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_start=953
+  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_end=999
 # @@protoc_insertion_point(module_scope)

@@ -97,18 +97,20 @@ class AlterIsrRequest(_message.Message):
     def __init__(self, broker_id: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[AlterIsrPartition, _Mapping]]] = ...) -> None: ...
 
 class AlterIsrPartition(_message.Message):
-    __slots__ = ("topic", "partition", "leader_epoch", "new_isr", "partition_epoch")
+    __slots__ = ("topic", "partition", "leader_epoch", "new_isr", "partition_epoch", "new_isr_broker_epochs")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NEW_ISR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEW_ISR_BROKER_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     leader_epoch: int
     new_isr: _containers.RepeatedScalarFieldContainer[int]
     partition_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ...) -> None: ...
+    new_isr_broker_epochs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., new_isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., new_isr_broker_epochs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AlterIsrResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "controller", "partitions")

@@ -15,6 +15,7 @@ from tidewater.controller.leader_election import (
     reassigned_partition_leader,
 )
 from tidewater.controller.model import (
+    NO_BROKER_EPOCH,
     NO_LEADER,
     ClusterModel,
     PartitionRecord,
@@ -191,11 +192,18 @@ def validate_isr_change(
     partition_epoch: int,
     new_isr: tuple[int, ...],
     controller_epoch: int,
+    new_isr_broker_epochs: tuple[int, ...] = (),
 ) -> PartitionChange | None:
     """AlterIsr for one partition: the proposer must lead it in the current epoch, name the
     current partition epoch, and propose only usable replicas that include itself. None: the
     partition already has that leader, leader epoch and ISR (a retry of a proposal whose answer
-    was lost), so the caller answers with the current state (Kafka's equalsIgnoreZk)."""
+    was lost), so the caller answers with the current state (Kafka's equalsIgnoreZk).
+
+    `new_isr_broker_epochs`: the broker epoch of each member as the leader saw it in its
+    fetches (empty: none given; NO_BROKER_EPOCH: that member's not given). A member that has
+    registered again since is ineligible (KIP-903, Kafka's ineligibleReplicasForIsr): the new
+    incarnation may have lost its unflushed tail, so what the old one fetched vouches for
+    nothing."""
     record = model.partitions.get(tp)
     if record is None or tp[0] not in model.topics:
         raise TidewaterError(
@@ -215,6 +223,12 @@ def validate_isr_change(
             f"{record.partition_epoch})",
             ErrorCode.INVALID_UPDATE_VERSION,
         )
+    if new_isr_broker_epochs and len(new_isr_broker_epochs) != len(new_isr):
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: {len(new_isr_broker_epochs)} broker epochs for the "
+            f"{len(new_isr)} members of the proposed ISR {list(new_isr)}",
+            ErrorCode.INVALID_REQUEST,
+        )
     replicas = model.replicas(tp)
     usable = model.usable_brokers()
     ineligible = [b for b in new_isr if b not in replicas or b not in usable]
@@ -222,6 +236,17 @@ def validate_isr_change(
         raise TidewaterError(
             f"{tp[0]}-{tp[1]}: proposed ISR {list(new_isr)} must include the leader and only "
             f"live, unfenced replicas (ineligible: {ineligible})",
+            ErrorCode.INELIGIBLE_REPLICA,
+        )
+    stale = [
+        f"broker {b} at epoch {e} (registered at {model.brokers[b].epoch})"
+        for b, e in zip(new_isr, new_isr_broker_epochs, strict=False)  # empty: none given
+        if e != NO_BROKER_EPOCH and e != model.brokers[b].epoch
+    ]
+    if stale:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: proposed ISR {list(new_isr)} names stale incarnations: "
+            + ", ".join(stale),
             ErrorCode.INELIGIBLE_REPLICA,
         )
     after = record.with_(isr=tuple(new_isr), controller_epoch=controller_epoch)

@@ -11,6 +11,8 @@ from typing import Any
 
 TopicPartition = tuple[str, int]
 NO_LEADER = -1
+# An ISR member's broker epoch in an AlterIsr proposal that the leader does not know: not checked.
+NO_BROKER_EPOCH = -1
 
 
 @dataclass

@@ -226,6 +226,9 @@ class BrokerSender:
                         broker_id=broker_id,
                         endpoint=common_pb2.Endpoint(host=broker.host, port=broker.port),
                         rack=broker.rack,
+                        # Leaders refuse fetches from older incarnations and let only this
+                        # one into an ISR (KIP-903).
+                        broker_epoch=broker.epoch,
                     )
                 )
         return infos

@@ -187,6 +187,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                         p.partition_epoch,
                         tuple(p.new_isr),
                         self._c.epoch,
+                        tuple(p.new_isr_broker_epochs),
                     )
                     if change is not None:  # None: already so; answered with the current state
                         valid.append(change)

@@ -98,6 +98,10 @@ class StaleControllerEpoch(TidewaterError):
     code = ErrorCode.STALE_CONTROLLER_EPOCH
 
 
+class StaleBrokerEpoch(TidewaterError):
+    code = ErrorCode.STALE_BROKER_EPOCH
+
+
 class NotEnoughReplicas(TidewaterError):
     code = ErrorCode.NOT_ENOUGH_REPLICAS
 

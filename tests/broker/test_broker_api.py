@@ -18,7 +18,7 @@ from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.header import Compression, read_header
 from tidewater.v1 import broker_pb2 as pb
-from tidewater.v1 import common_pb2
+from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TOPIC = "events"
@@ -169,6 +169,44 @@ async def test_a_follower_long_poll_with_a_diverging_epoch_is_answered_at_once(
     result = response.partitions[0]
     assert result.error_code == ErrorCode.NONE
     assert (result.diverging_epoch.epoch, result.diverging_epoch.end_offset) == (1, 2)
+
+
+async def test_a_follower_fetch_from_a_stale_incarnation_is_refused_whole(
+    start_broker: Callable[..., Any],
+) -> None:
+    """KIP-903: the controller says broker 2 registered at epoch 50; a fetch of its epoch 49
+    is refused as a whole, with nothing recorded (no progress, no session, no ISR change)."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2], isr=[1])
+    await produce_ok(client, batch_of([b"a", b"b"]))
+    metadata = cluster_pb2.UpdateMetadataRequest(controller_epoch=1)
+    metadata.live_brokers.add(broker_id=1, broker_epoch=10)
+    metadata.live_brokers.add(broker_id=2, broker_epoch=50)
+    assert (await client.control.UpdateMetadata(metadata)).error_code == ErrorCode.NONE
+    state = server.replica_manager.partitions[(TOPIC, 0)].state
+
+    async def follower_fetch(broker_epoch: int) -> pb.FetchResponse:
+        fetch = pb.FetchRequest(replica_id=2, replica_broker_epoch=broker_epoch, max_bytes=1 << 20)
+        fetch.partitions.add(
+            topic=TOPIC, partition=0, fetch_offset=2, current_leader_epoch=1, last_fetched_epoch=1
+        )
+        return await asyncio.wait_for(client.service.Fetch(fetch), 20)
+
+    stale = await follower_fetch(49)
+    assert stale.error_code == ErrorCode.STALE_BROKER_EPOCH, ErrorCode.Name(stale.error_code)
+    assert (list(stale.partitions), stale.session_id) == ([], 0)
+    assert state.remote_replicas[2].log_end_offset == -1
+    # Without an epoch (a tool) the fetch is served, but does not bring broker 2 into the ISR:
+    # only fetches of the incarnation the leader knows do.
+    unchecked = await follower_fetch(0)
+    assert unchecked.error_code == ErrorCode.NONE
+    assert unchecked.partitions[0].error_code == ErrorCode.NONE
+    assert state.remote_replicas[2].log_end_offset == 2
+    assert state.isr_state.proposed is None
+    current = await follower_fetch(50)
+    assert current.error_code == ErrorCode.NONE
+    assert state.remote_replicas[2].broker_epoch == 50
+    assert state.isr_state.proposed == {1, 2}
 
 
 async def test_list_offsets(leader: Any) -> None:

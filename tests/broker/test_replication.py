@@ -17,6 +17,7 @@ from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.rpc.lifted import LIFT_MIN_BYTES
 from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import cluster_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TOPIC = "replicated"
@@ -108,6 +109,45 @@ async def test_stopped_follower_leaves_and_rejoins_the_isr(
         lambda: server.replica_manager.partitions[TP].log.log_end_offset == hw, WAIT_S, POLL_S
     )
     assert log_bytes(server, hw) == log_bytes(servers[1], hw)
+
+
+async def test_a_stale_follower_incarnation_is_refused_until_it_registers_again(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """KIP-903 end to end: followers fetch with their broker epochs (the stand-in registers
+    every broker at epoch 1). Once the leader learns that broker 3 registered again (epoch 5),
+    the running broker 3 is a stale incarnation: every fetch of it is refused and it gets
+    nothing, until it registers again and fetches as epoch 5."""
+    _, servers, clients = cluster
+    leader = servers[1].replica_manager.partitions[TP]
+    assert (await produce(clients[1], b"before")).error_code == ErrorCode.NONE
+    epochs = {b: leader.state.remote_replicas[b] for b in (2, 3)}
+    await eventually(lambda: all(r.broker_epoch == 1 for r in epochs.values()), WAIT_S, POLL_S)
+    metadata = cluster_pb2.UpdateMetadataRequest(controller_epoch=1)
+    for broker_id, broker_epoch in ((1, 1), (2, 1), (3, 5)):
+        metadata.live_brokers.add(broker_id=broker_id, broker_epoch=broker_epoch)
+    assert (await clients[1].control.UpdateMetadata(metadata)).error_code == ErrorCode.NONE
+
+    def refused() -> bool:
+        return any(
+            "fetch from broker 3 at broker epoch 1; its current registration is at 5"
+            in r.getMessage()
+            for r in caplog.records
+        )
+
+    await eventually(refused, WAIT_S, POLL_S)
+    # A fetcher waits for each answer before its next fetch: from the first refusal on, every
+    # fetch of broker 3 is refused.
+    assert (await produce(clients[1], b"after", acks=1)).error_code == ErrorCode.NONE
+    end = leader.log.log_end_offset
+    follower_2 = servers[2].replica_manager.partitions[TP]
+    follower_3 = servers[3].replica_manager.partitions[TP]
+    await eventually(lambda: follower_2.log.log_end_offset == end, WAIT_S, POLL_S)
+    assert follower_3.log.log_end_offset < end
+    servers[3].lifecycle.broker_epoch = 5  # as its heartbeats would have it register again
+    await eventually(lambda: follower_3.log.log_end_offset == end, WAIT_S, POLL_S)
+    assert leader.state.remote_replicas[3].broker_epoch == 5
+    assert log_bytes(servers[3], end) == log_bytes(servers[1], end)
 
 
 async def test_acks_all_refused_when_isr_below_min_insync(cluster: Any) -> None:

@@ -191,7 +191,7 @@ class Cluster:
             self.config,
             checkpointed_hw,
             # A dead broker is fenced: it may not join an ISR.
-            isr_eligible=lambda b: self.brokers[b].alive,
+            usable_broker_epoch=lambda b: 0 if self.brokers[b].alive else None,
         )
 
     # -- views ---------------------------------------------------------------------------

@@ -4,7 +4,6 @@ Broker 1 is the leader unless a test says otherwise; 2 and 3 are its followers."
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import pytest
@@ -28,6 +27,7 @@ from tidewater.replication.follower import (
 )
 from tidewater.replication.partition import (
     ACKS_ALL,
+    NO_BROKER_EPOCH,
     NO_EPOCH,
     AlterIsrProposal,
     FollowerFetch,
@@ -35,6 +35,7 @@ from tidewater.replication.partition import (
     LeaderAndIsr,
     Partition,
     ReplicationConfig,
+    UsableBrokerEpoch,
 )
 from tidewater.replication.replica import UNKNOWN_OFFSET
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -46,6 +47,8 @@ T0 = 1_000_000
 LAG = 10_000
 CONFIG = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=2)
 REPLICAS = (1, 2, 3)
+# The broker epochs of an ISR proposal whose followers fetched without one.
+NO_EPOCHS = (NO_BROKER_EPOCH,) * 3
 TOPIC = "orders"
 
 
@@ -70,10 +73,10 @@ def replica_on(
     log: MemoryLog,
     broker_id: int = 1,
     checkpointed_hw: int = 0,
-    eligible: Callable[[int], bool] = lambda broker_id: True,
+    usable_broker_epoch: UsableBrokerEpoch = lambda broker_id: 0,
     config: ReplicationConfig = CONFIG,
 ) -> Partition:
-    return Partition(TOPIC, 0, broker_id, log, config, checkpointed_hw, eligible)
+    return Partition(TOPIC, 0, broker_id, log, config, checkpointed_hw, usable_broker_epoch)
 
 
 def new_leader(
@@ -81,10 +84,10 @@ def new_leader(
     isr: tuple[int, ...] = REPLICAS,
     leader_epoch: int = 0,
     checkpointed_hw: int = 0,
-    eligible: Callable[[int], bool] = lambda broker_id: True,
+    usable_broker_epoch: UsableBrokerEpoch = lambda broker_id: 0,
     config: ReplicationConfig = CONFIG,
 ) -> Partition:
-    partition = replica_on(log, 1, checkpointed_hw, eligible, config)
+    partition = replica_on(log, 1, checkpointed_hw, usable_broker_epoch, config)
     partition.make_leader(leader_and_isr(1, leader_epoch, isr), T0)
     return partition
 
@@ -96,9 +99,10 @@ def fetch(
     now: int = T0,
     last_fetched_epoch: int = NO_EPOCH,
     current_leader_epoch: int | None = None,
+    broker_epoch: int = 0,
 ) -> FollowerFetchOutcome:
     epoch = partition.leader_epoch if current_leader_epoch is None else current_leader_epoch
-    request = FollowerFetch(replica_id, offset, 0, last_fetched_epoch, epoch)
+    request = FollowerFetch(replica_id, offset, 0, last_fetched_epoch, epoch, broker_epoch)
     return partition.on_follower_fetch(request, now)
 
 
@@ -143,7 +147,12 @@ def test_follower_joins_the_isr_once_its_leo_reaches_the_hw(log: MemoryLog) -> N
     assert fetch(partition, 3, 4).isr_proposal is None
     proposal = fetch(partition, 3, 10).isr_proposal
     assert proposal == AlterIsrProposal(
-        TOPIC, 0, leader_epoch=0, new_isr=(1, 2, 3), partition_epoch=0
+        TOPIC,
+        0,
+        leader_epoch=0,
+        new_isr=(1, 2, 3),
+        partition_epoch=0,
+        new_isr_broker_epochs=NO_EPOCHS,
     )
     assert partition.isr == {1, 2}, "the ISR changes only when the controller commits it"
     assert commit(partition, proposal) is False
@@ -164,12 +173,55 @@ def test_follower_joins_only_once_it_reaches_the_current_leader_epoch(
 
 def test_isr_not_expanded_for_a_fenced_or_shutting_down_replica(log: MemoryLog) -> None:
     fenced = {3}
-    partition = new_leader(log, isr=(1, 2), eligible=lambda broker_id: broker_id not in fenced)
+    partition = new_leader(
+        log, isr=(1, 2), usable_broker_epoch=lambda b: None if b in fenced else 0
+    )
     fetch(partition, 2, 10)
     assert fetch(partition, 3, 10).isr_proposal is None
     fenced.clear()  # it registered again
     proposal = fetch(partition, 3, 10).isr_proposal
     assert proposal is not None and proposal.new_isr == (1, 2, 3)
+
+
+def test_isr_not_expanded_for_an_incarnation_other_than_the_registered_one(
+    log: MemoryLog,
+) -> None:
+    """KIP-903: broker 3 registered again at epoch 30 (it may have lost its unflushed tail).
+    Fetches of its old incarnation (20), or without an epoch, do not let it in, however caught
+    up; nor do the new one's (40) while the leader's metadata still has another."""
+    known = {2: 12, 3: 30}
+    partition = new_leader(log, isr=(1, 2), usable_broker_epoch=known.get)
+    fetch(partition, 2, 10, broker_epoch=12)
+    for stale in (20, 0, 40):
+        assert fetch(partition, 3, 10, broker_epoch=stale).isr_proposal is None, stale
+    # The leader's metadata and the follower's fetches agree: it joins, and the proposal
+    # names the epochs the members fetched with (none for the leader itself).
+    proposal = fetch(partition, 3, 10, broker_epoch=30).isr_proposal
+    assert proposal is not None
+    assert (proposal.new_isr, proposal.new_isr_broker_epochs) == ((1, 2, 3), (-1, 12, 30))
+
+
+def test_a_follower_that_has_not_caught_up_since_registering_again_is_out_of_sync(
+    log: MemoryLog,
+) -> None:
+    """Broker 3 was caught up at T0 (epoch 20), then restarted: its new incarnation (epoch 30)
+    fetches from 4, having lost its tail. What the old one fetched no longer counts: it is out
+    of sync at once, not a lag time after T0, and its next shrink drops it."""
+    partition = new_leader(log, isr=(1, 2, 3))
+    fetch(partition, 3, 10, broker_epoch=20)
+    fetch(partition, 2, 10, now=T0 + 1000, broker_epoch=12)
+    assert partition.out_of_sync_replicas(T0 + 1000) == frozenset()
+    fetch(partition, 3, 4, now=T0 + 1000, broker_epoch=30)
+    replica = partition.remote_replicas[3]
+    assert (replica.broker_epoch, replica.log_end_offset, replica.last_caught_up_time_ms) == (
+        30,
+        4,
+        0,
+    )
+    assert partition.out_of_sync_replicas(T0 + 1000) == {3}
+    shrink = partition.maybe_shrink_isr(T0 + 1000)
+    assert shrink is not None
+    assert (shrink.new_isr, shrink.new_isr_broker_epochs) == ((1, 2), (-1, 12))
 
 
 def test_only_one_isr_change_in_flight(log: MemoryLog) -> None:
@@ -183,7 +235,14 @@ def test_only_one_isr_change_in_flight(log: MemoryLog) -> None:
     assert fetch(partition, 3, 10, late).isr_proposal is None
     commit(partition, expand, late)
     shrink = partition.maybe_shrink_isr(late)
-    assert shrink == AlterIsrProposal(TOPIC, 0, leader_epoch=0, new_isr=(1, 3), partition_epoch=1)
+    assert shrink == AlterIsrProposal(
+        TOPIC,
+        0,
+        leader_epoch=0,
+        new_isr=(1, 3),
+        partition_epoch=1,
+        new_isr_broker_epochs=NO_EPOCHS[:2],
+    )
 
 
 @pytest.mark.parametrize(
@@ -411,7 +470,7 @@ def test_hw_waits_for_a_caught_up_follower_outside_the_isr_within_the_lag_time(
 
 
 def test_hw_does_not_wait_for_a_fenced_follower(log: MemoryLog) -> None:
-    partition = new_leader(log, isr=(1,), eligible=lambda broker_id: broker_id != 2)
+    partition = new_leader(log, isr=(1,), usable_broker_epoch=lambda b: None if b == 2 else 0)
     assert fetch(partition, 2, 10).isr_proposal is None
     append(partition, 5, T0 + 1)
     assert partition.high_watermark == 15

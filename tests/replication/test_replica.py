@@ -7,7 +7,7 @@ LAG = 10_000
 
 
 def fetched(replica: Replica, fetch_offset: int, at_ms: int, leader_end_offset: int) -> Replica:
-    replica.update_fetch_state(fetch_offset, 0, at_ms, leader_end_offset)
+    replica.update_fetch_state(fetch_offset, 0, at_ms, leader_end_offset, broker_epoch=0)
     return replica
 
 
@@ -39,7 +39,7 @@ def test_fetch_behind_both_leos_leaves_the_caught_up_time() -> None:
 
 def test_fetch_records_the_followers_offsets() -> None:
     replica = Replica(2)
-    replica.update_fetch_state(12, 3, T0, 20)
+    replica.update_fetch_state(12, 3, T0, 20, broker_epoch=0)
     assert (replica.log_start_offset, replica.log_end_offset) == (3, 12)
     assert (replica.last_fetch_leader_log_end_offset, replica.last_fetch_time_ms) == (20, T0)
 

@@ -141,6 +141,8 @@ class ReplicaFetcher:
     fetcher_id: int
     config: BrokerConfig
     lookup: Callable[[TopicPartition], HostedPartition | None]
+    # This broker's epoch, read for every fetch (KIP-903): registering again changes it.
+    broker_epoch: Callable[[], int]
     partitions: dict[TopicPartition, PartitionFetchState] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
@@ -219,7 +221,14 @@ class ReplicaFetcher:
                     response = answer.message
                     self.session.on_response(plan, response.error_code, response.session_id)
                     if response.error_code != NO_ERROR:
-                        log.info(
+                        # STALE_BROKER_EPOCH: the leader knows a newer registration of this
+                        # broker id. This process backs off like any refused fetch; its
+                        # heartbeats get the same answer and register it again, and the next
+                        # fetch carries the epoch it has then.
+                        log.log(
+                            logging.WARNING
+                            if response.error_code == ErrorCode.STALE_BROKER_EPOCH
+                            else logging.INFO,
                             "fetch from broker %d refused: %s",
                             self.source.broker_id,
                             response.error_message,
@@ -253,6 +262,7 @@ class ReplicaFetcher:
         plan = self.session.build(wanted)
         request = pb.FetchRequest(
             replica_id=self.config.broker_id,
+            replica_broker_epoch=self.broker_epoch(),
             max_wait_ms=self.config.replica_fetch_wait_max_ms,
             min_bytes=self.config.replica_fetch_min_bytes,
             max_bytes=self.config.replica_fetch_response_max_bytes,
@@ -406,10 +416,14 @@ class ReplicaFetcherManager:
     replica.fetch.backoff.ms, with its partitions; adding a partition replaces it at once."""
 
     def __init__(
-        self, config: BrokerConfig, lookup: Callable[[TopicPartition], HostedPartition | None]
+        self,
+        config: BrokerConfig,
+        lookup: Callable[[TopicPartition], HostedPartition | None],
+        broker_epoch: Callable[[], int],
     ) -> None:
         self.config = config
         self.lookup = lookup
+        self.broker_epoch = broker_epoch
         self.fetchers: dict[tuple[int, int], ReplicaFetcher] = {}
         self._stopping: set[asyncio.Task[None]] = set()
 
@@ -427,7 +441,7 @@ class ReplicaFetcherManager:
     def _replace(
         self, key: tuple[int, int], old: ReplicaFetcher | None, source: SourceBroker
     ) -> ReplicaFetcher:
-        fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup)
+        fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup, self.broker_epoch)
         if old is not None:
             fetcher.partitions.update(old.partitions)
             self._stop_later(old)

@@ -113,6 +113,7 @@ class AlterIsrChannel:
                     leader_epoch=p.leader_epoch,
                     new_isr=list(p.new_isr),
                     partition_epoch=p.partition_epoch,
+                    new_isr_broker_epochs=list(p.new_isr_broker_epochs),
                 )
                 for p in batch
             ],

@@ -31,6 +31,7 @@ from tidewater.errors import (
     NO_ERROR,
     InvalidRequest,
     InvalidRequiredAcks,
+    StaleBrokerEpoch,
     StaleControllerEpoch,
     TidewaterError,
     UnknownTopicOrPartition,
@@ -84,10 +85,12 @@ class ReplicaManager:
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms,
         )
-        self.fetcher_manager = ReplicaFetcherManager(config, self.partitions.get)
         self.controller = ControllerClient(config.controllers)
         # Set by the broker's lifecycle once registered; 0 until then.
         self.broker_epoch: Callable[[], int] = lambda: 0
+        self.fetcher_manager = ReplicaFetcherManager(
+            config, self.partitions.get, lambda: self.broker_epoch()
+        )
         self.isr_channel = AlterIsrChannel(
             config.broker_id,
             self.controller,
@@ -104,9 +107,11 @@ class ReplicaManager:
         self.isr_expands = 0
         # Set by the broker when metrics are on.
         self.request_metrics: RequestMetrics | None = None
-        # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata; None
-        # until the first one. Only these may join an ISR.
-        self.usable_brokers: set[int] | None = None
+        # Usable (alive, unfenced) brokers per the controller's last UpdateMetadata, with
+        # their broker epochs (0: not given); None until the first one. Only these may join
+        # an ISR, and only as that incarnation (KIP-903); fetches from an older one are
+        # refused.
+        self.usable_brokers: dict[int, int] | None = None
         self._checkpointed_hws: dict[TopicPartition, int] = {}
         self._hw_writer = OffsetCheckpointWriter(
             HIGH_WATERMARK_CHECKPOINT, log_manager.dir_failures
@@ -236,7 +241,7 @@ class ReplicaManager:
             log=log_,
             config=replication_config(config, self.config.replica_lag_time_max_ms),
             checkpointed_high_watermark=self._checkpointed_hws.get(tp, 0),
-            isr_eligible=self._isr_eligible,
+            usable_broker_epoch=self._usable_broker_epoch,
         )
         hosted = HostedPartition(state, log_, config)
         self.partitions[tp] = hosted
@@ -299,15 +304,27 @@ class ReplicaManager:
             self.controller_epoch,
         )
         self.controller_epoch = request.controller_epoch
-        self.usable_brokers = {b.broker_id for b in request.live_brokers}
+        self.usable_brokers = {b.broker_id: b.broker_epoch for b in request.live_brokers}
         if strays:
             await self.log_manager.remove_stray_logs(strays)
             for tp in strays:
                 self._checkpointed_hws.pop(tp, None)
         return cluster_pb2.UpdateMetadataResponse()
 
-    def _isr_eligible(self, broker_id: int) -> bool:
-        return self.usable_brokers is None or broker_id in self.usable_brokers
+    def _usable_broker_epoch(self, broker_id: int) -> int | None:
+        if self.usable_brokers is None:
+            return 0
+        return self.usable_brokers.get(broker_id)
+
+    def _check_replica_broker_epoch(self, request: pb.FetchRequest) -> None:
+        """KIP-903: a follower fetch from an older incarnation of its broker than the one the
+        controller last told us of is refused whole (0 on either side skips the check)."""
+        known = self._usable_broker_epoch(request.replica_id)
+        if request.replica_broker_epoch and known and request.replica_broker_epoch < known:
+            raise StaleBrokerEpoch(
+                f"fetch from broker {request.replica_id} at broker epoch "
+                f"{request.replica_broker_epoch}; its current registration is at {known}"
+            )
 
     def _check_control_request(self, controller_epoch: int, broker_epoch: int) -> None:
         """Refuse requests from a deposed controller, or meant for an earlier incarnation of
@@ -319,9 +336,8 @@ class ReplicaManager:
             )
         current = self.broker_epoch()
         if broker_epoch and current and broker_epoch < current:
-            raise TidewaterError(
-                f"request for broker epoch {broker_epoch}; this broker is at epoch {current}",
-                ErrorCode.STALE_BROKER_EPOCH,
+            raise StaleBrokerEpoch(
+                f"request for broker epoch {broker_epoch}; this broker is at epoch {current}"
             )
 
     # -- produce -------------------------------------------------------------------------
@@ -506,7 +522,12 @@ class ReplicaManager:
 
     async def _fetch(self, request: pb.FetchRequest, fetch_trace: FetchTrace | None) -> FetchAnswer:
         started = time.perf_counter_ns()
+        # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
+        follower = self._from_follower(request)
         try:
+            if follower:
+                # Before the session: a refused fetch must not move the session's epoch.
+                self._check_replica_broker_epoch(request)
             context = self.fetch_sessions.context(request, self.time_ms())
         except TidewaterError as e:
             return FetchAnswer(
@@ -516,12 +537,11 @@ class ReplicaManager:
                     error_message=e.message,
                 )
             )
-        # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
-        follower = self._from_follower(request)
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         if follower:
             answered, completed = self._record_follower_fetches(
                 request.replica_id,
+                request.replica_broker_epoch,
                 context.partitions,
                 fetch_link(request, fetch_trace) if tracing.ENABLED else None,
             )
@@ -585,6 +605,7 @@ class ReplicaManager:
     def _record_follower_fetches(
         self,
         replica_id: int,
+        broker_epoch: int,
         partitions: list[pb.FetchPartition],
         link: Callable[[], SpanContext] | None,
     ) -> tuple[dict[TopicPartition, pb.FetchPartitionResponse], int]:
@@ -606,6 +627,7 @@ class ReplicaManager:
                         log_start_offset=fp.log_start_offset,
                         last_fetched_epoch=fp.last_fetched_epoch,
                         current_leader_epoch=fp.current_leader_epoch,
+                        broker_epoch=broker_epoch,
                     ),
                     now,
                 )

@@ -35,6 +35,9 @@ from tidewater.v1.errors_pb2 import ErrorCode
 NO_LEADER = -1
 ACKS_ALL = -1
 NO_EPOCH = -1
+# A member's broker epoch in an ISR proposal when the leader knows none: the controller skips
+# its check (Kafka's -1).
+NO_BROKER_EPOCH = -1
 # The controller's answers to an AlterIsr that say the proposal was not applied and never
 # will be (Kafka's Partition.handleAlterPartitionError). Any other failure (a timeout, a lost
 # connection, NOT_CONTROLLER after a failover) leaves the outcome unknown: it may have been
@@ -58,6 +61,13 @@ class EpochHistory(Protocol):
     def assign(self, epoch: int, start_offset: int) -> None: ...
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]: ...
+
+
+# The broker epoch of a broker as the leader's metadata knows it (UpdateMetadata's live
+# brokers): None when the broker may not join an ISR (not alive, fenced or shutting down:
+# KIP-841), 0 when it may but its epoch is not known (no UpdateMetadata yet, or one without
+# epochs), which skips the epoch check.
+UsableBrokerEpoch = Callable[[int], int | None]
 
 
 class ReplicaLog(Protocol):
@@ -118,6 +128,11 @@ class AlterIsrProposal:
     leader_epoch: int
     new_isr: tuple[int, ...]
     partition_epoch: int
+    # The broker epoch of each member of new_isr, in its order (Kafka's NewIsrWithEpochs,
+    # KIP-903): a follower's from its fetches, NO_BROKER_EPOCH where the leader has none (for
+    # itself: the AlterIsr request carries its epoch). The controller refuses a member whose
+    # registration is no longer that epoch.
+    new_isr_broker_epochs: tuple[int, ...]
 
 
 # NamedTuples rather than frozen dataclasses: made for every partition of every fetch, where
@@ -130,6 +145,8 @@ class FollowerFetch(NamedTuple):
     log_start_offset: int
     last_fetched_epoch: int
     current_leader_epoch: int
+    # The follower's broker epoch, from the fetch request (KIP-903); 0 when it sent none.
+    broker_epoch: int = 0
 
 
 class FollowerFetchOutcome(NamedTuple):
@@ -149,16 +166,16 @@ class Partition:
         log: ReplicaLog,
         config: ReplicationConfig,
         checkpointed_high_watermark: int,
-        isr_eligible: Callable[[int], bool] = lambda broker_id: True,
+        usable_broker_epoch: UsableBrokerEpoch = lambda broker_id: 0,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.local_broker_id = local_broker_id
         self.log = log
         self.config = config
-        # Fenced or shutting-down brokers do not join an ISR (KIP-841); the broker's metadata
-        # cache answers this.
-        self.isr_eligible = isr_eligible
+        # Fenced or shutting-down brokers do not join an ISR (KIP-841), nor an incarnation of
+        # a broker other than the one registered (KIP-903); the broker's metadata answers.
+        self.usable_broker_epoch = usable_broker_epoch
         self.leader = NO_LEADER
         self.leader_epoch = NO_EPOCH
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
@@ -294,7 +311,11 @@ class Partition:
             )
         previous_end_offset = replica.log_end_offset
         replica.update_fetch_state(
-            fetch.fetch_offset, fetch.log_start_offset, now_ms, leader_end_offset
+            fetch.fetch_offset,
+            fetch.log_start_offset,
+            now_ms,
+            leader_end_offset,
+            fetch.broker_epoch,
         )
         proposal = self._maybe_expand_isr(replica)
         hw_changed = False
@@ -310,13 +331,21 @@ class Partition:
         state = self.isr_state
         if state.in_flight or replica.broker_id in state.isr:
             return None
-        if not self.isr_eligible(replica.broker_id):
+        if not self._isr_eligible(replica):
             return None
         if replica.log_end_offset < self.high_watermark:
             return None
         if replica.log_end_offset < self.leader_epoch_start_offset:
             return None
         return self._propose(state.isr | {replica.broker_id})
+
+    def _isr_eligible(self, replica: Replica) -> bool:
+        """Kafka's isReplicaIsrEligible: the follower's broker is usable (KIP-841) and its
+        fetches come from the incarnation the metadata knows (KIP-903). A broker that restarted
+        may have lost its unflushed tail: what its old incarnation fetched must not let the new
+        one in, nor may the new one's fetches before the leader knows its registration."""
+        known = self.usable_broker_epoch(replica.broker_id)
+        return known is not None and (known == 0 or replica.broker_epoch == known)
 
     def maybe_shrink_isr(self, now_ms: int) -> AlterIsrProposal | None:
         """Kafka's maybeShrinkIsr, run every replica.lag.time.max.ms / 2: drop ISR members
@@ -342,13 +371,21 @@ class Partition:
 
     def _propose(self, new_isr: frozenset[int]) -> AlterIsrProposal:
         self.isr_state = IsrState(self.isr, self.partition_epoch, frozenset(new_isr))
+        members = tuple(sorted(new_isr))
         return AlterIsrProposal(
             topic=self.topic,
             partition=self.partition,
             leader_epoch=self.leader_epoch,
-            new_isr=tuple(sorted(new_isr)),
+            new_isr=members,
             partition_epoch=self.partition_epoch,
+            new_isr_broker_epochs=tuple(self._member_epoch(b) for b in members),
         )
+
+    def _member_epoch(self, broker_id: int) -> int:
+        replica = self.remote_replicas.get(broker_id)
+        if replica is None or not replica.broker_epoch:
+            return NO_BROKER_EPOCH  # the leader itself, or no fetch with an epoch yet
+        return replica.broker_epoch
 
     def on_alter_isr_result(
         self,
@@ -399,10 +436,7 @@ class Partition:
         for replica in self.remote_replicas.values():
             if replica.log_end_offset < new_hw and (
                 replica.broker_id in maximal_isr
-                or (
-                    now_ms - replica.last_caught_up_time_ms <= lag
-                    and self.isr_eligible(replica.broker_id)
-                )
+                or (now_ms - replica.last_caught_up_time_ms <= lag and self._isr_eligible(replica))
             ):
                 new_hw = replica.log_end_offset
         if new_hw > self.high_watermark:

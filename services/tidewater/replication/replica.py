@@ -17,11 +17,25 @@ class Replica:
     last_fetch_leader_log_end_offset: int = UNKNOWN_OFFSET
     last_fetch_time_ms: int = 0
     last_caught_up_time_ms: int = 0
+    # The follower's broker epoch in its last fetch (KIP-903): which incarnation of the broker
+    # the state above describes. 0: none yet, or its fetches carry none.
+    broker_epoch: int = 0
 
     def update_fetch_state(
-        self, fetch_offset: int, log_start_offset: int, fetch_time_ms: int, leader_end_offset: int
+        self,
+        fetch_offset: int,
+        log_start_offset: int,
+        fetch_time_ms: int,
+        leader_end_offset: int,
+        broker_epoch: int,
     ) -> None:
-        """Kafka's Replica#updateFetchState (updateLogReadResult in older releases)."""
+        """Kafka's Replica#updateFetchState (updateLogReadResult in older releases). A fetch
+        from another incarnation of the follower than the last one's starts afresh: what the
+        old one had fetched, and when it was caught up, says nothing of a broker that may have
+        lost its unflushed log tail since."""
+        if self.broker_epoch and broker_epoch != self.broker_epoch:
+            self.reset(fetch_time_ms, leader_end_offset, is_new_leader=True, in_sync=False)
+        self.broker_epoch = broker_epoch
         if fetch_offset >= leader_end_offset:
             self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, fetch_time_ms)
         elif fetch_offset >= self.last_fetch_leader_log_end_offset:
@@ -35,9 +49,11 @@ class Replica:
         self, now_ms: int, leader_end_offset: int, is_new_leader: bool, in_sync: bool
     ) -> None:
         """On becoming leader: ISR members count as caught up now, others not at all; a new
-        leader knows nothing of the followers' logs until they fetch."""
+        leader knows nothing of the followers' logs until they fetch (nor does any leader of a
+        follower's new incarnation: update_fetch_state resets it as for a new leader)."""
         self.last_caught_up_time_ms = now_ms if in_sync else 0
         if is_new_leader:
+            self.broker_epoch = 0
             self.log_start_offset = UNKNOWN_OFFSET
             self.log_end_offset = UNKNOWN_OFFSET
             self.last_fetch_leader_log_end_offset = UNKNOWN_OFFSET

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
+from tidewater.broker.partition import HostedPartition
 from tidewater.broker.purgatory import DelayedOperation
 from tidewater.errors import NO_ERROR
-from tidewater.replication.partition import Partition
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
@@ -16,17 +16,30 @@ TopicPartition = tuple[str, int]
 PartitionOutcome = tuple[int, str]
 
 
+class Appended(NamedTuple):
+    """An acks=all batch in a leader's log, waiting to be committed."""
+
+    # The high watermark that commits it: its last offset + 1.
+    required_offset: int
+    # The leader epoch and the hosted partition it was appended under: only while both are
+    # current is the batch at its offsets (a leader that lost the partition in between may
+    # have truncated it and copied another leader's records there, even if it leads again).
+    leader_epoch: int
+    partition: HostedPartition
+
+
 class DelayedProduce(DelayedOperation):
-    """Waits until the HW of every appended partition covers its batch (Kafka's DelayedProduce)."""
+    """Waits until the HW of every appended partition covers its batch (Kafka's DelayedProduce),
+    under the leader epoch of the append."""
 
     def __init__(
         self,
         timeout_ms: int,
-        required_offsets: dict[TopicPartition, int],
-        lookup: Callable[[TopicPartition], Partition | None],
+        waiting: dict[TopicPartition, Appended],
+        lookup: Callable[[TopicPartition], HostedPartition | None],
     ) -> None:
         super().__init__(timeout_ms)
-        self._required = required_offsets
+        self._waiting = waiting
         self._lookup = lookup
         self.outcomes: dict[TopicPartition, PartitionOutcome] = {}
         self.done: asyncio.Future[dict[TopicPartition, PartitionOutcome]] = (
@@ -34,31 +47,36 @@ class DelayedProduce(DelayedOperation):
         )
 
     def try_complete(self) -> bool:
-        for tp, required in self._required.items():
+        for tp, appended in self._waiting.items():
             if tp in self.outcomes:
                 continue
-            partition = self._lookup(tp)
-            if partition is None or not partition.is_leader:
+            state = appended.partition.state
+            if (
+                self._lookup(tp) is not appended.partition
+                or not state.is_leader
+                or state.leader_epoch != appended.leader_epoch
+            ):
                 self.outcomes[tp] = (
                     ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                    f"leadership of {tp[0]}-{tp[1]} moved before the batch was committed",
+                    f"leadership of {tp[0]}-{tp[1]} moved before the batch was committed "
+                    f"(appended at leader epoch {appended.leader_epoch})",
                 )
                 continue
-            enough = partition.enough_replicas_for(required)
+            enough = state.enough_replicas_for(appended.required_offset)
             if enough is True:
                 self.outcomes[tp] = (NO_ERROR, "")
             elif enough is False:
                 self.outcomes[tp] = (
                     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                    f"{tp[0]}-{tp[1]}: ISR {sorted(partition.isr)} shrank below "
-                    f"min.insync.replicas={partition.config.min_insync_replicas} after the append",
+                    f"{tp[0]}-{tp[1]}: ISR {sorted(state.isr)} shrank below "
+                    f"min.insync.replicas={state.config.min_insync_replicas} after the append",
                 )
-        if len(self.outcomes) == len(self._required):
+        if len(self.outcomes) == len(self._waiting):
             return self.force_complete()
         return False
 
     def on_expiration(self) -> None:
-        for tp in self._required:
+        for tp in self._waiting:
             self.outcomes.setdefault(
                 tp,
                 (

@@ -86,15 +86,17 @@ class HostedPartition:
 
     async def append_as_leader(
         self, batch: bytearray, acks: int, now_ms: int
-    ) -> tuple[AppendInfo, bool]:
-        """Append a validated batch as leader; returns the append and whether the HW moved.
-        A retry of an idempotent batch already in the log is not appended again: the answer
-        carries the original offsets (Kafka's, with no timestamp). Appends wait their turn:
-        each checks leadership and duplicates only after the one before it is in the log."""
+    ) -> tuple[AppendInfo, int]:
+        """Append a validated batch as leader; returns the append and the leader epoch it was
+        made under (an acks=all ack must not outlive that epoch). A retry of an idempotent
+        batch already in the log is not appended again: the answer carries the original
+        offsets (Kafka's, with no timestamp). Appends wait their turn: each checks leadership
+        and duplicates only after the one before it is in the log."""
         async with self._leader_appends:
             if self.stopped:
                 raise NotLeaderOrFollower(f"{self.state.name} is no longer hosted here")
             self.state.check_append(acks)
+            leader_epoch = self.state.leader_epoch
             header = read_header(batch)
             if header.producer_id >= 0:
                 if self.log.log_start_offset > self._producers_trimmed_to:
@@ -103,20 +105,18 @@ class HostedPartition:
                 duplicate = self.producer_state.check(header)
                 if duplicate is not None:
                     info = AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0)
-                    return info, False
+                    return info, leader_epoch
             active_segment = self._active_segment_base()
-            high_watermark_moved = False
 
             def appended(info: AppendInfo) -> None:
                 # Runs as the batch enters the log, before anything else changes it.
-                nonlocal high_watermark_moved
                 if header.producer_id >= 0:
                     self.producer_state.update(header, info.first_offset)
                 self._snapshot_if_rolled(active_segment)
-                high_watermark_moved = self.state.after_leader_append(now_ms)
+                self.state.after_leader_append(now_ms)
 
-            info = await self.log.append_batch_off_loop(batch, self.state.leader_epoch, appended)
-            return info, high_watermark_moved
+            info = await self.log.append_batch_off_loop(batch, leader_epoch, appended)
+            return info, leader_epoch
 
     async def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:
         """Append what the leader sent (large data on a worker thread) and replay it into the

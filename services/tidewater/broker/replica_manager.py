@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.controller_client import ControllerClient
-from tidewater.broker.delayed import DelayedFetch, DelayedProduce, TopicPartition
+from tidewater.broker.delayed import Appended, DelayedFetch, DelayedProduce, TopicPartition
 from tidewater.broker.fetch_answer import FetchAnswer, PartitionAnswer
 from tidewater.broker.fetch_session import FetchContext, FetchSessionCache
 from tidewater.broker.fetcher import ReplicaFetcherManager, SourceBroker
@@ -379,7 +379,11 @@ class ReplicaManager:
         local_done = time.perf_counter_ns()
         if waiting:
             waits = (
-                self._replication_waits.start(request.partitions, traces, waiting)
+                self._replication_waits.start(
+                    request.partitions,
+                    traces,
+                    {tp: batch.required_offset for tp, batch in waiting.items()},
+                )
                 if traces is not None
                 else None
             )
@@ -397,11 +401,11 @@ class ReplicaManager:
         request: pb.ProduceRequest,
         traces: list[ProduceTrace | None] | None,
         batches: Sequence[memoryview | None],
-    ) -> tuple[pb.ProduceResponse, dict[TopicPartition, int], int]:
-        """Append each partition's batch; returns the response so far, the offsets acks=all
+    ) -> tuple[pb.ProduceResponse, dict[TopicPartition, Appended], int]:
+        """Append each partition's batch; returns the response so far, the batches acks=all
         waits for, and the bytes appended."""
         response = pb.ProduceResponse(correlation_id=request.correlation_id)
-        waiting: dict[TopicPartition, int] = {}
+        waiting: dict[TopicPartition, Appended] = {}
         appended = 0
         completed = 0
         if request.acks not in (0, 1, ACKS_ALL):
@@ -416,16 +420,16 @@ class ReplicaManager:
                 lifted = batches[i] if batches else None
                 batch = self._batch_of(data, partition.config.log.max_message_bytes, lifted)
                 start_ns = time.time_ns() if traces is not None else 0
-                info, _ = await partition.append_as_leader(batch, request.acks, self.time_ms())
+                info, leader_epoch = await partition.append_as_leader(
+                    batch, request.acks, self.time_ms()
+                )
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
                 continue
             appended += info.size_bytes
             produce_trace = traces[i] if traces is not None else None
             if produce_trace is not None:
-                produce_trace.appended(
-                    batch, info.first_offset, partition.state.leader_epoch, start_ns
-                )
+                produce_trace.appended(batch, info.first_offset, leader_epoch, start_ns)
             # add() builds the result in place; append() would copy a built one.
             response.partitions.add(
                 topic=tp[0],
@@ -436,7 +440,7 @@ class ReplicaManager:
             )
             completed += self._partition_changed(tp)
             if request.acks == ACKS_ALL:
-                waiting[tp] = info.last_offset + 1
+                waiting[tp] = Appended(info.last_offset + 1, leader_epoch, partition)
         if waiting and completed:
             # The fetches the append completed write the batch to the followers first, then
             # this produce parks: its ack waits for their copies.
@@ -474,10 +478,10 @@ class ReplicaManager:
         self,
         request: pb.ProduceRequest,
         response: pb.ProduceResponse,
-        waiting: dict[TopicPartition, int],
+        waiting: dict[TopicPartition, Appended],
     ) -> None:
         timeout_ms = request.timeout_ms or self.config.request_timeout_ms
-        op = DelayedProduce(timeout_ms, waiting, self._partition_state)
+        op = DelayedProduce(timeout_ms, waiting, self.partitions.get)
         self.produce_purgatory.try_complete_else_watch(op, waiting)
         outcomes = await op.done
         for result in response.partitions:

@@ -1,0 +1,157 @@
+"""What an acks=all produce answers: a batch is acknowledged only when the high watermark covers
+it under the leader epoch, and in the hosted partition, it was appended to."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from tidewater.broker.delayed import Appended, DelayedProduce
+from tidewater.broker.purgatory import Purgatory
+from tidewater.local.standin_controller import make_leader
+from tidewater.local.wait import eventually
+from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+TP = ("t", 0)
+WAIT_S = 20.0
+
+
+class State:
+    """The replication state a DelayedProduce reads: a leader with an ISR of min.insync."""
+
+    def __init__(self, leader_epoch: int) -> None:
+        self.is_leader = True
+        self.leader_epoch = leader_epoch
+        self.high_watermark = 0
+
+    def enough_replicas_for(self, required_offset: int) -> bool | None:
+        return True if self.high_watermark >= required_offset else None
+
+
+class Hosted:
+    def __init__(self, leader_epoch: int) -> None:
+        self.state = State(leader_epoch)
+
+
+def waiting_for(hosted: Hosted, required_offset: int, leader_epoch: int) -> DelayedProduce:
+    hosts = {TP: hosted}
+    appended = Appended(required_offset, leader_epoch, hosted)  # type: ignore[arg-type]
+    return DelayedProduce(30_000, {TP: appended}, hosts.get)  # type: ignore[arg-type]
+
+
+async def test_a_batch_committed_in_the_epoch_of_its_append_is_acknowledged() -> None:
+    hosted = Hosted(leader_epoch=1)
+    op = waiting_for(hosted, 2, leader_epoch=1)
+    purgatory = Purgatory("Produce", asyncio.get_running_loop())
+    assert not purgatory.try_complete_else_watch(op, [TP])
+    hosted.state.high_watermark = 2
+    assert purgatory.check_and_complete(TP) == 1
+    assert await asyncio.wait_for(op.done, WAIT_S) == {TP: (ErrorCode.NONE, "")}
+
+
+async def test_a_batch_appended_under_an_older_epoch_is_refused_whatever_the_hw() -> None:
+    """The leader lost the partition after the append (and may have truncated the batch and
+    copied another leader's records to its offsets), then led again: the high watermark past
+    the batch's offsets says nothing of the batch. Seen when the produce starts waiting, and
+    while it waits."""
+    hosted = Hosted(leader_epoch=3)
+    hosted.state.high_watermark = 5
+    at_once = waiting_for(hosted, 2, leader_epoch=1)
+    assert at_once.try_complete()
+    code, message = (await asyncio.wait_for(at_once.done, WAIT_S))[TP]
+    assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert "epoch 1" in message
+
+    hosted = Hosted(leader_epoch=1)
+    parked = waiting_for(hosted, 2, leader_epoch=1)
+    purgatory = Purgatory("Produce", asyncio.get_running_loop())
+    assert not purgatory.try_complete_else_watch(parked, [TP])
+    hosted.state.leader_epoch, hosted.state.high_watermark = 2, 5
+    assert purgatory.check_and_complete(TP) == 1
+    code, _ = (await asyncio.wait_for(parked.done, WAIT_S))[TP]
+    assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_a_batch_appended_to_a_partition_since_recreated_is_refused() -> None:
+    """The topic was deleted and created again: its new partition starts its epochs afresh,
+    so the same epoch and a high watermark past the batch say nothing of it."""
+    appended_to, recreated = Hosted(leader_epoch=1), Hosted(leader_epoch=1)
+    recreated.state.high_watermark = 5
+    hosts = {TP: recreated}
+    op = DelayedProduce(30_000, {TP: Appended(2, 1, appended_to)}, hosts.get)  # type: ignore[arg-type]
+    assert op.try_complete()
+    code, _ = (await asyncio.wait_for(op.done, WAIT_S))[TP]
+    assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def produce_request(acks: int, *batches: tuple[int, bytes]) -> pb.ProduceRequest:
+    request = pb.ProduceRequest(acks=acks, timeout_ms=int(WAIT_S * 1000))
+    for partition, value in batches:
+        request.partitions.add(
+            topic=TP[0], partition=partition, record_batch=build_batch([Record(value=value)])
+        )
+    return request
+
+
+async def test_a_leadership_flap_between_two_appends_of_a_produce_is_not_acknowledged(
+    start_broker: Callable[..., Any],
+) -> None:
+    """A produce appends its partitions one at a time and may wait between them (behind other
+    produces of a partition, or a write off the loop). Here its batch for partition 0 is in
+    broker 1's log at offset 1 while it waits on partition 1; meanwhile broker 1 follows
+    broker 2 in epoch 2, truncates the batch and copies broker 2's record to offset 1, then
+    leads again in epoch 3 with the high watermark past it. The produce's answer for
+    partition 0 is NOT_LEADER_OR_FOLLOWER: its batch is not in the log."""
+    servers, channels = {}, {}
+    for broker_id in (1, 2):
+        server, client = await start_broker(broker_id, **{"replica.fetch.backoff.ms": 50})
+        servers[broker_id], channels[broker_id] = server, client.channel
+    addresses = {b: s.address for b, s in servers.items()}
+    b1 = servers[1].replica_manager
+
+    async def elect(broker_id: int, partition: int, leader: int, epoch: int) -> None:
+        await make_leader(
+            channels[broker_id],
+            TP[0],
+            partition,
+            leader=leader,
+            leader_epoch=epoch,
+            replicas=[1, 2],
+            leaders={leader: addresses[leader]},
+        )
+
+    for partition in (0, 1):
+        for broker_id in (1, 2):
+            await elect(broker_id, partition, leader=1, epoch=1)
+    warm_up = await b1.produce(produce_request(-1, (0, b"a0"), (1, b"b0")))
+    assert [p.error_code for p in warm_up.partitions] == [ErrorCode.NONE] * 2
+    log_0 = b1.partitions[TP].log
+
+    def values() -> list[bytes | None]:
+        return [r.value for r in decode_batches(log_0.read(0, 1 << 20))]
+
+    # Stands in for the produces queued on partition 1 ahead of this one.
+    queued = b1.partitions[(TP[0], 1)]._leader_appends
+    await queued.acquire()
+    try:
+        await elect(2, 0, leader=2, epoch=2)  # broker 1 has not heard yet
+        produce = asyncio.create_task(b1.produce(produce_request(-1, (0, b"lost"), (1, b"b1"))))
+        await eventually(lambda: log_0.log_end_offset == 2, WAIT_S)
+        await elect(1, 0, leader=2, epoch=2)
+        other = await servers[2].replica_manager.produce(produce_request(1, (0, b"other")))
+        assert other.partitions[0].base_offset == 1
+        await eventually(lambda: values() == [b"a0", b"other"], WAIT_S)
+        for broker_id in (1, 2):
+            await elect(broker_id, 0, leader=1, epoch=3)
+        await eventually(lambda: b1.partitions[TP].state.high_watermark >= 2, WAIT_S)
+    finally:
+        queued.release()
+    answer = await asyncio.wait_for(produce, WAIT_S)
+    results = {p.partition: p for p in answer.partitions}
+    assert results[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER, results[0]
+    assert results[0].base_offset == -1
+    assert (results[1].error_code, results[1].base_offset) == (ErrorCode.NONE, 1)
+    assert values() == [b"a0", b"other"]

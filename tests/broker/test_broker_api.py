@@ -22,6 +22,7 @@ from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TOPIC = "events"
+WAIT_S = 20.0
 
 
 def batch_of(values: list[bytes], **kwargs: Any) -> bytes:
@@ -274,6 +275,74 @@ async def test_streams_answer_by_correlation_id(leader: Any) -> None:
     for offset in (0, 10, 19):
         first = next(decode_batches(fetched[offset].partitions[0].record_batches))
         assert first.offset == offset
+
+
+@pytest.mark.usefixtures("off_loop_writes")
+@pytest.mark.parametrize("idempotent", [False, True])
+async def test_a_produce_stream_appends_its_requests_in_arrival_order(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, idempotent: bool
+) -> None:
+    """Request 1 appends to partition 0, whose write waits for the disk (here: a gate), then
+    to partition 1; request 2, pipelined behind it on the same stream, appends to partition 1
+    as well. Its batch lands after request 1's, as on a Kafka connection: before, it landed
+    first (a reordered partition, or for an idempotent producer a spurious
+    OUT_OF_ORDER_SEQUENCE)."""
+    server, client = await start_broker(1)
+    for partition in (0, 1):
+        await make_leader(client.channel, TOPIC, partition, leader=1, leader_epoch=1, replicas=[1])
+    rm = server.replica_manager
+    segment = rm.partitions[(TOPIC, 0)].log.segments[-1]
+    write, gate = segment.write, threading.Event()
+
+    def write_when_the_gate_opens(data: bytes, drop_behind_bytes: int) -> None:
+        gate.wait(WAIT_S)
+        write(data, drop_behind_bytes)
+
+    monkeypatch.setattr(segment, "write", write_when_the_gate_opens)
+    produce, arrived = rm.produce, []
+
+    def arrival(request: pb.ProduceRequest, *args: Any) -> Any:
+        arrived.append(request.correlation_id)
+        return produce(request, *args)
+
+    monkeypatch.setattr(rm, "produce", arrival)
+
+    def batch(value: bytes, sequence: int) -> bytes:
+        if not idempotent:
+            return batch_of([value])
+        return batch_of([value], producer_id=1000, producer_epoch=0, base_sequence=sequence)
+
+    def request(correlation_id: int, *batches: tuple[int, bytes, int]) -> pb.ProduceRequest:
+        return pb.ProduceRequest(
+            acks=-1,
+            timeout_ms=int(WAIT_S * 1000),
+            correlation_id=correlation_id,
+            partitions=[
+                pb.PartitionProduceData(
+                    topic=TOPIC, partition=partition, record_batch=batch(value, sequence)
+                )
+                for partition, value, sequence in batches
+            ],
+        )
+
+    call = client.service.ProduceStream()
+    try:
+        await call.write(request(1, (0, b"stalled", 0), (1, b"first", 0)))
+        await call.write(request(2, (1, b"second", 1)))
+        await eventually(lambda: arrived == [1, 2], WAIT_S)
+    finally:
+        gate.set()
+    answers = {}
+    async with asyncio.timeout(WAIT_S):
+        for _ in range(2):
+            answer = await call.read()
+            answers[answer.correlation_id] = [
+                (p.error_code, p.base_offset) for p in answer.partitions
+            ]
+    await call.done_writing()
+    assert answers == {1: [(ErrorCode.NONE, 0), (ErrorCode.NONE, 0)], 2: [(ErrorCode.NONE, 1)]}
+    stored = rm.partitions[(TOPIC, 1)].log.read(0, 1 << 20)
+    assert [r.value for r in decode_batches(stored)] == [b"first", b"second"]
 
 
 async def test_health_and_reflection(leader: Any) -> None:

@@ -94,8 +94,10 @@ class BrokerServiceServicer:
 
     def ProduceStream(self, request_iterator, context):
         """Produce over a long-lived stream: one ProduceResponse per ProduceRequest, matched by
-        correlation_id. Responses for different partitions may come back out of request order;
-        for one partition they come back in order. Saves a round trip per request versus unary.
+        correlation_id. Requests are appended in arrival order (each request's batches after the
+        previous request's), so a partition stores its batches in the order they were sent.
+        Responses for different partitions may come back out of request order; for one partition
+        they come back in order. Saves a round trip per request versus unary.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -347,17 +347,20 @@ class ReplicaManager:
         request: pb.ProduceRequest,
         metadata: Any = None,
         batches: Sequence[memoryview | None] = (),
+        in_order: asyncio.Lock | None = None,
     ) -> pb.ProduceResponse:
         """`metadata`: the gRPC call's, where a unary caller's trace context may be.
         `batches[i]`: partition i's record_batch if gRPC's deserializer lifted it out of the
-        request (tidewater.rpc.lifted), None if it is in the request."""
+        request (tidewater.rpc.lifted), None if it is in the request. `in_order`: held
+        through the appends, taken before the first await: the produces of one stream append
+        in arrival order (an asyncio.Lock serves its waiters first come, first served)."""
         if not tracing.ENABLED:
-            return await self._produce(request, None, batches)
+            return await self._produce(request, None, batches, in_order)
         traces = [ProduceTrace.start(data, request.acks, metadata) for data in request.partitions]
         if not any(traces):
-            return await self._produce(request, None, batches)
+            return await self._produce(request, None, batches, in_order)
         try:
-            response = await self._produce(request, traces, batches)
+            response = await self._produce(request, traces, batches, in_order)
         except BaseException as e:
             for produce_trace in traces:
                 if produce_trace is not None:
@@ -373,10 +376,23 @@ class ReplicaManager:
         request: pb.ProduceRequest,
         traces: list[ProduceTrace | None] | None,
         batches: Sequence[memoryview | None],
+        in_order: asyncio.Lock | None,
     ) -> pb.ProduceResponse:
         started = time.perf_counter_ns()
-        response, waiting, appended = await self._append_all(request, traces, batches)
+        if in_order is None:
+            response, waiting, appended, completed = await self._append_all(
+                request, traces, batches
+            )
+        else:
+            async with in_order:
+                response, waiting, appended, completed = await self._append_all(
+                    request, traces, batches
+                )
         local_done = time.perf_counter_ns()
+        if waiting and completed:
+            # The fetches the appends completed write the batches to the followers first,
+            # then this produce parks: its ack waits for their copies.
+            await asyncio.sleep(0)
         if waiting:
             waits = (
                 self._replication_waits.start(
@@ -401,9 +417,9 @@ class ReplicaManager:
         request: pb.ProduceRequest,
         traces: list[ProduceTrace | None] | None,
         batches: Sequence[memoryview | None],
-    ) -> tuple[pb.ProduceResponse, dict[TopicPartition, Appended], int]:
+    ) -> tuple[pb.ProduceResponse, dict[TopicPartition, Appended], int, int]:
         """Append each partition's batch; returns the response so far, the batches acks=all
-        waits for, and the bytes appended."""
+        waits for, the bytes appended, and how many waiting operations the appends completed."""
         response = pb.ProduceResponse(correlation_id=request.correlation_id)
         waiting: dict[TopicPartition, Appended] = {}
         appended = 0
@@ -412,7 +428,7 @@ class ReplicaManager:
             error = InvalidRequiredAcks(f"acks must be 0, 1 or -1, got {request.acks}")
             for data in request.partitions:
                 response.partitions.append(self._produce_error(data, error))
-            return response, waiting, appended
+            return response, waiting, appended, completed
         for i, data in enumerate(request.partitions):
             tp = (data.topic, data.partition)
             try:
@@ -441,11 +457,7 @@ class ReplicaManager:
             completed += self._partition_changed(tp)
             if request.acks == ACKS_ALL:
                 waiting[tp] = Appended(info.last_offset + 1, leader_epoch, partition)
-        if waiting and completed:
-            # The fetches the append completed write the batch to the followers first, then
-            # this produce parks: its ack waits for their copies.
-            await asyncio.sleep(0)
-        return response, waiting, appended
+        return response, waiting, appended, completed
 
     def _batch_of(
         self, data: pb.PartitionProduceData, max_message_bytes: int, lifted: memoryview | None

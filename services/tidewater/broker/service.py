@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable
 
 import grpc
@@ -34,10 +35,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         request_iterator: AsyncIterator[Lifted[pb.ProduceRequest]],
         context: grpc.aio.ServicerContext,
     ) -> None:
-        await pipelined(request_iterator, self._produce, context.write)
+        # The stream's requests append in arrival order, one request's appends after the
+        # other's, as Kafka keeps a connection's; their waits for replication overlap.
+        in_order = asyncio.Lock()
 
-    def _produce(self, request: Lifted[pb.ProduceRequest]) -> Awaitable[pb.ProduceResponse]:
-        return self._rm.produce(request.message, None, request.views)
+        def produce(request: Lifted[pb.ProduceRequest]) -> Awaitable[pb.ProduceResponse]:
+            return self._rm.produce(request.message, None, request.views, in_order)
+
+        await pipelined(request_iterator, produce, context.write)
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext

@@ -18,10 +18,11 @@ async def pipelined(
     """Handle each request as it arrives, without waiting for earlier ones, and write each
     response as soon as its handler returns it (`write`: the call's `context.write`, one at a
     time). Handlers start in arrival order, and everything a handler does before its first
-    await (a produce's append) happens in that order too. The handler writes its own answer:
-    no queue and no generator between it and the stream, which would each cost a turn of the
-    event loop per response. Returns once every response is written; a failed handler fails
-    the stream with its exception."""
+    await happens in that order too; work past it that must keep the order takes a lock
+    there (asyncio's serves its waiters in order: a ProduceStream's appends). The handler
+    writes its own answer: no queue and no generator between it and the stream, which would
+    each cost a turn of the event loop per response. Returns once every response is written;
+    a failed handler fails the stream with its exception."""
     writing = asyncio.Lock()
 
     async def respond(request: Req) -> None:

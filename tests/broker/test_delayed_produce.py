@@ -155,3 +155,29 @@ async def test_a_leadership_flap_between_two_appends_of_a_produce_is_not_acknowl
     assert results[0].base_offset == -1
     assert (results[1].error_code, results[1].base_offset) == (ErrorCode.NONE, 1)
     assert values() == [b"a0", b"other"]
+
+
+async def test_a_produce_completed_without_an_outcome_is_never_acknowledged() -> None:
+    """The purgatory completes what still waits when the broker shuts down: a batch with no
+    outcome then is neither committed nor refused, and answers REQUEST_TIMED_OUT."""
+    op = waiting_for(Hosted(leader_epoch=1), 2, leader_epoch=1)
+    purgatory = Purgatory("Produce", asyncio.get_running_loop())
+    assert not purgatory.try_complete_else_watch(op, [TP])
+    purgatory.cancel_all()
+    code, message = (await asyncio.wait_for(op.done, WAIT_S))[TP]
+    assert code == ErrorCode.REQUEST_TIMED_OUT
+    assert "stopped waiting" in message
+
+
+async def test_the_answer_of_a_produce_cancelled_in_the_purgatory_is_an_error(
+    start_broker: Callable[..., Any],
+) -> None:
+    server, client = await start_broker(1)
+    # Broker 2 never fetches: the batch is never committed.
+    await make_leader(client.channel, TP[0], 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    rm = server.replica_manager
+    produce = asyncio.create_task(rm.produce(produce_request(-1, (0, b"uncommitted"))))
+    await eventually(lambda: rm.produce_purgatory.watched == 1, WAIT_S)
+    rm.produce_purgatory.cancel_all()
+    [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
+    assert (result.error_code, result.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, -1)

@@ -87,6 +87,16 @@ class DelayedProduce(DelayedOperation):
             )
 
     def on_complete(self) -> None:
+        # Completed with no outcome for a batch (the purgatory cancelled at shutdown): its
+        # fate is unknown, as after a timeout; never success, and leadership may not have moved.
+        if len(self.outcomes) < len(self._waiting):
+            for tp in self._waiting:
+                if tp not in self.outcomes:
+                    self.outcomes[tp] = (
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"{tp[0]}-{tp[1]}: the broker stopped waiting for the ISR to "
+                        "replicate the batch (shutting down)",
+                    )
         if not self.done.done():
             self.done.set_result(self.outcomes)
 

@@ -497,10 +497,10 @@ class ReplicaManager:
         self.produce_purgatory.try_complete_else_watch(op, waiting)
         outcomes = await op.done
         for result in response.partitions:
-            code, message = outcomes.get((result.topic, result.partition), (NO_ERROR, ""))
-            if code != NO_ERROR:
-                result.error_code = code
-                result.error_message = message
+            # None: the partition did not wait (its append failed, its answer is set).
+            outcome = outcomes.get((result.topic, result.partition))
+            if outcome is not None and outcome[0] != NO_ERROR:
+                result.error_code, result.error_message = outcome
                 result.base_offset = -1
 
     def _produce_error(

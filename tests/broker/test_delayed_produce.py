@@ -27,6 +27,10 @@ class State:
         self.leader_epoch = leader_epoch
         self.high_watermark = 0
 
+    def holds_append(self, leader_epoch: int, required_offset: int) -> bool:
+        # What Partition.holds_append says where the epoch moved with the leader away and back.
+        return leader_epoch == self.leader_epoch
+
     def enough_replicas_for(self, required_offset: int) -> bool | None:
         return True if self.high_watermark >= required_offset else None
 
@@ -181,3 +185,21 @@ async def test_the_answer_of_a_produce_cancelled_in_the_purgatory_is_an_error(
     rm.produce_purgatory.cancel_all()
     [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
     assert (result.error_code, result.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, -1)
+
+
+async def test_a_batch_waiting_through_an_epoch_bump_that_kept_its_leader_is_acknowledged(
+    start_broker: Callable[..., Any],
+) -> None:
+    """The controller fences follower 2, which never fetched the batch, and shrinks the ISR
+    to the leader in a new leader epoch. The batch is still at its offset in the leader's
+    log, and the ISR left commits it: acknowledged, not refused as if leadership had moved
+    (a producer without idempotence would write it twice on its retry)."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TP[0], 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    rm = server.replica_manager
+    produce = asyncio.create_task(rm.produce(produce_request(-1, (0, b"kept"))))
+    await eventually(lambda: rm.produce_purgatory.watched == 1, WAIT_S)
+    await make_leader(client.channel, TP[0], 0, leader=1, leader_epoch=2, replicas=[1, 2], isr=[1])
+    [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
+    assert (result.error_code, result.base_offset) == (ErrorCode.NONE, 0)
+    assert [r.value for r in decode_batches(rm.partitions[TP].log.read(0, 1 << 20))] == [b"kept"]

@@ -494,6 +494,41 @@ def test_new_leader_starts_its_epoch_at_its_leo_and_offsets_continue(
     assert log.leader_epoch_cache.end_offset_for(0, log.log_end_offset) == (0, 7)
 
 
+def test_an_append_survives_an_epoch_bump_that_kept_the_leader(
+    memory_log: type[MemoryLog],
+) -> None:
+    """The controller bumps the leader epoch when it fences a follower, and this broker goes
+    on leading: an acks=all batch appended before the bump is still at its offsets."""
+    log = log_with(memory_log, 0)
+    partition = replica_on(log)
+    partition.make_leader(leader_and_isr(leader_epoch=1), T0)
+    batch = log.append_as_leader(["a", "b"], partition.leader_epoch)
+    partition.make_leader(leader_and_isr(leader_epoch=2, isr=(1, 2)), T0)
+    assert partition.holds_append(1, batch.last_offset + 1)
+    assert partition.holds_append(2, batch.last_offset + 1)
+
+
+def test_an_append_truncated_while_another_leader_led_is_not_held(
+    memory_log: type[MemoryLog],
+) -> None:
+    """Review 4, finding 1: the leader lost the partition after its append, truncated the
+    batch, copied the next leader's record to its offset and leads again. The log end is past
+    the batch; its offset holds another record."""
+    log = log_with(memory_log, 0)
+    partition = replica_on(log)
+    partition.make_leader(leader_and_isr(leader_epoch=1), T0)
+    batch = log.append_as_leader(["mine"], partition.leader_epoch)
+    partition.make_follower(leader_and_isr(leader=2, leader_epoch=2))
+    log.truncate_to(batch.base_offset)
+    log.append_as_leader(["theirs"], 2)  # as copied from leader 2: its epoch kept
+    partition.make_leader(leader_and_isr(leader_epoch=3), T0)
+    log.append_as_leader(["later"], partition.leader_epoch)
+    assert log.log_end_offset > batch.last_offset + 1
+    assert not partition.holds_append(1, batch.last_offset + 1)
+    # Truncated in the epoch's first batch: the history has no epoch 1 left at all.
+    assert log.leader_epoch_cache.epoch_entries[-2:] == [EpochEntry(2, 1), EpochEntry(3, 2)]
+
+
 def test_make_follower_says_whether_the_fetcher_must_restart(log: MemoryLog) -> None:
     partition = replica_on(log, broker_id=2)
     assert partition.make_follower(leader_and_isr(leader=1, leader_epoch=3)) is True

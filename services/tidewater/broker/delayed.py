@@ -21,16 +21,16 @@ class Appended(NamedTuple):
 
     # The high watermark that commits it: its last offset + 1.
     required_offset: int
-    # The leader epoch and the hosted partition it was appended under: only while both are
-    # current is the batch at its offsets (a leader that lost the partition in between may
-    # have truncated it and copied another leader's records there, even if it leads again).
+    # The leader epoch and the hosted partition it was appended under: a leader that lost
+    # the partition in between may have truncated the batch and copied another leader's
+    # records to its offsets, even if it leads again (Partition.holds_append).
     leader_epoch: int
     partition: HostedPartition
 
 
 class DelayedProduce(DelayedOperation):
     """Waits until the HW of every appended partition covers its batch (Kafka's DelayedProduce),
-    under the leader epoch of the append."""
+    while the batch is still in this leader's log where it was appended."""
 
     def __init__(
         self,
@@ -54,7 +54,7 @@ class DelayedProduce(DelayedOperation):
             if (
                 self._lookup(tp) is not appended.partition
                 or not state.is_leader
-                or state.leader_epoch != appended.leader_epoch
+                or not state.holds_append(appended.leader_epoch, appended.required_offset)
             ):
                 self.outcomes[tp] = (
                     ErrorCode.NOT_LEADER_OR_FOLLOWER,

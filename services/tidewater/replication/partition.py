@@ -274,6 +274,19 @@ class Partition:
         """The leader's LEO moved. Returns whether the HW moved (an ISR of one)."""
         return self._maybe_increment_high_watermark(now_ms)
 
+    def holds_append(self, leader_epoch: int, required_offset: int) -> bool:
+        """Whether the records this leader appended in `leader_epoch` below `required_offset`
+        are still at their offsets: the epoch has not moved since, or the log's epoch history
+        still runs that epoch up to them. A bump that kept this broker the leader (the
+        controller fencing a follower) truncates nothing; a leader that lost the partition
+        and truncated the batch began a later epoch below its end."""
+        if leader_epoch == self.leader_epoch:
+            return True
+        epoch, end_offset = self.log.leader_epoch_cache.end_offset_for(
+            leader_epoch, self.log.log_end_offset
+        )
+        return epoch == leader_epoch and end_offset >= required_offset
+
     def enough_replicas_for(self, required_offset: int) -> bool | None:
         """acks=all completion (checkEnoughReplicasReachOffset): None while the HW is short of
         the offset; else whether the maximal ISR (a member being added holds the batch too)

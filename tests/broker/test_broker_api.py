@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,13 @@ from tidewater.local.fetch import consumer_fetch, list_offsets
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
-from tidewater.records.header import Compression, read_header
+from tidewater.records.header import (
+    CRC_OFFSET,
+    HEADER_SIZE,
+    Compression,
+    compute_crc,
+    read_header,
+)
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -702,6 +709,83 @@ async def test_incremental_fetch_session_answers_only_partitions_with_news(leade
     response = await leader.service.Fetch(fetch_request(1))
     assert response.session_id == 0
     assert [p.high_watermark for p in response.partitions] == [1]
+
+
+async def test_a_fetch_overtaken_by_a_later_one_of_its_session_is_refused_alone(
+    start_broker: Callable[..., Any],
+) -> None:
+    """A client with two fetches of one session out at once: the later one forgets
+    partition 0. The earlier one, parked, answers INVALID_FETCH_SESSION_EPOCH as Kafka's
+    would; the append that wakes it, and a consumer parked on the same partition, are
+    answered as if nothing happened."""
+    server, client = await start_broker(1)
+    purgatory = server.replica_manager.fetch_purgatory
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    await make_leader(client.channel, TOPIC, 1, leader=1, leader_epoch=1, replicas=[1])
+
+    def in_session(session_id: int, epoch: int, max_wait_ms: int = 0) -> pb.FetchRequest:
+        return pb.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=max_wait_ms,
+            min_bytes=1,
+            max_bytes=1 << 20,
+            session=pb.FetchSession(id=session_id, epoch=epoch),
+        )
+
+    full = in_session(0, 0)
+    for partition in (0, 1):
+        full.partitions.add(topic=TOPIC, partition=partition, current_leader_epoch=-1)
+    session_id = (await client.service.Fetch(full)).session_id
+    earlier = asyncio.ensure_future(client.service.Fetch(in_session(session_id, 1, 30_000)))
+    await eventually(lambda: purgatory.watched == 1, 20, 0.01)
+    later = in_session(session_id, 2)
+    later.forgotten.add(topic=TOPIC, partition=0)
+    assert (await client.service.Fetch(later)).error_code == ErrorCode.NONE
+    consumer_fetch = fetch_request(0, max_wait_ms=30_000)
+    consumer_fetch.partitions[0].partition = 1
+    consumer = asyncio.ensure_future(client.service.Fetch(consumer_fetch))
+    await eventually(lambda: purgatory.watched == 2, 20, 0.01)
+
+    response = await client.service.Produce(produce_request(batch_of([b"v"]), partition=1))
+    assert (response.partitions[0].error_code, response.partitions[0].base_offset) == (0, 0)
+    answered = await asyncio.wait_for(earlier, 20)
+    assert answered.error_code == ErrorCode.INVALID_FETCH_SESSION_EPOCH
+    assert list(answered.partitions) == []
+    records = (await asyncio.wait_for(consumer, 20)).partitions[0].record_batches
+    assert [r.value for r in decode_batches(records)] == [b"v"]
+    assert purgatory.watched == 0
+
+
+def garbled_gzip_batch() -> bytes:
+    """A GZIP batch whose compressed body is garbage under a good CRC: stored (the broker
+    checks the records of uncompressed batches only), undecodable when read."""
+    data = bytearray(batch_of([b"v" * 100], compression=Compression.GZIP))
+    data[HEADER_SIZE:] = b"\x5a" * (len(data) - HEADER_SIZE)
+    struct.pack_into(">I", data, CRC_OFFSET, compute_crc(data))
+    return bytes(data)
+
+
+async def test_a_batch_that_does_not_decode_fails_only_its_partition_of_a_records_fetch(
+    start_broker: Callable[..., Any],
+) -> None:
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    await make_leader(client.channel, TOPIC, 1, leader=1, leader_epoch=1, replicas=[1])
+    await client.service.Produce(produce_request(batch_of([b"fine"]), partition=1))
+    request = fetch_request(0, max_wait_ms=30_000, fmt=pb.RECORD_FORMAT_RECORDS)
+    request.partitions.add(topic=TOPIC, partition=1, fetch_offset=1, current_leader_epoch=-1)
+    parked = asyncio.ensure_future(client.service.Fetch(request))
+    await eventually(lambda: server.replica_manager.fetch_purgatory.watched == 1, 20, 0.01)
+
+    # The append that wakes the parked fetch is answered, not failed with the fetch's error.
+    assert await produce_ok(client, garbled_gzip_batch()) == 0
+    garbled, fine = (await asyncio.wait_for(parked, 20)).partitions
+    assert garbled.error_code == ErrorCode.CORRUPT_MESSAGE and not garbled.records
+    assert (fine.error_code, fine.high_watermark) == (ErrorCode.NONE, 1)
+    request.partitions[1].fetch_offset = 0
+    answered = await client.service.Fetch(request)
+    assert [p.error_code for p in answered.partitions] == [ErrorCode.CORRUPT_MESSAGE, 0]
+    assert [r.value for r in answered.partitions[1].records] == [b"fine"]
 
 
 async def test_high_watermark_checkpoint_is_rewritten_only_when_a_hw_moved(

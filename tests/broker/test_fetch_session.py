@@ -137,6 +137,17 @@ def test_unknown_session_and_wrong_epoch_are_named_errors() -> None:
         c.context(request(session=(session_id, 1)), 0)
 
 
+def test_a_request_taken_in_before_a_later_one_of_its_session_is_superseded() -> None:
+    c = cache()
+    session_id = open_session(c, 0, 1)
+    earlier = c.context(request(session=(session_id, 1)), 0)
+    assert not earlier.superseded
+    later = c.context(request(session=(session_id, 2), forgotten=(0,)), 0)
+    # The earlier one's partitions are no longer the session's: it is refused, not read.
+    assert earlier.superseded and not later.superseded
+    assert not c.context(request(fp(0), session=(0, 0)), 0).superseded  # full fetches never
+
+
 def test_epoch_minus_1_closes_and_epoch_0_replaces_a_session() -> None:
     c = cache()
     first = open_session(c, 0)

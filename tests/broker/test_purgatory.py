@@ -64,6 +64,10 @@ class WaitFor(DelayedOperation):
         self.completions += 1
         self.result = self.result or "done"
 
+    def on_failure(self, error: Exception) -> None:
+        self.completions += 1
+        self.result = f"failed: {error}"
+
 
 def test_completes_at_once_when_it_can() -> None:
     clock = FakeClock()
@@ -176,6 +180,48 @@ def test_completed_operations_do_not_pile_up_behind_one_still_waiting() -> None:
     assert len(purgatory._expiries[1000].ops) < 100
     clock.advance(1.0)
     assert stuck.result == "expired" and not purgatory._expiries
+
+
+def test_a_check_that_raises_fails_that_operation_alone() -> None:
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
+    ready = [False]
+
+    def broken() -> bool:
+        if ready[0]:
+            raise KeyError("gone")
+        return False
+
+    before, failing, after = (WaitFor(lambda: ready[0]), WaitFor(broken), WaitFor(lambda: ready[0]))
+    waiting = WaitFor(lambda: False)
+    for op in (before, failing, after, waiting):
+        purgatory.watch(op, ["a", "b"])
+    ready[0] = True
+    # The caller (an append, a follower's fetch) does not see the error; the operations
+    # behind the failing one are checked all the same.
+    assert purgatory.check_and_complete("a") == 3
+    assert [op.result for op in (before, failing, after)] == ["done", "failed: 'gone'", "done"]
+    assert failing.completions == 1
+    assert purgatory.watched == 1 and purgatory.check_and_complete("b") == 0
+    clock.advance(1.0)
+    assert waiting.result == "expired" and failing.completions == 1
+
+
+def test_operations_still_waiting_stay_watched_whatever_a_check_raises() -> None:
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
+
+    def interrupted() -> bool:
+        raise KeyboardInterrupt
+
+    first, stopping, last = WaitFor(lambda: False), WaitFor(interrupted), WaitFor(lambda: False)
+    for op in (first, stopping, last):
+        purgatory.watch(op, ["a"])
+    with pytest.raises(KeyboardInterrupt):
+        purgatory.check_and_complete("a")
+    assert purgatory.watched == 3  # none lost, the unchecked one included
+    clock.advance(1.0)
+    assert [op.result for op in (first, stopping, last)] == ["expired"] * 3
 
 
 class FetchedLog:

@@ -100,6 +100,10 @@ class DelayedProduce(DelayedOperation):
         if not self.done.done():
             self.done.set_result(self.outcomes)
 
+    def on_failure(self, error: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+
 
 R = TypeVar("R")
 
@@ -143,6 +147,10 @@ class DelayedFetch(DelayedOperation, Generic[R]):
         try:
             answer = self._answer if self._answer is not None else self._read()[0]
         except Exception as e:  # the waiting fetch fails with it, rather than never answering
-            self.done.set_exception(e)
+            self.on_failure(e)
             return
         self.done.set_result(answer)
+
+    def on_failure(self, error: Exception) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)

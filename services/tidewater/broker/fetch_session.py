@@ -67,10 +67,21 @@ class FetchContext:
     incremental: bool = False
     # Partitions the last read got records of (reading a result's bytes back would copy them).
     served: list[TopicPartition] = field(default_factory=list)
+    # Incremental: the session's epoch once this request was taken in.
+    epoch: int = INITIAL_EPOCH
 
     @property
     def session_id(self) -> int:
         return self.session.id if self.session is not None else NO_SESSION
+
+    @property
+    def superseded(self) -> bool:
+        """Whether a later request of the session came in while this one waited (a client with
+        two fetches of one session out at once): the session's partitions and positions are
+        no longer the ones this request was taken in with. Kafka's IncrementalFetchContext
+        answers it INVALID_FETCH_SESSION_EPOCH ("possible duplicate request"); so does the
+        broker, with no partitions, and without reading them."""
+        return self.incremental and self.session is not None and self.session.epoch != self.epoch
 
     def unchanged(
         self, tp: TopicPartition, must_read: bool, high_watermark: int, log_start_offset: int
@@ -167,6 +178,7 @@ class FetchSessionCache:
             [cached.fetch for cached in partitions.values()],
             frozenset(named),
             incremental=True,
+            epoch=session.epoch,
         )
 
     def _create(self, request: pb.FetchRequest, now_ms: int) -> FetchSession | None:

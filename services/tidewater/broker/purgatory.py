@@ -7,6 +7,10 @@ operation also expires after its timeout. Completion happens exactly once, which
 first. The purgatory knows no clock of its own: the time and the expiry timers come from an
 injected clock (asyncio's event loop fits), so tests can drive it deterministically.
 
+A completion check that raises fails that operation alone: its waiter gets the error, and the
+caller of `check_and_complete` (an append, a follower's fetch that moved the HW) and the other
+operations under the key go on as if it had completed.
+
 Expiry costs no timer per operation (asyncio's cost some microseconds each, armed and cancelled
 for every produce and fetch): operations with the same timeout expire in the order they were
 watched, so each timeout has one queue in that order and one timer, for the oldest operation
@@ -15,6 +19,7 @@ still waiting (Kafka's timing wheel serves the same purpose).
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -23,6 +28,8 @@ from typing import Protocol
 # A queue may hold this many completed operations beyond twice those still waiting before it
 # is rebuilt: most complete in order and leave from its front at once.
 _SLACK = 64
+
+log = logging.getLogger(__name__)
 
 
 class TimerHandle(Protocol):
@@ -55,17 +62,35 @@ class DelayedOperation(ABC):
     def on_complete(self) -> None:
         """Produce the operation's result. Runs exactly once, on completion or on expiry."""
 
+    @abstractmethod
+    def on_failure(self, error: Exception) -> None:
+        """Hand `error`, which checking the operation raised, to its waiter instead of a
+        result. Runs instead of on_complete()."""
+
     def on_expiration(self) -> None:  # noqa: B027 - an optional hook
         """Hook run just before on_complete() when the timeout fired first."""
 
     def force_complete(self) -> bool:
+        if not self._finish():
+            return False
+        self.on_complete()
+        return True
+
+    def fail(self, error: Exception) -> bool:
+        """Complete with `error` instead of a result (on_failure)."""
+        if not self._finish():
+            return False
+        self.on_failure(error)
+        return True
+
+    def _finish(self) -> bool:
+        """Mark the operation completed, once."""
         if self.completed:
             return False
         self.completed = True
         if self._expiry is not None:
             self._expiry.left()
             self._expiry = None
-        self.on_complete()
         return True
 
 
@@ -161,23 +186,34 @@ class Purgatory:
                 del self._watchers[key]
 
     def check_and_complete(self, key: Hashable) -> int:
-        """Try every operation watched under `key`; return how many completed now."""
+        """Try every operation watched under `key`; return how many completed now. Never
+        raises for an operation's check: that operation fails with the error (_try_complete)."""
         ops = self._watchers.pop(key, None)
         if not ops:
             return 0
         completed = 0
-        remaining: list[DelayedOperation] = []
-        for op in ops:
-            if op.completed:
-                continue
-            if op.try_complete():
-                completed += 1
-                self._unwatch(op, skip=key)
-            else:
-                remaining.append(op)
-        if remaining:
-            self._watchers.setdefault(key, []).extend(remaining)
+        try:
+            for op in ops:
+                if not op.completed and self._try_complete(op):
+                    completed += 1
+                    self._unwatch(op, skip=key)
+        finally:
+            # Whatever happened, the operations still waiting stay watched under the key.
+            waiting = [op for op in ops if not op.completed]
+            if waiting:
+                self._watchers.setdefault(key, []).extend(waiting)
         return completed
+
+    def _try_complete(self, op: DelayedOperation) -> bool:
+        """op.try_complete(); if that raises, `op` completes with the error, and only it: the
+        caller (an append already in the log, a follower's fetch) and the other operations
+        under the key must not fail with it."""
+        try:
+            return op.try_complete()
+        except Exception as e:
+            log.exception("%s purgatory: checking a delayed operation failed", self.name)
+            op.fail(e)
+            return True
 
     def cancel_all(self) -> None:
         """Complete every watched operation now (shutdown), each with its current result."""

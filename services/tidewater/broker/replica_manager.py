@@ -29,6 +29,7 @@ from tidewater.broker.stray_logs import ClusterView, find_stray_logs
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import (
     NO_ERROR,
+    InvalidFetchSessionEpoch,
     InvalidRequest,
     InvalidRequiredAcks,
     StaleBrokerEpoch,
@@ -546,13 +547,7 @@ class ReplicaManager:
                 self._check_replica_broker_epoch(request)
             context = self.fetch_sessions.context(request, self.time_ms())
         except TidewaterError as e:
-            return FetchAnswer(
-                pb.FetchResponse(
-                    correlation_id=request.correlation_id,
-                    error_code=e.code,
-                    error_message=e.message,
-                )
-            )
+            return _refused(request, e)
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         if follower:
             answered, completed = self._record_follower_fetches(
@@ -608,6 +603,14 @@ class ReplicaManager:
     def _fetch_response(
         self, request: pb.FetchRequest, context: FetchContext, results: FetchPartitionResults
     ) -> FetchAnswer:
+        if context.superseded:
+            return _refused(
+                request,
+                InvalidFetchSessionEpoch(
+                    f"fetch session {context.session_id} took a later request in while this "
+                    f"one (epoch {request.session.epoch}) waited"
+                ),
+            )
         context.respond([response for response, _ in results])
         header = pb.FetchResponse(
             correlation_id=request.correlation_id, session_id=context.session_id
@@ -702,6 +705,8 @@ class ReplicaManager:
         # Errors and diverging epochs are answered at once, however few bytes were read.
         answer_now = bool(answered)
         context.served.clear()
+        if context.superseded:
+            return results, total, True  # refused whole (_fetch_response)
         for fp in context.partitions:
             tp = (fp.topic, fp.partition)
             if tp in answered:
@@ -720,6 +725,8 @@ class ReplicaManager:
                 read = partition.read(
                     fp.fetch_offset, limit, for_follower=for_follower, min_one_batch=total == 0
                 )
+                # A batch that does not decode fails this partition (CORRUPT_MESSAGE) only.
+                records = _to_proto_records(read.data, fp.fetch_offset) if as_records else None
             except TidewaterError as e:
                 results.append((self._fetch_error(fp, e), b""))
                 answer_now = True
@@ -734,8 +741,8 @@ class ReplicaManager:
             total += len(read.data)
             if read.data:
                 context.served.append(tp)
-            if as_records:
-                result.records.extend(_to_proto_records(read.data, fp.fetch_offset))
+            if records is not None:
+                result.records.extend(records)
                 results.append((result, b""))
             else:
                 results.append((result, read.data))
@@ -924,6 +931,17 @@ class ReplicaManager:
         self.checkpoint_high_watermarks()
         for partition in self.partitions.values():
             partition.take_producer_snapshot()
+
+
+def _refused(request: pb.FetchRequest, error: TidewaterError) -> FetchAnswer:
+    """The answer to a fetch refused as a whole: no partitions."""
+    return FetchAnswer(
+        pb.FetchResponse(
+            correlation_id=request.correlation_id,
+            error_code=error.code,
+            error_message=error.message,
+        )
+    )
 
 
 def _must_read(partition: HostedPartition, fetch_offset: int, for_follower: bool) -> bool:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -157,6 +158,23 @@ async def test_long_poll_returns_empty_after_max_wait(leader: Any) -> None:
     response = await leader.service.Fetch(fetch_request(0, max_wait_ms=50))
     assert response.partitions[0].error_code == ErrorCode.NONE
     assert response.partitions[0].record_batches == b""
+
+
+async def test_a_long_poll_whose_client_has_gone_waits_no_more(
+    start_broker: Callable[..., Any],
+) -> None:
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    purgatory = server.replica_manager.fetch_purgatory
+    reads: list[int] = []
+    read_partitions = server.replica_manager._read_partitions
+    server.replica_manager._read_partitions = lambda *a: reads.append(1) or read_partitions(*a)
+    # The longest wait a client may ask for; the broker takes it as asked, as Kafka's does.
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        await client.service.Fetch(fetch_request(0, max_wait_ms=2**31 - 1), timeout=0.2)
+    assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await eventually(lambda: purgatory.watched == 0, 10, 0.01)
+    assert reads == []  # nothing read for a client that is not there
 
 
 async def test_a_follower_long_poll_with_a_diverging_epoch_is_answered_at_once(

@@ -224,6 +224,20 @@ def test_operations_still_waiting_stay_watched_whatever_a_check_raises() -> None
     assert [op.result for op in (first, stopping, last)] == ["expired"] * 3
 
 
+def test_a_cancelled_operation_is_watched_no_more() -> None:
+    clock = FakeClock()
+    purgatory = Purgatory("test", clock)
+    op, other = WaitFor(lambda: False), WaitFor(lambda: False)
+    purgatory.watch(op, ["a", "b"])
+    purgatory.watch(other, ["b"])
+    purgatory.cancel(op)
+    assert op.completions == 1 and purgatory.watched == 1
+    assert list(purgatory._watchers) == ["b"] and len(purgatory._expiries[1000].ops) == 1
+    purgatory.cancel(op)  # once only
+    clock.advance(1.0)
+    assert op.completions == 1 and other.result == "expired"
+
+
 class FetchedLog:
     """What a delayed fetch reads: `readable` bytes past its offset, and each read it made;
     one fetch of it waits in a purgatory with a hand-driven timer."""

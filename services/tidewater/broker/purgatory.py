@@ -215,6 +215,12 @@ class Purgatory:
             op.fail(e)
             return True
 
+    def cancel(self, op: DelayedOperation) -> None:
+        """Complete `op` now and watch it no more: whoever waited for it has gone (a client's
+        deadline, a disconnect). on_complete runs, its waiter's future already cancelled."""
+        if op.force_complete():
+            self._unwatch(op, skip=None)
+
     def cancel_all(self) -> None:
         """Complete every watched operation now (shutdown), each with its current result."""
         ops = {id(op): op for watched in self._watchers.values() for op in watched}

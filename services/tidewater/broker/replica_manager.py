@@ -589,7 +589,13 @@ class ReplicaManager:
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
             self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in context.partitions])
-            results = await op.done
+            try:
+                results = await op.done
+            except asyncio.CancelledError:
+                # The client has gone (a deadline, a disconnect): its poll waits no more, and
+                # reads nothing (op.done is cancelled with this task).
+                self.fetch_purgatory.cancel(op)
+                raise
             if fetch_trace is not None:
                 fetch_trace.waited(start_ns)
         if fetch_trace is not None:

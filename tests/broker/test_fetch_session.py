@@ -197,17 +197,33 @@ def test_handler_falls_back_to_a_full_fetch() -> None:
     plan = handler.build({0: 10})
     handler.on_response(plan, ErrorCode.NONE, session_id=0)  # the leader had no room
     assert handler.build({0: 10}).full
-    for error, session_id in (
-        (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, 0),
-        (ErrorCode.INVALID_FETCH_SESSION_EPOCH, 0),
-        (ErrorCode.NONE, 8),  # an answer from another session
+    # The full fetch names the session to close (Kafka's nextCloseExistingAttemptNew),
+    # unless the leader has no such session.
+    for error, session_id, closes in (
+        (ErrorCode.FETCH_SESSION_ID_NOT_FOUND, 0, 0),
+        (ErrorCode.INVALID_FETCH_SESSION_EPOCH, 0, 7),
+        (ErrorCode.NOT_LEADER_OR_FOLLOWER, 0, 7),
+        (ErrorCode.NONE, 8, 7),  # an answer from another session
     ):
         handler.on_response(handler.build({0: 10}), ErrorCode.NONE, session_id=7)
         plan = handler.build({0: 10})
         assert not plan.full
         handler.on_response(plan, error, session_id)
         plan = handler.build({0: 10})
-        assert plan.full and plan.send == [0]
+        assert (plan.full, plan.session_id, plan.send) == (True, closes, [0])
+
+
+def test_a_session_given_up_is_closed_on_the_leader() -> None:
+    c = cache()
+    handler: FetchSessionHandler[tuple[str, int], int] = FetchSessionHandler()
+    wanted = {("t", p): 0 for p in range(50)}
+    for _ in range(10):
+        plan = handler.build(wanted)
+        req = request(*(fp(tp[1]) for tp in plan.send), session=(plan.session_id, plan.epoch))
+        handler.on_response(plan, ErrorCode.NONE, c.context(req, 0).session_id)
+        handler.reset()  # the stream broke: the answer to the next fetch would be lost
+    assert len(c.sessions) == 1  # each full fetch closed the session before it
+    assert [len(s.partitions) for s in c.sessions.values()] == [50]
 
 
 def test_both_ends_together_leave_idle_partitions_out() -> None:

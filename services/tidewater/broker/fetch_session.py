@@ -19,6 +19,7 @@ from typing import Generic, NamedTuple, TypeVar
 
 from tidewater.errors import NO_ERROR, FetchSessionIdNotFound, InvalidFetchSessionEpoch
 from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
 
@@ -244,8 +245,8 @@ class FetchSessionHandler(Generic[K, V]):
         self._sent: dict[K, V] = {}
 
     def build(self, wanted: Mapping[K, V]) -> FetchPlan[K]:
-        if self.session_id == NO_SESSION:
-            plan = FetchPlan(NO_SESSION, INITIAL_EPOCH, list(wanted), [])
+        if self.epoch == INITIAL_EPOCH:  # a full fetch, which closes session_id if not 0
+            plan = FetchPlan(self.session_id, INITIAL_EPOCH, list(wanted), [])
         else:
             sent = self._sent
             plan = FetchPlan(
@@ -258,7 +259,10 @@ class FetchSessionHandler(Generic[K, V]):
         return plan
 
     def on_response(self, plan: FetchPlan[K], error_code: int, session_id: int) -> None:
-        if error_code != NO_ERROR or (not plan.full and session_id != plan.session_id):
+        if error_code == ErrorCode.FETCH_SESSION_ID_NOT_FOUND:
+            self.reset()
+            self.session_id = NO_SESSION  # nothing to close
+        elif error_code != NO_ERROR or (not plan.full and session_id != plan.session_id):
             self.reset()
         elif plan.full:
             self.session_id = session_id
@@ -267,7 +271,9 @@ class FetchSessionHandler(Generic[K, V]):
             self.epoch = next_epoch(self.epoch)
 
     def reset(self) -> None:
-        """Start over with a full fetch: the leader's session may not match ours any more."""
-        self.session_id = NO_SESSION
+        """Start over with a full fetch: the leader's session may not match ours any more.
+        The full fetch names the session, which closes it on the leader (Kafka's
+        nextCloseExistingAttemptNew); one with id 0 would leave it holding a cache slot and
+        its partitions until evicted."""
         self.epoch = INITIAL_EPOCH
         self._sent = {}

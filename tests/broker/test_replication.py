@@ -4,6 +4,7 @@ stand-in controller answering ISR proposals."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from tidewater.broker.log.log import OFF_LOOP_WRITE_BYTES
 from tidewater.broker.server import BrokerServer
+from tidewater.local.fetch import list_offsets
 from tidewater.local.fetch import log_bytes as stored
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
@@ -278,3 +280,38 @@ async def test_a_leader_that_wrote_nothing_in_its_epoch_catches_up_as_a_follower
     await eventually(lambda: follower.log.log_end_offset == hw, WAIT_S, POLL_S)
     assert log_bytes(servers[2], hw) == log_bytes(servers[1], hw)
     assert follower.log.leader_epoch_cache.latest_epoch == 3
+
+
+async def test_a_followers_log_start_follows_its_leaders(
+    start_broker: Callable[..., Awaitable[Any]],
+) -> None:
+    """Retention runs on the leader only (by hand; the brokers' own checks are minutes away):
+    the follower lets the same segments go on the leader's word, and the earliest offset
+    stays where it was when it takes over (Kafka's follower maybeIncrementLogStartOffset)."""
+    controller = StandinController(brokers={})
+    address = await controller.start()
+    try:
+        servers: dict[int, BrokerServer] = {}
+        clients: dict[int, Any] = {}
+        for broker_id in (1, 2):
+            servers[broker_id], clients[broker_id] = await start_broker(
+                broker_id, controllers=address
+            )
+            controller.brokers[broker_id] = servers[broker_id].address
+        controller.configs[TOPIC] = {"segment.bytes": "2000", "retention.bytes": "4000"}
+        await controller.elect(TOPIC, 0, leader=1, replicas=[1, 2])
+        for i in range(20):
+            result = await produce(clients[1], bytes(100) + str(i).encode())
+            assert result.error_code == ErrorCode.NONE, result.error_message
+        leader, follower = (servers[b].replica_manager.partitions[TP] for b in (1, 2))
+        await eventually(lambda: follower.state.high_watermark == 60, WAIT_S, POLL_S)
+        assert leader.log.delete_retention_segments(time.time_ns() // 10**6, 60) > 0
+        start = leader.log.log_start_offset
+        await eventually(lambda: follower.log.log_start_offset == start, WAIT_S, POLL_S)
+        await controller.elect(TOPIC, 0, leader=2)
+        earliest = await clients[2].service.ListOffsets(
+            list_offsets(TOPIC, 0, pb.OFFSET_SPEC_EARLIEST)
+        )
+        assert earliest.partitions[0].offset == start
+    finally:
+        await controller.stop()

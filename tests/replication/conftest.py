@@ -19,6 +19,7 @@ from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
     apply_out_of_range,
+    follow_leader_log_start,
     next_fetch,
     on_offset_out_of_range,
     truncate_if_diverged,
@@ -347,6 +348,7 @@ class Cluster:
             if records:
                 follower.log.append_as_follower(records)
             follower.partition.update_follower_high_watermark(response.high_watermark)
+            follow_leader_log_start(follower.partition, follower.log, leader.log.log_start_offset)
 
     def check_isr(self) -> None:
         """The leader's periodic ISR check."""

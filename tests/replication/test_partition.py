@@ -22,6 +22,7 @@ from tidewater.replication.follower import (
     TruncateFullyAndStartAt,
     TruncateTo,
     apply_out_of_range,
+    follow_leader_log_start,
     on_offset_out_of_range,
     truncation_offset,
 )
@@ -646,6 +647,19 @@ def test_applying_out_of_range_actions_keeps_the_hw_within_the_log(
     apply_out_of_range(follower, log, TruncateFullyAndStartAt(300))
     assert (log.log_start_offset, log.log_end_offset, follower.high_watermark) == (300, 300, 300)
     assert log.leader_epoch_cache.epoch_entries == []
+
+
+def test_a_follower_lets_go_of_what_its_leader_let_go_of_up_to_its_hw(
+    memory_log: type[MemoryLog],
+) -> None:
+    log = log_with(memory_log, *[0] * 20)
+    follower = replica_on(log, broker_id=2, checkpointed_hw=8)
+    follow_leader_log_start(follower, log, 5)
+    assert log.log_start_offset == 5
+    follow_leader_log_start(follower, log, 3)  # never back
+    assert log.log_start_offset == 5
+    follow_leader_log_start(follower, log, 12)  # not past what it knows is committed
+    assert (log.log_start_offset, follower.high_watermark) == (8, 8)
 
 
 @pytest.mark.parametrize(

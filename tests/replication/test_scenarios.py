@@ -246,6 +246,23 @@ def test_follower_behind_the_leaders_log_start_starts_over_there(
     assert c.state.isr == (1, 2)
 
 
+def test_the_earliest_offset_does_not_move_back_when_a_follower_takes_over(
+    cluster: type[Cluster],
+) -> None:
+    c = cluster(2)
+    c.elect(1)
+    c.produce("m0", "m1", "m2")
+    c.produce("m3", "m4", "m5")
+    c.produce("m6", "m7")
+    c.replicate()
+    c.leader.log.advance_log_start(6)  # the leader's retention deleted the first two batches
+    c.replicate()  # an idle partition: the answers carry the log start offset alone
+    assert c.logs()[2][0] == 6
+    c.elect(2)
+    assert c.leader.log.log_start_offset == 6
+    assert_logs_identical(c)
+
+
 def test_no_message_loss_after_a_follower_restart_and_a_leader_failure(
     cluster: type[Cluster],
 ) -> None:

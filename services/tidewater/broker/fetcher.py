@@ -28,6 +28,7 @@ from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
     apply_out_of_range,
+    follow_leader_log_start,
     next_fetch,
     on_offset_out_of_range,
     truncate_if_diverged,
@@ -326,6 +327,7 @@ class ReplicaFetcher:
                             if not self._still_follows(tp, state, hosted):
                                 continue  # a LeaderAndIsr came while the data was written
                         hosted.state.update_follower_high_watermark(fetched.high_watermark)
+                        follow_leader_log_start(hosted.state, hosted, result.log_start_offset)
                     state.leader_end_offset = result.log_end_offset
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     await self._handle_out_of_range(stub, hosted, state)

@@ -140,6 +140,10 @@ class HostedPartition:
         self.log.truncate_fully_and_start_at(offset)
         self.producer_state.clear()
 
+    def advance_log_start(self, offset: int) -> None:
+        # The producer state is trimmed to the log start before the next leader append.
+        self.log.advance_log_start(offset)
+
     @reports_io_failures
     def take_producer_snapshot(self) -> None:
         """Snapshot the producer state at the LEO (clean shutdown)."""

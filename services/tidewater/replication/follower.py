@@ -24,6 +24,8 @@ class FollowerLog(ReplicaLog, Protocol):
 
     def truncate_fully_and_start_at(self, offset: int) -> None: ...
 
+    def advance_log_start(self, offset: int) -> None: ...
+
 
 # A NamedTuple, not a frozen dataclass (about three times as dear to make): one per partition of
 # every fetch answer.
@@ -123,6 +125,18 @@ def truncate_if_diverged(partition: Partition, log: FollowerLog, fetched: Fetche
     )
     partition.after_truncation()
     return True
+
+
+def follow_leader_log_start(
+    partition: Partition, log: FollowerLog, leader_log_start_offset: int
+) -> None:
+    """After a fetch answer: the follower lets go of what its leader let go of (retention), up
+    to its own HW, as Kafka's follower does (maybeIncrementLogStartOffset with the leader's
+    log start offset). Else its log start would follow its own retention only, and the
+    earliest offset could move back when it leads."""
+    new_start = min(leader_log_start_offset, partition.high_watermark)
+    if new_start > log.log_start_offset:
+        log.advance_log_start(new_start)
 
 
 def apply_out_of_range(partition: Partition, log: FollowerLog, action: OutOfRangeAction) -> None:

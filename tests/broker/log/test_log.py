@@ -832,6 +832,21 @@ def test_retention_by_size_keeps_at_least_retention_bytes(
     assert log.delete_retention_segments(T0, log.log_end_offset) == 0
 
 
+def test_advancing_the_log_start_deletes_the_segments_wholly_before_it(
+    open_log: OpenLog, make_batch: MakeBatch
+) -> None:
+    log = open_log(segment_bytes=1000, retention_ms=-1)
+    fill(log, make_batch, 20)
+    bases = [s.base_offset for s in log.segments]
+    log.advance_log_start(bases[2] + 1)  # inside the third segment: it stays
+    assert [s.base_offset for s in log.segments] == bases[2:]
+    log.advance_log_start(bases[3])
+    assert log.log_start_offset == bases[3]
+    assert log.leader_epoch_cache.epoch_entries[0].start_offset == bases[3]
+    log.advance_log_start(log.log_end_offset)  # never the active segment
+    assert log.log_start_offset == bases[-1]
+
+
 @pytest.mark.parametrize(
     "policy", [{"retention_ms": 0}, {"retention_ms": -1, "retention_bytes": 0}], ids=["ms", "bytes"]
 )

@@ -586,7 +586,7 @@ class Log:
         has it, and the log start never passes the HW. The log start offset moves to the first
         kept segment. Returns how many segments went."""
         self.take_in_pending_write()
-        candidates = self._segments[: max(bisect.bisect_right(self._bases, high_watermark) - 1, 0)]
+        candidates = self._segments[: self._wholly_before(high_watermark)]
         deletable = 0
         retention_ms = self.config.retention_ms
         if retention_ms >= 0:
@@ -601,22 +601,42 @@ class Log:
             while deletable < len(candidates) and excess >= candidates[deletable].size:
                 excess -= candidates[deletable].size
                 deletable += 1
-        if deletable:
-            # Oldest first: a crash midway leaves a log that merely starts later.
-            for segment in candidates[:deletable]:
-                segment.delete()
-            del self._segments[:deletable]
-            del self._bases[:deletable]
-            self._unsynced_dirs.add(self.dir)
-            self.recovery_point = max(self.recovery_point, self.log_start_offset)
-            self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
-            log.info(
-                "%s: retention deleted %d segments; the log now starts at offset %d",
-                self.name,
-                deletable,
-                self.log_start_offset,
-            )
+        self._delete_oldest_segments(deletable, "retention")
         return deletable
+
+    @reports_io_failures
+    def advance_log_start(self, offset: int) -> None:
+        """Delete the segments wholly before `offset` (never the active one): a follower's log
+        starts no earlier than its leader's (Kafka's deleteLogStartOffsetBreachedSegments).
+        The log start moves to the first segment kept, `offset` itself when a segment starts
+        there, as one does when the replicas' segments start at the same offsets."""
+        self.take_in_pending_write()
+        self._delete_oldest_segments(
+            self._wholly_before(offset), f"the leader's log start offset {offset}"
+        )
+
+    def _wholly_before(self, offset: int) -> int:
+        """How many segments end at or before `offset` (all but the one holding it)."""
+        return max(bisect.bisect_right(self._bases, offset) - 1, 0)
+
+    def _delete_oldest_segments(self, count: int, why: str) -> None:
+        if not count:
+            return
+        # Oldest first: a crash midway leaves a log that merely starts later.
+        for segment in self._segments[:count]:
+            segment.delete()
+        del self._segments[:count]
+        del self._bases[:count]
+        self._unsynced_dirs.add(self.dir)
+        self.recovery_point = max(self.recovery_point, self.log_start_offset)
+        self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+        log.info(
+            "%s: %s deleted %d segments; the log now starts at offset %d",
+            self.name,
+            why,
+            count,
+            self.log_start_offset,
+        )
 
     # -- durability ----------------------------------------------------------------------
 

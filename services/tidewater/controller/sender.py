@@ -6,7 +6,10 @@ them. A request to a broker is retried for as long as the broker stays registere
 epoch it names and unfenced, as Kafka's controller channel manager does: the broker may be
 alive but out of reach. A broker that comes back after being fenced gets its full state on its
 first heartbeat. A request to a metadata service is retried a few times; the service gets a
-FULL view first and whenever it missed or refused a delta, deltas after.
+FULL view first and whenever it missed or refused a delta, deltas after. A FULL view is built
+when it is sent, and at most one waits in a service's queue: a service out of reach for a while
+gets the current view when it is back, not every view the controller queued meanwhile; the
+deltas queued behind one it missed are dropped (the FULL view that follows covers them).
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ class _FanOut:
 
 # Told whether the recipient accepted the request.
 OnAnswer = Callable[[bool], Awaitable[None]]
-_Queue = asyncio.Queue[tuple[Message, _FanOut | None, OnAnswer | None]]
+# None in a metadata service's queue: its FULL view, built when the worker takes it.
+_Queue = asyncio.Queue[tuple[Message | None, _FanOut | None, OnAnswer | None]]
 
 
 class BrokerSender:
@@ -69,6 +73,8 @@ class BrokerSender:
         self._workers: dict[int | str, asyncio.Task[None]] = {}
         # Metadata services holding a view current as of the last delta we sent them.
         self._metadata_current: set[str] = set()
+        # Metadata services with a FULL view waiting in their queue (not yet being sent).
+        self._full_view_queued: set[str] = set()
         self.requests_sent = 0
 
     def reset(self) -> None:
@@ -77,6 +83,7 @@ class BrokerSender:
         self._workers.clear()
         self._queues.clear()
         self._metadata_current.clear()
+        self._full_view_queued.clear()
 
     # -- what to send --------------------------------------------------------------------------
 
@@ -249,6 +256,13 @@ class BrokerSender:
                 self._send_full_view(address)
 
     def _send_full_view(self, address: str) -> None:
+        """Queue a FULL view unless one is queued already: built when it is sent, that one
+        will hold whatever changed meanwhile."""
+        if address not in self._full_view_queued:
+            self._full_view_queued.add(address)
+            self._enqueue_metadata(address, None)
+
+    def _full_view(self) -> cluster_pb2.UpdateMetadataRequest:
         model = self._controller.model
         request = self._update_metadata_request(
             list(model.partitions), cluster_pb2.UPDATE_METADATA_TYPE_FULL
@@ -256,9 +270,11 @@ class BrokerSender:
         request.topic_configs.extend(
             common_pb2.TopicConfig(topic=t.name, configs=t.configs) for t in model.topics.values()
         )
-        self._enqueue_metadata(address, request)
+        return request
 
-    def _enqueue_metadata(self, address: str, request: cluster_pb2.UpdateMetadataRequest) -> None:
+    def _enqueue_metadata(
+        self, address: str, request: cluster_pb2.UpdateMetadataRequest | None
+    ) -> None:
         self._enqueue(f"metadata {address}", request)
 
     # -- how it is sent ------------------------------------------------------------------------
@@ -266,7 +282,7 @@ class BrokerSender:
     def _enqueue(
         self,
         target: int | str,
-        request: Message,
+        request: Message | None,
         fan_out: _FanOut | None = None,
         on_answer: OnAnswer | None = None,
     ) -> None:
@@ -294,6 +310,11 @@ class BrokerSender:
                     if fan_out is not None:
                         fan_out.answered(False)
                     continue
+                if request is None:
+                    self._full_view_queued.discard(current)
+                    request = self._full_view()
+                elif isinstance(target, str) and current not in self._metadata_current:
+                    continue  # a delta behind one the service missed: its FULL view follows
                 if current != address:
                     if channel is not None:
                         await channel.close()

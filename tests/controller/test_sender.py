@@ -1,0 +1,111 @@
+"""The controller's requests to a metadata service that is out of reach for a while: the real
+BrokerSender and a real MetadataServer on loopback; the controller is a stand-in with what the
+sender reads (its model, epoch and configuration)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from tidewater.controller import sender as sender_mod
+from tidewater.controller.controller import Controller
+from tidewater.controller.model import ClusterModel, PartitionRecord, TopicState
+from tidewater.controller.sender import BrokerSender
+from tidewater.local.etcd import free_port
+from tidewater.local.wait import eventually
+from tidewater.metadata.server import MetadataServer
+from tidewater.v1 import cluster_pb2
+
+TP = ("orders", 0)
+
+
+def stand_in(address: str) -> Any:
+    model = ClusterModel()
+    model.topics["orders"] = TopicState("orders", {}, {0: (1,)})
+    config = SimpleNamespace(
+        controller_id=1, host="127.0.0.1", port=1, metadata_addresses=[address]
+    )
+    controller = SimpleNamespace(model=model, epoch=1, config=config)
+    set_leader_epoch(controller, 0)
+    return controller
+
+
+def set_leader_epoch(controller: Any, leader_epoch: int) -> None:
+    controller.model.partitions[TP] = PartitionRecord(
+        leader=-1, leader_epoch=leader_epoch, isr=(), controller_epoch=1
+    )
+
+
+class Recording(MetadataServer):
+    """A metadata service that records the leader epoch of each FULL view it applies."""
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self.full_views: list[int] = []
+        apply = self.cache.apply
+
+        def recording(request: cluster_pb2.UpdateMetadataRequest) -> None:
+            apply(request)
+            if request.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL:
+                self.full_views.append(request.partition_states[0].leader_epoch)
+
+        self.cache.apply = recording  # type: ignore[method-assign]
+
+
+@pytest.fixture
+async def sender_to() -> AsyncIterator[tuple[str, Any, BrokerSender]]:
+    address = f"127.0.0.1:{free_port()}"
+    controller = stand_in(address)
+    sender = BrokerSender(cast(Controller, controller))
+    yield address, controller, sender
+    workers = list(sender._workers.values())
+    sender.reset()
+    await asyncio.gather(*workers, return_exceptions=True)
+
+
+async def test_a_metadata_service_back_from_an_outage_gets_the_current_full_view_once(
+    sender_to: tuple[str, Any, BrokerSender],
+) -> None:
+    """Before, every refresh (one a second) queued one more FULL view while the service was
+    out of reach, each retried for ~50 s, and the service replayed them all, oldest first,
+    when it came back."""
+    address, controller, sender = sender_to
+    for leader_epoch in range(8):  # eight refreshes while the service is down
+        set_leader_epoch(controller, leader_epoch)
+        sender.refresh_metadata_services()
+        await asyncio.sleep(0)  # the worker takes the first one and waits for the service
+    queue = sender._queues[f"metadata {address}"]
+    assert queue.qsize() <= 1
+    server = Recording(address)
+    await server.start()
+    try:
+        await eventually(lambda: server.full_views[-1:] == [7] and queue.empty(), 20)
+        # At most the view in flight when the service came back, then the current one.
+        assert len(server.full_views) <= 2
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_deltas_behind_one_a_metadata_service_missed_are_dropped(
+    sender_to: tuple[str, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, each queued delta was retried in turn to the unreachable service (and the FULL
+    view it needs waited behind all of them)."""
+    monkeypatch.setattr(sender_mod, "RPC_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(sender_mod, "ATTEMPTS", 1)
+    address, _, sender = sender_to
+    server = Recording(address)
+    await server.start()
+    sender.refresh_metadata_services()
+    await eventually(lambda: address in sender._metadata_current, 20)
+    await server.stop(grace_s=0)
+    sent = sender.requests_sent
+    for _ in range(5):  # empty deltas, probing whether the service restarted
+        sender.refresh_metadata_services()
+    queue = sender._queues[f"metadata {address}"]
+    await eventually(lambda: address not in sender._metadata_current and queue.empty(), 20)
+    assert sender.requests_sent - sent == 1

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -230,11 +231,13 @@ def consume_json(cluster: list[str], *args: str) -> list[dict[str, Any]]:
 
 def test_topics_produce_consume_round_trip(cluster: list[str], tmp_path: Path) -> None:
     topic = "cli-events"
-    assert ok("topics", "create", "--topic", topic, "--partitions", "2", *cluster) == (
-        f"Created topic {topic}.\n"
-    )
+    created = ok("topics", "create", "--topic", topic, "--partitions", "2", *cluster)
+    found = re.fullmatch(rf"Created topic {topic} \(topic id ([0-9a-f-]{{36}})\)\.\n", created)
+    assert found, created
+    topic_id = found[1]
     assert topic in ok("topics", "list", *cluster).splitlines()
     described = json.loads(ok("topics", "describe", "--topic", topic, "--json", *cluster))
+    assert described["topics"][0]["topic_id"] == topic_id
     partitions = described["topics"][0]["partitions"]
     assert [p["partition"] for p in partitions] == [0, 1]
     for p in partitions:
@@ -243,7 +246,7 @@ def test_topics_produce_consume_round_trip(cluster: list[str], tmp_path: Path) -
         assert p["leader"] in p["replicas"]
         assert p["leader_epoch"] >= 0
     text = ok("topics", "describe", "--topic", topic, *cluster)
-    assert f"Topic: {topic}\tPartitionCount: 2\tReplicationFactor: 3" in text
+    assert f"Topic: {topic}\tTopicId: {topic_id}\tPartitionCount: 2\tReplicationFactor: 3" in text
 
     lines = [f"key-{i % 5}:value-{i}" for i in range(30)]
     ok("produce", "--topic", topic, "--key-separator", ":", *cluster, stdin="\n".join(lines))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Sequence
 
 import pytest
@@ -23,9 +24,11 @@ def state(
     isr: Sequence[int] | None = None,
     offline: Sequence[int] = (),
     leader_epoch: int = 0,
+    topic_id: bytes = b"",
 ) -> cluster_pb2.UpdateMetadataPartitionState:
     return cluster_pb2.UpdateMetadataPartitionState(
         topic=topic,
+        topic_id=topic_id,
         partition=partition,
         leader=leader,
         leader_epoch=leader_epoch,
@@ -216,6 +219,21 @@ def test_topic_recreated_after_deletion_has_only_its_new_partitions(cache: Metad
     cache.apply(update(DELTA, 3, [state("orders", 0, leader=3)]))
     [orders] = cache.describe(["orders"]).topics
     assert [(p.partition, p.leader) for p in orders.partitions] == [(0, 3)]
+
+
+def test_a_topic_is_served_with_its_id_and_replaced_by_one_of_another_id() -> None:
+    """The controller's DELTA deleting a topic may not reach the service (it then gets a FULL
+    view): a partition state under another topic id is a new topic, and the old one's other
+    partitions go. Before, the old topic's partition 1 stayed, and no id was served."""
+    old, new = uuid.uuid4().bytes, uuid.uuid4().bytes
+    cache = MetadataCache()
+    cache.apply(update(FULL, 3, [state("orders", p, leader_epoch=4, topic_id=old) for p in (0, 1)]))
+    [orders] = cache.describe(["orders"]).topics
+    assert orders.topic_id == old
+    cache.apply(update(DELTA, 3, [state("orders", 0, leader=3, topic_id=new)]))
+    [orders] = cache.describe(["orders"]).topics
+    assert orders.topic_id == new
+    assert [(p.partition, p.leader, p.leader_epoch) for p in orders.partitions] == [(0, 3, 0)]
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ class UpdateMetadataRequest(_message.Message):
     def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., type: _Optional[_Union[UpdateMetadataType, str]] = ..., live_brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., partition_states: _Optional[_Iterable[_Union[UpdateMetadataPartitionState, _Mapping]]] = ..., deleted_topics: _Optional[_Iterable[str]] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ..., controller_endpoint: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., deleting_topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UpdateMetadataPartitionState(_message.Message):
-    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "offline_replicas")
+    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "offline_replicas", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class UpdateMetadataPartitionState(_message.Message):
     PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     OFFLINE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     controller_epoch: int
@@ -60,7 +61,8 @@ class UpdateMetadataPartitionState(_message.Message):
     partition_epoch: int
     replicas: _containers.RepeatedScalarFieldContainer[int]
     offline_replicas: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., offline_replicas: _Optional[_Iterable[int]] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., offline_replicas: _Optional[_Iterable[int]] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class UpdateMetadataResponse(_message.Message):
     __slots__ = ("error_code", "error_message")

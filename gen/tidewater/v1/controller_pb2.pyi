@@ -238,18 +238,20 @@ class CreateTopicsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.ControllerInfo, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[CreatableTopicResult, _Mapping]]] = ...) -> None: ...
 
 class CreatableTopicResult(_message.Message):
-    __slots__ = ("name", "error_code", "error_message", "num_partitions", "replication_factor")
+    __slots__ = ("name", "error_code", "error_message", "num_partitions", "replication_factor", "topic_id")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     NUM_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     error_code: _errors_pb2.ErrorCode
     error_message: str
     num_partitions: int
     replication_factor: int
-    def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, name: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., num_partitions: _Optional[int] = ..., replication_factor: _Optional[int] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class DeleteTopicsRequest(_message.Message):
     __slots__ = ("topic_names", "timeout_ms")

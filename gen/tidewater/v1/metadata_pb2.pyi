@@ -26,16 +26,18 @@ class GetMetadataResponse(_message.Message):
     def __init__(self, controller: _Optional[_Union[_common_pb2.ControllerInfo, _Mapping]] = ..., brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., topics: _Optional[_Iterable[_Union[TopicMetadata, _Mapping]]] = ...) -> None: ...
 
 class TopicMetadata(_message.Message):
-    __slots__ = ("topic", "error_code", "error_message", "partitions")
+    __slots__ = ("topic", "error_code", "error_message", "partitions", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     error_code: _errors_pb2.ErrorCode
     error_message: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionMetadata]
-    def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
     __slots__ = ("partition", "error_code", "error_message", "leader", "leader_epoch", "replicas", "isr", "offline_replicas")

@@ -5,6 +5,7 @@ as a Kafka admin client needs only bootstrap servers."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
@@ -61,9 +62,10 @@ class Admin:
         configs: Mapping[str, str] | None = None,
         assignments: Sequence[Sequence[int]] = (),
         validate_only: bool = False,
-    ) -> None:
+    ) -> uuid.UUID | None:
         """Create a topic: `partitions` of `replication_factor` replicas, placed by the
-        controller (rack aware), or explicit `assignments` (replicas of partition 0, 1, ...)."""
+        controller (rack aware), or explicit `assignments` (replicas of partition 0, 1, ...).
+        Returns its topic id (None with `validate_only`)."""
         # On the wire 0 means "the controller's default": here it is a mistake.
         if not assignments and partitions < 1:
             raise InvalidPartitions(f"a topic needs at least 1 partition, got {partitions}")
@@ -84,6 +86,7 @@ class Admin:
         )
         result = response.topics[0]  # type: ignore[attr-defined]
         _raise_if(result.error_code, result.error_message)
+        return uuid.UUID(bytes=result.topic_id) if result.topic_id else None
 
     async def delete_topics(self, names: Sequence[str]) -> None:
         response = await self._call("DeleteTopics", cpb.DeleteTopicsRequest(topic_names=names))
@@ -131,7 +134,8 @@ class Admin:
         return await self._call("DescribeCluster", cpb.DescribeClusterRequest())  # type: ignore[return-value]
 
     async def describe_topics(self, names: Sequence[str] = ()) -> metadata_pb2.GetMetadataResponse:
-        """Partitions with leader, epoch, replicas and ISR, from a metadata service."""
+        """Topic ids, and partitions with leader, epoch, replicas and ISR, from a metadata
+        service."""
         if self._metadata is None:
             raise ValueError("describe_topics needs bootstrap (metadata service) addresses")
         return await self._metadata.describe(list(names))

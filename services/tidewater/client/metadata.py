@@ -1,5 +1,10 @@
 """The client's cache of the cluster view: live brokers and each partition's leader, from
-any live metadata service, refreshed on demand with backoff."""
+any live metadata service, refreshed on demand with backoff.
+
+A partition's leader epoch only moves forward in the cache (a lagging metadata service may
+answer with an older one), within one life of its topic: a topic deleted and created again
+under the same name has a new topic id and starts again at leader epoch 0, so what is cached
+of a topic is dropped when its id changes, and when it no longer exists (KIP-516)."""
 
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ class TopicInfo:
     error_code: int
     error_message: str
     num_partitions: int
+    # 16 bytes; empty when the topic does not exist (or from a version without topic ids).
+    topic_id: bytes = b""
 
 
 class ClusterMetadata:
@@ -119,8 +126,13 @@ class ClusterMetadata:
             b.broker_id: f"{b.endpoint.host}:{b.endpoint.port}" for b in response.brokers
         }
         for topic in response.topics:
+            known_topic = self.topics.get(topic.topic)
+            if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION or (
+                known_topic is not None and known_topic.topic_id != topic.topic_id
+            ):
+                self._forget_partitions(topic.topic)
             self.topics[topic.topic] = TopicInfo(
-                topic.error_code, topic.error_message, len(topic.partitions)
+                topic.error_code, topic.error_message, len(topic.partitions), topic.topic_id
             )
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
@@ -131,6 +143,11 @@ class ClusterMetadata:
                 self.partitions[tp] = PartitionInfo(
                     p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr), p.error_code
                 )
+
+    def _forget_partitions(self, topic: str) -> None:
+        """The topic is gone, or is another topic now: its leader epochs no longer apply."""
+        for tp in [tp for tp in self.partitions if tp[0] == topic]:
+            del self.partitions[tp]
 
     def update_leader(self, tp: TopicPartition, leader: int, leader_epoch: int) -> None:
         """A broker named a newer leader (current_leader in its answer): use it at once."""

@@ -150,7 +150,7 @@ class Controller:
         self._store_failed.clear()
         try:
             await self._load()
-        except StoreUnavailable as e:
+        except (StoreUnavailable, NotController) as e:
             log.warning("controller %d could not load: %s", self.config.controller_id, e)
             await self.store.resign()
             return
@@ -231,7 +231,11 @@ class Controller:
                 last_heartbeat_ms=now,
             )
         for name, value in (await self.store.load_topics()).items():
-            model.topics[name] = TopicState.from_json(name, value)
+            topic = model.topics[name] = TopicState.from_json(name, value)
+            if "topic_id" not in value:
+                # Stored by a version without topic ids: the id from_json gave it is kept.
+                await self.store.put_topic(self.epoch, name, topic.to_json())
+                log.info("topic %s had no topic id: it is %s now", name, topic.topic_id)
         for tp, (value, revision) in (await self.store.load_partitions()).items():
             model.partitions[tp] = PartitionRecord.from_json(value, revision)
         for name, value in (await self.store.load_deletions()).items():

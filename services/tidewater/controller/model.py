@@ -6,6 +6,7 @@ the rules that change it are in core.py.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -109,9 +110,13 @@ class TopicState:
     # partition → assigned replicas (AR), preferred leader first
     assignment: dict[int, tuple[int, ...]]
     reassignments: dict[int, Reassignment] = field(default_factory=dict)
+    # Given at creation and kept for the topic's life (KIP-516): a topic created again under a
+    # deleted one's name has another, so clients tell its partitions from the old topic's.
+    topic_id: uuid.UUID = field(default_factory=uuid.uuid4)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "topic_id": str(self.topic_id),
             "configs": self.configs,
             "assignment": {str(p): list(r) for p, r in sorted(self.assignment.items())},
             "reassignments": {
@@ -122,7 +127,10 @@ class TopicState:
 
     @classmethod
     def from_json(cls, name: str, value: dict[str, Any]) -> TopicState:
+        """A topic stored without an id (by a version without topic ids) gets a new one: the
+        controller that loads it stores it."""
         return cls(
+            topic_id=uuid.UUID(value["topic_id"]) if "topic_id" in value else uuid.uuid4(),
             name=name,
             configs={str(k): str(v) for k, v in value.get("configs", {}).items()},
             assignment={int(p): tuple(int(b) for b in r) for p, r in value["assignment"].items()},

@@ -196,6 +196,7 @@ class BrokerSender:
             request.partition_states.add(
                 **self._partition_state(tp),
                 offline_replicas=[b for b in model.replicas(tp) if b not in usable],
+                topic_id=model.topics[tp[0]].topic_id.bytes,
             )
         return request
 

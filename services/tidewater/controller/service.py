@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Protocol, TypeVar
 
 import grpc
@@ -253,18 +254,18 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             for topic in request.topics:
                 result = response.topics.add(name=topic.name)
                 try:
-                    result.num_partitions, result.replication_factor = await self._create_topic(
-                        topic, request.validate_only
-                    )
+                    created = await self._create_topic(topic, request.validate_only)
+                    result.num_partitions = len(created.assignment)
+                    result.replication_factor = len(created.assignment[0])
+                    if not request.validate_only:
+                        result.topic_id = created.topic_id.bytes
                 except TidewaterError as e:
                     result.error_code = e.code
                     result.error_message = e.message
 
         return await self._answer(response, event)
 
-    async def _create_topic(
-        self, topic: cpb.CreatableTopic, validate_only: bool
-    ) -> tuple[int, int]:
+    async def _create_topic(self, topic: cpb.CreatableTopic, validate_only: bool) -> TopicState:
         model = self._c.model
         validate_topic_name(topic.name)
         if topic.name in model.topics:
@@ -294,22 +295,22 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 if topic.replication_factor > 0
                 else min(DEFAULT_REPLICATION_FACTOR, len(usable)),
             )
-        replication_factor = len(next(iter(assignment.values())))
-        if validate_only:
-            return len(assignment), replication_factor
         state = TopicState(topic.name, configs, assignment)
+        if validate_only:
+            return state
         await self._c.store.put_topic(self._c.epoch, topic.name, state.to_json())
         model.topics[topic.name] = state
         await self._c.commit_and_send(
             initial_partition_records(assignment, topic.name, set(usable), self._c.epoch)
         )
         log.info(
-            "created topic %s: %d partitions, RF %d",
+            "created topic %s (id %s): %d partitions, RF %d",
             topic.name,
+            state.topic_id,
             len(assignment),
-            replication_factor,
+            len(assignment[0]),
         )
-        return len(assignment), replication_factor
+        return state
 
     async def DeleteTopics(
         self, request: cpb.DeleteTopicsRequest, context: grpc.aio.ServicerContext
@@ -390,7 +391,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             )
         if validate_only:
             return
-        updated = TopicState(state.name, state.configs, {**state.assignment, **added})
+        updated = replace(state, assignment={**state.assignment, **added})
         await self._c.store.put_topic(self._c.epoch, state.name, updated.to_json())
         model.topics[state.name] = updated
         await self._c.commit_and_send(

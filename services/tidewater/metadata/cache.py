@@ -74,7 +74,11 @@ class MetadataCache:
         for topic in request.deleted_topics:
             self._topics.pop(topic, None)
         for state in request.partition_states:
-            self._topics.setdefault(state.topic, {})[state.partition] = state
+            partitions = self._topics.setdefault(state.topic, {})
+            held = next(iter(partitions.values()), None)
+            if held is not None and held.topic_id != state.topic_id:
+                partitions.clear()  # another topic of that name: none of its partitions stay
+            partitions[state.partition] = state
         self._brokers = {broker.broker_id: broker for broker in request.live_brokers}
         self._controller = common_pb2.ControllerInfo(
             controller_id=request.controller_id,
@@ -111,6 +115,7 @@ class MetadataCache:
         return metadata_pb2.TopicMetadata(
             topic=name,
             partitions=[self._describe_partition(partitions[p]) for p in sorted(partitions)],
+            topic_id=next(iter(partitions.values())).topic_id,
         )
 
     def _describe_partition(self, state: PartitionState) -> metadata_pb2.PartitionMetadata:

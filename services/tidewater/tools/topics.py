@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import time
+import uuid
 
 from tidewater.client.admin import Admin
 from tidewater.errors import RequestTimedOut, UnknownTopicOrPartition
@@ -51,11 +52,11 @@ async def run(args: argparse.Namespace) -> int:
     timeout_s = request_timeout_s(args)
     async with Admin((), bootstrap(args), request_timeout_s=timeout_s) as admin:
         if args.action == "create":
-            await admin.create_topic(
+            topic_id = await admin.create_topic(
                 args.topic, args.partitions, args.replication_factor, dict(args.config)
             )
             await _wait_for_leaders(admin, args.topic, args.partitions, timeout_s)
-            print(f"Created topic {args.topic}.")
+            print(f"Created topic {args.topic} (topic id {topic_id}).")
         elif args.action == "delete":
             await admin.delete_topics([args.topic])
             print(f"Deleted topic {args.topic}.")
@@ -98,6 +99,7 @@ def describe_json(topics: list[metadata_pb2.TopicMetadata]) -> dict[str, object]
         "topics": [
             {
                 "topic": t.topic,
+                "topic_id": _topic_id(t),
                 "partitions": [
                     {
                         "partition": p.partition,
@@ -121,7 +123,7 @@ def _table(topics: list[metadata_pb2.TopicMetadata]) -> str:
     for t in topics:
         replication = len(t.partitions[0].replicas) if t.partitions else 0
         lines.append(
-            f"Topic: {t.topic}\tPartitionCount: {len(t.partitions)}\t"
+            f"Topic: {t.topic}\tTopicId: {_topic_id(t)}\tPartitionCount: {len(t.partitions)}\t"
             f"ReplicationFactor: {replication}"
         )
         for p in t.partitions:
@@ -131,6 +133,10 @@ def _table(topics: list[metadata_pb2.TopicMetadata]) -> str:
                 f"Isr: {_ids(p.isr)}\tOffline: {_ids(p.offline_replicas)}"
             )
     return "\n".join(lines)
+
+
+def _topic_id(topic: metadata_pb2.TopicMetadata) -> str:
+    return str(uuid.UUID(bytes=topic.topic_id)) if topic.topic_id else ""
 
 
 def _ids(ids: object) -> str:

@@ -1,0 +1,90 @@
+"""The SDK's metadata cache (ClusterMetadata), fed GetMetadata answers by hand: leader epochs
+only move forward within one life of a topic, and a topic created again under a deleted one's
+name (a new topic id, epochs from 0) replaces what was cached of the old one (KIP-516)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tidewater.client.metadata import ClusterMetadata
+from tidewater.v1 import common_pb2, metadata_pb2
+from tidewater.v1.errors_pb2 import ErrorCode
+
+OLD_ID = uuid.uuid4().bytes
+NEW_ID = uuid.uuid4().bytes
+TP = ("orders", 0)
+
+
+def answer(
+    leader: int, leader_epoch: int, topic_id: bytes = OLD_ID
+) -> metadata_pb2.GetMetadataResponse:
+    """Brokers 1-3; "orders" with one partition led by `leader`."""
+    response = metadata_pb2.GetMetadataResponse()
+    for b in (1, 2, 3):
+        response.brokers.add(
+            broker_id=b, endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9000 + b)
+        )
+    topic = response.topics.add(topic="orders", topic_id=topic_id)
+    topic.partitions.add(
+        partition=0, leader=leader, leader_epoch=leader_epoch, replicas=[1, 2, 3], isr=[1, 2, 3]
+    )
+    return response
+
+
+def no_such_topic() -> metadata_pb2.GetMetadataResponse:
+    response = answer(1, 0)
+    del response.topics[:]
+    response.topics.add(
+        topic="orders",
+        error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        error_message="topic 'orders' does not exist in this cluster view",
+    )
+    return response
+
+
+@pytest.fixture
+async def metadata() -> AsyncIterator[ClusterMetadata]:
+    cache = ClusterMetadata(["127.0.0.1:1"])
+    yield cache
+    await cache.close()
+
+
+def leader(metadata: ClusterMetadata) -> tuple[int, int] | None:
+    found = metadata.leader(TP)
+    return None if found is None else (found[0], found[2])
+
+
+async def test_a_topic_created_again_replaces_the_deleted_ones_leaders(
+    metadata: ClusterMetadata,
+) -> None:
+    """Before, its leader epochs (from 0) were taken for a lagging view of the old topic's
+    (4): the client kept the old leader until it restarted."""
+    metadata._apply(answer(leader=1, leader_epoch=4))
+    # A lagging metadata service's older view of the same topic is ignored, as before.
+    metadata._apply(answer(leader=3, leader_epoch=3))
+    metadata.update_leader(TP, 3, 3)
+    assert leader(metadata) == (1, 4)
+    metadata._apply(answer(leader=2, leader_epoch=0, topic_id=NEW_ID))
+    assert leader(metadata) == (2, 0)
+    assert metadata.topics["orders"].topic_id == NEW_ID
+    # From then on, the new topic's epochs move forward as any topic's do.
+    metadata.update_leader(TP, 3, 1)
+    metadata._apply(answer(leader=2, leader_epoch=0, topic_id=NEW_ID))
+    assert leader(metadata) == (3, 1)
+
+
+async def test_a_topic_that_no_longer_exists_leaves_no_leader_behind(
+    metadata: ClusterMetadata,
+) -> None:
+    """Before, the deleted topic's partitions stayed cached with their leader epochs: once
+    created again, the new topic's leaders (epoch 0) were ignored, and a broker's
+    NOT_LEADER_OR_FOLLOWER naming one too."""
+    metadata._apply(answer(leader=1, leader_epoch=4))
+    metadata._apply(no_such_topic())
+    assert metadata.leader(TP) is None
+    assert metadata.topics["orders"].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    metadata._apply(answer(leader=2, leader_epoch=0, topic_id=NEW_ID))
+    assert leader(metadata) == (2, 0)

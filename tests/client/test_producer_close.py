@@ -1,7 +1,8 @@
-"""The producer's futures around close(), flush() and the delivery timeout: a send() racing
-close(), a close() that times out, a cancelled flush(), and a batch in flight past
-delivery_timeout_ms. The real producer, its sender driven by hand against a fake link that
-never answers (conftest's `sent`): every future must resolve, and with its real outcome."""
+"""The producer's futures around start(), close(), flush() and the delivery timeout: a send()
+racing close(), a close() racing the first send()s, a failed start, a dead sender, a close()
+that times out, a cancelled flush(), and a batch in flight past delivery_timeout_ms. The real
+producer, its sender driven by hand (or its own) against a fake link that never answers
+(conftest's `sent`): every future must resolve, and with its real outcome."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 
 from tidewater.client.accumulator import ProducerBatch
-from tidewater.client.errors import DeliveryTimeout, ProducerClosed
+from tidewater.client.errors import DeliveryTimeout, ProducerClosed, error_for
 from tidewater.client.metadata import TopicInfo
 from tidewater.client.producer import Producer
+from tidewater.errors import TidewaterError
 from tidewater.records.batch import Record
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -84,6 +86,95 @@ async def test_a_send_waiting_on_a_refresh_close_cancels_raises_producer_closed(
         await producer.close()
         with pytest.raises(ProducerClosed):
             await sending
+
+
+def slow_producer_id(producer: Producer) -> tuple[asyncio.Event, asyncio.Event]:
+    """InitProducerId waits for the test (a cluster starting): (asked, answer)."""
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def init_producer_id() -> None:
+        asked.set()
+        await answer.wait()
+        producer._sequences.set_producer_id(4242, 0)
+
+    producer._init_producer_id = init_producer_id  # type: ignore[method-assign]
+    return asked, answer
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["id-after-close", "no-id"])
+async def test_a_close_racing_the_first_sends_returns_and_they_raise_producer_closed(
+    sent: list[ProducerBatch], answered: bool
+) -> None:
+    """Before, the second send() appended while the first one's start() waited for a producer
+    id, with no sender yet; close() then waited for that record forever, as start() refused
+    to start the sender after close(). Now every send() waits for the one start()."""
+    async with asyncio.timeout(10):
+        producer = knows_topic(Producer(["127.0.0.1:1"]))
+        asked, answer = slow_producer_id(producer)
+        first = asyncio.create_task(producer.send("t", b"a", partition=0))
+        await asked.wait()
+        second = asyncio.create_task(producer.send("t", b"b", partition=0))
+        closing = asyncio.create_task(producer.close())
+        while not producer._closed:
+            await asyncio.sleep(0)
+        if answered:
+            answer.set()
+        await closing
+        for sending in (first, second):
+            with pytest.raises(ProducerClosed):
+                await sending
+        assert producer._sender is None and sent == []
+
+
+async def test_a_failed_start_leaves_the_producer_unstarted_and_the_next_send_starts_it(
+    sent: list[ProducerBatch],
+) -> None:
+    """Before, a start() whose InitProducerId failed left the accumulator with no sender:
+    every later send() appended records nothing would send, and close() waited for them."""
+    async with asyncio.timeout(10):
+        producer = knows_topic(Producer(["127.0.0.1:1"], max_block_ms=0))
+        producer.metadata.leader = lambda tp: (1, "leader:1", 5)  # type: ignore[method-assign]
+
+        async def no_broker_answers() -> None:
+            raise error_for(ErrorCode.PRODUCER_ID_ALLOCATION_FAILED, "no broker answered")
+
+        async def an_id() -> None:
+            producer._sequences.set_producer_id(4242, 0)
+
+        producer._init_producer_id = no_broker_answers  # type: ignore[method-assign]
+        first = asyncio.create_task(producer.send("t", b"a", partition=0))
+        second = asyncio.create_task(producer.send("t", b"b", partition=0))
+        for sending in (first, second):
+            with pytest.raises(TidewaterError, match="no broker answered"):
+                await sending
+        producer._init_producer_id = an_id  # type: ignore[method-assign]
+        future = await producer.send("t", b"c", partition=0)
+        while not sent:  # the sender drains the record (linger_ms passes)
+            await asyncio.sleep(0.01)
+        producer._completed(sent[0], acknowledged(0))
+        assert (await future).offset == 0
+        await producer.close()
+
+
+async def test_a_close_after_the_sender_died_fails_the_records_left(
+    sent: list[ProducerBatch],
+) -> None:
+    """A sender stopped by a bug never completes the queued batches: before, close() waited
+    for them forever."""
+    async with asyncio.timeout(10):
+        producer = knows_topic(Producer(["127.0.0.1:1"], enable_idempotence=False))
+
+        def bug(now: float) -> float:
+            raise RuntimeError("a bug in the sender")
+
+        producer._drain = bug  # type: ignore[method-assign]
+        await producer.start()
+        assert producer._sender is not None
+        await asyncio.wait([producer._sender])
+        future = await producer.send("t", b"x", partition=0)
+        await producer.close()
+        with pytest.raises(ProducerClosed):
+            await future
 
 
 async def test_a_close_that_times_out_fails_every_future_and_the_send_waiting_for_memory(

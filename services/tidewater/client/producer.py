@@ -174,6 +174,8 @@ class Producer:
         self._memory_freed = asyncio.Event()
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
+        # The start() under way, which concurrent send()s share (one InitProducerId).
+        self._starting: asyncio.Task[None] | None = None
         self._links: dict[str, _BrokerLink] = {}
         # Sent batches not answered yet, oldest first (Kafka's inFlightBatches).
         self._in_flight: dict[TopicPartition, list[ProducerBatch]] = {}
@@ -193,19 +195,42 @@ class Producer:
         await self.close()
 
     async def start(self) -> None:
-        """Reach the cluster (and get a producer id when idempotent); send() does it too."""
+        """Reach the cluster (and get a producer id when idempotent); send() does it too.
+        Concurrent calls share one attempt; a failed one leaves the producer unstarted, and
+        the next call tries again."""
         if self._accumulator is not None:
             return
+        starting = self._starting
+        if starting is None:
+            starting = self._starting = asyncio.create_task(self._start())
+            # Its error is raised to every caller; retrieved here for when all were cancelled.
+            starting.add_done_callback(lambda task: task.cancelled() or task.exception())
+        try:
+            # Shielded: one cancelled send() must not fail the start the others wait on.
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # close() cancelled the start, not this task: ProducerClosed, as in _refresh.
+            task = asyncio.current_task()
+            if task is not None and not task.cancelling():
+                self._check_open()
+            raise
+
+    async def _start(self) -> None:
+        try:
+            if self.config.idempotent:
+                await self._first_producer_id()
+        finally:
+            self._starting = None
+        # close() may have run meanwhile: a sender started now would never be stopped.
+        self._check_open()
         loop = asyncio.get_running_loop()
+        # The accumulator comes with the sender, never before: send() starts the producer
+        # while there is none, and a record appended with no sender would never be sent.
         self._accumulator = RecordAccumulator(self.config.batch_size, loop)
         self._partitioner = StickyPartitioner(
             lambda topic, p: self._accumulator.queue_length((topic, p)),  # type: ignore[union-attr]
             lambda topic, p: self.metadata.leader((topic, p)) is not None,
         )
-        if self.config.idempotent:
-            await self._first_producer_id()
-        # close() may have run meanwhile: a sender started now would never be stopped.
-        self._check_open()
         self._sender = loop.create_task(self._run())
 
     def _sticky_partition(self, topic: str, num_partitions: int, size: int) -> int:
@@ -300,12 +325,19 @@ class Producer:
             return
         self._closed = True
         try:
-            await self.flush()
+            # A sender that died (a bug) would never complete them: _abort() fails them.
+            if self._sender is None or not self._sender.done():
+                await self.flush()
         finally:
             # Shielded: a close() cancelled again still stops everything and fails the rest.
             await asyncio.shield(self._shut_down())
 
     async def _shut_down(self) -> None:
+        starting = self._starting
+        if starting is not None:
+            # Waiting for a producer id: its send()s raise ProducerClosed.
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
         if self._sender is not None:
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)

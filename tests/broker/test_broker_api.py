@@ -806,6 +806,92 @@ async def test_a_batch_that_does_not_decode_fails_only_its_partition_of_a_record
     assert [r.value for r in answered.partitions[1].records] == [b"fine"]
 
 
+async def test_a_produce_whose_completion_check_fails_answers_alone_on_its_stream(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Three acks=all produces wait on one ProduceStream; checking the first raises (a bug).
+    It answers UNKNOWN_SERVER_ERROR; the others are answered as usual and the stream goes
+    on, rather than the error failing the stream and every request waiting on it."""
+    server, client = await start_broker(1)
+    rm = server.replica_manager
+    for partition in (0, 1):
+        await make_leader(
+            client.channel, TOPIC, partition, leader=1, leader_epoch=1, replicas=[1, 2]
+        )
+    call = client.service.ProduceStream()
+    for correlation_id, value, partition in ((1, b"A", 0), (2, b"B", 0), (3, b"C", 1)):
+        request = produce_request(
+            batch_of([value]), acks=-1, partition=partition, timeout_ms=int(WAIT_S * 1000)
+        )
+        request.correlation_id = correlation_id
+        await call.write(request)
+    await eventually(lambda: rm.produce_purgatory.watched == 3, WAIT_S, 0.01)
+
+    def enough_replicas_for(required_offset: int) -> bool:
+        if required_offset == 1:
+            raise RuntimeError("a bug in A's check")
+        return True  # B, at offset 1, is committed
+
+    rm.partitions[(TOPIC, 0)].state.enough_replicas_for = enough_replicas_for  # type: ignore[method-assign]
+    rm._partition_changed((TOPIC, 0))
+    answers = {}
+    async with asyncio.timeout(WAIT_S):
+        for _ in range(2):
+            answer = await call.read()
+            answers[answer.correlation_id] = answer.partitions[0]
+    assert answers[1].error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert "a bug in A's check" in answers[1].error_message and answers[1].base_offset == -1
+    assert (answers[2].error_code, answers[2].base_offset) == (ErrorCode.NONE, 1)
+
+    rm.partitions[(TOPIC, 1)].state.enough_replicas_for = lambda _: True  # type: ignore[method-assign]
+    rm._partition_changed((TOPIC, 1))
+    answer = await asyncio.wait_for(call.read(), WAIT_S)
+    assert answer.correlation_id == 3
+    assert (answer.partitions[0].error_code, answer.partitions[0].base_offset) == (0, 0)
+    await call.done_writing()
+    assert await asyncio.wait_for(call.code(), WAIT_S) == grpc.StatusCode.OK
+    assert rm.produce_purgatory.watched == 0
+
+
+async def test_a_fetch_whose_completion_check_fails_answers_alone_on_its_stream(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two long polls wait on one FetchStream; checking the first, woken by an append,
+    raises (a bug). Its partition answers UNKNOWN_SERVER_ERROR; the other poll is answered
+    as usual and the stream goes on."""
+    server, client = await start_broker(1)
+    rm = server.replica_manager
+    for partition in (0, 1):
+        await make_leader(client.channel, TOPIC, partition, leader=1, leader_epoch=1, replicas=[1])
+    call = client.service.FetchStream()
+    for correlation_id, partition in ((1, 0), (2, 1)):
+        request = fetch_request(0, max_wait_ms=int(WAIT_S * 1000))
+        request.correlation_id, request.partitions[0].partition = correlation_id, partition
+        await call.write(request)
+    await eventually(lambda: rm.fetch_purgatory.watched == 2, WAIT_S, 0.01)
+    readable = rm._readable
+
+    def broken(partitions: list[pb.FetchPartition], for_follower: bool) -> bool:
+        if partitions[0].partition == 0:
+            raise RuntimeError("a bug in checking partition 0")
+        return readable(partitions, for_follower)
+
+    monkeypatch.setattr(rm, "_readable", broken)
+    assert await produce_ok(client, batch_of([b"p0"])) == 0  # wakes the first poll
+    answer = await asyncio.wait_for(call.read(), WAIT_S)
+    assert answer.correlation_id == 1
+    [failed] = answer.partitions
+    assert failed.error_code == ErrorCode.UNKNOWN_SERVER_ERROR and not failed.record_batches
+    assert "a bug in checking partition 0" in failed.error_message
+
+    await client.service.Produce(produce_request(batch_of([b"p1"]), partition=1))
+    answer = await asyncio.wait_for(call.read(), WAIT_S)
+    assert answer.correlation_id == 2
+    assert [r.value for r in decode_batches(answer.partitions[0].record_batches)] == [b"p1"]
+    await call.done_writing()
+    assert await asyncio.wait_for(call.code(), WAIT_S) == grpc.StatusCode.OK
+
+
 async def test_high_watermark_checkpoint_is_rewritten_only_when_a_hw_moved(
     start_broker: Callable[..., Any],
 ) -> None:

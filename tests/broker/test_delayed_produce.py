@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tidewater.broker.delayed import Appended, DelayedProduce
 from tidewater.broker.purgatory import Purgatory
 from tidewater.local.standin_controller import make_leader
@@ -185,6 +187,22 @@ async def test_the_answer_of_a_produce_cancelled_in_the_purgatory_is_an_error(
     rm.produce_purgatory.cancel_all()
     [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
     assert (result.error_code, result.base_offset) == (ErrorCode.REQUEST_TIMED_OUT, -1)
+
+
+async def test_a_produce_whose_client_has_gone_waits_no_more(
+    start_broker: Callable[..., Any],
+) -> None:
+    """A disconnect or a deadline cancels the waiting request: its operation leaves the
+    purgatory then, not at its timeout."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TP[0], 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    rm = server.replica_manager
+    produce = asyncio.create_task(rm.produce(produce_request(-1, (0, b"uncommitted"))))
+    await eventually(lambda: rm.produce_purgatory.watched == 1, WAIT_S)
+    produce.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(produce, WAIT_S)
+    assert rm.produce_purgatory.watched == 0
 
 
 async def test_a_batch_waiting_through_an_epoch_bump_that_kept_its_leader_is_acknowledged(

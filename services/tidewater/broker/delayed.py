@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
@@ -10,6 +11,8 @@ from tidewater.broker.partition import HostedPartition
 from tidewater.broker.purgatory import DelayedOperation
 from tidewater.errors import NO_ERROR
 from tidewater.v1.errors_pb2 import ErrorCode
+
+log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 # error code and message per partition, NONE/"" when committed
@@ -89,20 +92,27 @@ class DelayedProduce(DelayedOperation):
     def on_complete(self) -> None:
         # Completed with no outcome for a batch (the purgatory cancelled at shutdown): its
         # fate is unknown, as after a timeout; never success, and leadership may not have moved.
-        if len(self.outcomes) < len(self._waiting):
-            for tp in self._waiting:
-                if tp not in self.outcomes:
-                    self.outcomes[tp] = (
-                        ErrorCode.REQUEST_TIMED_OUT,
-                        f"{tp[0]}-{tp[1]}: the broker stopped waiting for the ISR to "
-                        "replicate the batch (shutting down)",
-                    )
-        if not self.done.done():
-            self.done.set_result(self.outcomes)
+        self._answer(
+            ErrorCode.REQUEST_TIMED_OUT,
+            "the broker stopped waiting for the ISR to replicate the batch (shutting down)",
+        )
 
     def on_failure(self, error: Exception) -> None:
+        # A check raised (a bug): each batch still waiting answers an error, as Kafka answers
+        # an unexpected exception; raised into the request, it would fail a whole stream.
+        self._answer(
+            ErrorCode.UNKNOWN_SERVER_ERROR,
+            f"checking whether the ISR replicated the batch failed ({error!r}); the batch is "
+            "in the log and may yet be committed",
+        )
+
+    def _answer(self, code: int, reason: str) -> None:
+        """Answer the outcomes, `code` and `reason` for each batch without one."""
+        for tp in self._waiting:
+            if tp not in self.outcomes:
+                self.outcomes[tp] = (code, f"{tp[0]}-{tp[1]}: {reason}")
         if not self.done.done():
-            self.done.set_exception(error)
+            self.done.set_result(self.outcomes)
 
 
 R = TypeVar("R")
@@ -115,7 +125,9 @@ class DelayedFetch(DelayedOperation, Generic[R]):
     offset, or a partition that would answer with an error); only then does `read` run. It
     performs the fetch's reads and returns (result, bytes read, whether to answer whatever the
     size); the read that satisfies the condition is the one answered, so no second read. A
-    poll that expires, or is cancelled, answers with a read at that moment.
+    poll that expires, or is cancelled, answers with a read at that moment. A check or read
+    that raises (a bug) answers `failed(error)`: an error per partition, not an exception
+    that would fail a whole FetchStream.
     """
 
     def __init__(
@@ -124,11 +136,13 @@ class DelayedFetch(DelayedOperation, Generic[R]):
         min_bytes: int,
         read: Callable[[], tuple[R, int, bool]],
         readable: Callable[[], bool],
+        failed: Callable[[Exception], R],
     ) -> None:
         super().__init__(timeout_ms)
         self._min_bytes = min_bytes
         self._read = read
         self._readable = readable
+        self._failed = failed
         self._answer: R | None = None
         self.done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
 
@@ -146,11 +160,12 @@ class DelayedFetch(DelayedOperation, Generic[R]):
             return
         try:
             answer = self._answer if self._answer is not None else self._read()[0]
-        except Exception as e:  # the waiting fetch fails with it, rather than never answering
+        except Exception as e:  # answered as failed, rather than never answering
+            log.exception("reading a waiting fetch failed")
             self.on_failure(e)
             return
         self.done.set_result(answer)
 
     def on_failure(self, error: Exception) -> None:
         if not self.done.done():
-            self.done.set_exception(error)
+            self.done.set_result(self._failed(error))

@@ -7,8 +7,9 @@ operation also expires after its timeout. Completion happens exactly once, which
 first. The purgatory knows no clock of its own: the time and the expiry timers come from an
 injected clock (asyncio's event loop fits), so tests can drive it deterministically.
 
-A completion check that raises fails that operation alone: its waiter gets the error, and the
-caller of `check_and_complete` (an append, a follower's fetch that moved the HW) and the other
+A completion check that raises fails that operation alone: its on_failure answers its waiter
+(the data path's with an error per partition, broker/delayed.py), and the caller of
+`check_and_complete` (an append, a follower's fetch that moved the HW) and the other
 operations under the key go on as if it had completed.
 
 Expiry costs no timer per operation (asyncio's cost some microseconds each, armed and cancelled

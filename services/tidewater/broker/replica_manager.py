@@ -496,7 +496,13 @@ class ReplicaManager:
         timeout_ms = request.timeout_ms or self.config.request_timeout_ms
         op = DelayedProduce(timeout_ms, waiting, self.partitions.get)
         self.produce_purgatory.try_complete_else_watch(op, waiting)
-        outcomes = await op.done
+        try:
+            outcomes = await op.done
+        except asyncio.CancelledError:
+            # The client has gone (a deadline, a disconnect, its stream ended): its produce
+            # waits no more, as a fetch's poll (_fetch).
+            self.produce_purgatory.cancel(op)
+            raise
         for result in response.partitions:
             # None: the partition did not wait (its append failed, its answer is set).
             outcome = outcomes.get((result.topic, result.partition))
@@ -574,6 +580,11 @@ class ReplicaManager:
         def readable() -> bool:
             return bool(answered) or self._readable(context.partitions, follower)
 
+        def failed(error: Exception) -> FetchPartitionResults:
+            context.served.clear()
+            unknown = TidewaterError(f"the broker failed serving the fetch: {error!r}")
+            return [(self._fetch_error(fp, unknown), b"") for fp in context.partitions]
+
         # A long poll with nothing to read waits without reading (Kafka's DelayedFetch looks
         # at offsets, not bytes): only a change that makes records readable, or makes a
         # partition answer with an error, costs a read.
@@ -585,7 +596,7 @@ class ReplicaManager:
         local_done = time.perf_counter_ns()
         if results is None:
             op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
-                request.max_wait_ms, request.min_bytes, read, readable
+                request.max_wait_ms, request.min_bytes, read, readable, failed
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
             self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in context.partitions])

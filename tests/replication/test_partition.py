@@ -225,6 +225,21 @@ def test_a_follower_that_has_not_caught_up_since_registering_again_is_out_of_syn
     assert (shrink.new_isr, shrink.new_isr_broker_epochs) == ((1, 2), (-1, 12))
 
 
+def test_a_fetch_between_two_registrations_is_not_a_new_incarnation(log: MemoryLog) -> None:
+    """Broker 3 (epoch 20), told by a heartbeat answer to register again, fetches at epoch 0
+    meanwhile: the same process and log, whose state the leader keeps (it stays in sync).
+    A later restart, at epoch 30, is still a new incarnation."""
+    partition = new_leader(log, isr=(1, 2, 3))
+    fetch(partition, 3, 10, broker_epoch=20)  # caught up at T0
+    append(partition, 2, now=T0 + 500)
+    fetch(partition, 3, 10, now=T0 + 1000, broker_epoch=0)
+    replica = partition.remote_replicas[3]
+    assert (replica.log_end_offset, replica.last_caught_up_time_ms) == (10, T0)
+    assert partition.out_of_sync_replicas(T0 + 1000) == frozenset()
+    fetch(partition, 3, 4, now=T0 + 2000, broker_epoch=30)
+    assert (replica.log_end_offset, replica.last_caught_up_time_ms) == (4, 0)
+
+
 def test_only_one_isr_change_in_flight(log: MemoryLog) -> None:
     partition = new_leader(log, isr=(1, 2))
     expand = fetch(partition, 3, 10).isr_proposal

@@ -20,6 +20,9 @@ class Replica:
     # The follower's broker epoch in its last fetch (KIP-903): which incarnation of the broker
     # the state above describes. 0: none yet, or its fetches carry none.
     broker_epoch: int = 0
+    # The last non-zero one: a fetch at 0 comes from a broker between two registrations
+    # (told to register again, lifecycle), the same process and log, not a new incarnation.
+    last_broker_epoch: int = 0
 
     def update_fetch_state(
         self,
@@ -33,8 +36,10 @@ class Replica:
         from another incarnation of the follower than the last one's starts afresh: what the
         old one had fetched, and when it was caught up, says nothing of a broker that may have
         lost its unflushed log tail since."""
-        if self.broker_epoch and broker_epoch != self.broker_epoch:
-            self.reset(fetch_time_ms, leader_end_offset, is_new_leader=True, in_sync=False)
+        if broker_epoch:
+            if self.last_broker_epoch and broker_epoch != self.last_broker_epoch:
+                self.reset(fetch_time_ms, leader_end_offset, is_new_leader=True, in_sync=False)
+            self.last_broker_epoch = broker_epoch
         self.broker_epoch = broker_epoch
         if fetch_offset >= leader_end_offset:
             self.last_caught_up_time_ms = max(self.last_caught_up_time_ms, fetch_time_ms)
@@ -53,7 +58,7 @@ class Replica:
         follower's new incarnation: update_fetch_state resets it as for a new leader)."""
         self.last_caught_up_time_ms = now_ms if in_sync else 0
         if is_new_leader:
-            self.broker_epoch = 0
+            self.broker_epoch = self.last_broker_epoch = 0
             self.log_start_offset = UNKNOWN_OFFSET
             self.log_end_offset = UNKNOWN_OFFSET
             self.last_fetch_leader_log_end_offset = UNKNOWN_OFFSET

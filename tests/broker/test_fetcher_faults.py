@@ -321,3 +321,47 @@ async def test_a_follower_that_led_an_epoch_without_writing_catches_up_in_its_se
     await pair.produce(STEADY, 3)
     await pair.produce(other, 3)
     await pair.caught_up(STEADY, other)
+
+
+def _sessions_on(pair: Pair, leader: int) -> set[int]:
+    return set(pair.servers[leader].replica_manager.fetch_sessions.sessions)
+
+
+async def test_a_new_leader_epoch_for_a_lone_followed_partition_keeps_its_fetch_session(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    """A LeaderAndIsr that bumps the epoch of the only partition a fetcher fetches: the
+    fetcher goes on, in its session, rather than a new fetcher opening another session and
+    leaving the old one on the leader until evicted."""
+    pair = await make_pair()
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    (fetcher,) = pair.fetchers()
+    await eventually(lambda: fetcher.session.session_id != 0, WAIT_S)
+    session_id = fetcher.session.session_id
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    await pair.produce(STEADY, 3, acks=-1)
+    await pair.caught_up(STEADY)
+    assert pair.fetchers() == [fetcher] and fetcher.session.session_id == session_id
+    assert _sessions_on(pair, 1) == {session_id}
+
+
+async def test_a_fetcher_replaced_after_it_died_closes_its_fetch_session(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    """The replacement's first full fetch names the dead fetcher's session, which the leader
+    closes at once."""
+    pair = await make_pair()
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    (fetcher,) = pair.fetchers()
+    await eventually(lambda: fetcher.session.session_id != 0, WAIT_S)
+    raised = _fail_next_fetch_answer(fetcher)
+    await pair.produce(STEADY, 3)
+    await eventually(lambda: raised and fetcher.task and fetcher.task.done(), WAIT_S)
+    await eventually(lambda: pair.fetchers() != [fetcher], WAIT_S)
+    (replacement,) = pair.fetchers()
+    await eventually(
+        lambda: replacement.session.session_id not in (0, fetcher.session.session_id), WAIT_S
+    )
+    await pair.produce(STEADY, 3, acks=-1)
+    await pair.caught_up(STEADY)
+    assert _sessions_on(pair, 1) == {replacement.session.session_id}

@@ -270,6 +270,15 @@ class FetchSessionHandler(Generic[K, V]):
         else:
             self.epoch = next_epoch(self.epoch)
 
+    def successor(self) -> FetchSessionHandler[K, V]:
+        """The session handler of a fetcher that replaces this one's (restarted, or the last
+        partition it fetched added again): its first full fetch closes this session on the
+        leader, which would otherwise hold it until evicted. A new handler, as this one's
+        fetcher may still take an answer before it stops."""
+        handler: FetchSessionHandler[K, V] = FetchSessionHandler()
+        handler.session_id = self.session_id
+        return handler
+
     def reset(self) -> None:
         """Start over with a full fetch: the leader's session may not match ours any more.
         The full fetch names the session, which closes it on the leader (Kafka's

@@ -430,8 +430,8 @@ class ReplicaFetcherManager:
         self._stopping: set[asyncio.Task[None]] = set()
 
     def add_partition(self, tp: TopicPartition, source: SourceBroker, leader_epoch: int) -> None:
-        self.remove_partitions([tp])
         key = (source.broker_id, fetcher_id(tp[0], tp[1], self.config.num_replica_fetchers))
+        self.remove_partitions([tp], keep=key)
         fetcher = self.fetchers.get(key)
         if fetcher is None or fetcher.source != source or not fetcher.alive:
             # A restarted leader may listen elsewhere: a new fetcher takes over the old one's
@@ -446,6 +446,8 @@ class ReplicaFetcherManager:
         fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup, self.broker_epoch)
         if old is not None:
             fetcher.partitions.update(old.partitions)
+            if old.source == source:  # the same leader: close the old fetcher's session
+                fetcher.session = old.session.successor()
             self._stop_later(old)
         self.fetchers[key] = fetcher
         fetcher.start()
@@ -471,11 +473,14 @@ class ReplicaFetcherManager:
         if self.fetchers.get(key) is dead:  # else replaced or removed meanwhile
             self._replace(key, dead, dead.source)
 
-    def remove_partitions(self, tps: list[TopicPartition]) -> None:
+    def remove_partitions(
+        self, tps: list[TopicPartition], keep: tuple[int, int] | None = None
+    ) -> None:
+        """Stop the fetchers left without partitions, but `keep`'s, about to get one."""
         for key, fetcher in list(self.fetchers.items()):
             for tp in tps:
                 fetcher.partitions.pop(tp, None)
-            if not fetcher.partitions:
+            if not fetcher.partitions and key != keep:
                 del self.fetchers[key]
                 self._stop_later(fetcher)
 

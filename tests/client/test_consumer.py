@@ -11,6 +11,7 @@ import pytest
 
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import NoOffsetForPartition
+from tidewater.client.metadata import PartitionInfo
 from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange
@@ -214,3 +215,69 @@ async def test_an_out_of_range_position_without_reset_policy_is_raised_by_every_
         assert consumer.position(tp) == 7
         consumer.seek(tp, 0)
         assert await poll_until(consumer, 1) == [(0, b"x")]
+
+
+class _SlowValidationLeader:
+    """A leader's stub: Fetch hands over the records at offsets 0 and 1 of partition 0, one
+    per fetch, and then long-polls; OffsetForLeaderEpoch answers once `answer_validation` is
+    set."""
+
+    def __init__(self) -> None:
+        self.answer_validation = asyncio.Event()
+
+    async def Fetch(self, request: pb.FetchRequest, **_: Any) -> pb.FetchResponse:
+        offset = {p.partition: p.fetch_offset for p in request.partitions}.get(0, 2)
+        if offset >= 2:
+            await asyncio.Event().wait()
+        batch = build_batch(
+            [Record(value=b"v%d" % offset)], base_offset=offset, partition_leader_epoch=3
+        )
+        return pb.FetchResponse(
+            partitions=[
+                pb.FetchPartitionResponse(
+                    topic="t", partition=0, high_watermark=2, record_batches=batch
+                )
+            ]
+        )
+
+    async def OffsetForLeaderEpoch(
+        self, request: pb.OffsetForLeaderEpochRequest, **_: Any
+    ) -> pb.OffsetForLeaderEpochResponse:
+        await self.answer_validation.wait()
+        # Epoch 2 ends at offset 3 in the new leader's log: truncated under position 5.
+        return pb.OffsetForLeaderEpochResponse(
+            partitions=[
+                pb.OffsetForLeaderEpochPartitionResponse(
+                    topic="t", partition=1, leader_epoch=2, end_offset=3
+                )
+            ]
+        )
+
+
+async def test_a_validation_the_leader_does_not_answer_holds_up_its_partition_alone() -> None:
+    """KIP-320, asynchronous as Kafka's validatePositionsIfNeeded: poll() hands over the
+    records of the other partitions while an OffsetForLeaderEpoch waits (here for longer than
+    the test may take), and a later poll applies its answer."""
+    consumer = Consumer(["127.0.0.1:1"], request_timeout_ms=LONG_POLL_MS)
+    leader = _SlowValidationLeader()
+    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
+    fetched, moved = ("t", 0), ("t", 1)
+    consumer.assign([fetched, moved])
+    consumer.metadata.brokers = {1: "127.0.0.1:2"}
+    for tp in (fetched, moved):
+        consumer.metadata.partitions[tp] = PartitionInfo(1, 3, (1,), (1,), ErrorCode.NONE)
+    consumer._positions[fetched] = FetchPosition(0, 3, (1, 3))
+    # Read from leader 1 in epoch 2; leader 1 is now in epoch 3: due for validation.
+    consumer._positions[moved] = FetchPosition(5, 2, (1, 2))
+    try:
+        # The first poll finds the leader moved under `moved`, the next ones validate it.
+        assert await poll_until(consumer, 1) == [(0, b"v0")]
+        assert await poll_until(consumer, 1) == [(0, b"v1")]
+        assert consumer.position(moved) == 5
+        leader.answer_validation.set()
+        async with asyncio.timeout(DEADLINE_S):
+            while consumer.position(moved) != 3:
+                await consumer.poll(10)
+        assert consumer._positions[moved] == FetchPosition(3, 2, (1, 3))
+    finally:
+        await consumer.close()

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
@@ -79,7 +80,10 @@ class Consumer:
         # Positions found out of range, by partition, for the warning of their reset.
         self._out_of_range: dict[TopicPartition, int] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
-        self._in_flight: dict[str, _InFlightFetch] = {}  # by leader address
+        self._in_flight: dict[str, _InFlight[pb.FetchResponse]] = {}  # by leader address
+        # KIP-320 validations, one per leader, outliving the poll that sent them as fetches
+        # do: a leader that does not answer holds up its partitions, not poll().
+        self._validating: dict[str, _InFlight[pb.OffsetForLeaderEpochResponse]] = {}
         # A partition's error, raised by the next poll when this one has records to return.
         self._error: TidewaterError | None = None
         self._tracer = tracing.client_tracer(tracer_provider)
@@ -166,18 +170,26 @@ class Consumer:
         self._raise_error()
         while True:
             await self._reset_missing_positions()
-            await self._validate_positions()
-            self._raise_error()
+            self._send_validations()
             self._send_fetches()
-            if not self._in_flight:
+            pending = [
+                call.answer for call in (*self._in_flight.values(), *self._validating.values())
+            ]
+            if not pending:
                 await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
                 return fetched
             await asyncio.wait(
-                [fetch.answer for fetch in self._in_flight.values()],
+                pending,
                 timeout=max(deadline - loop.time(), 0),
                 return_when=asyncio.FIRST_COMPLETED,
             )
             failed = False
+            for address, validation in list(self._validating.items()):
+                if validation.answer.done():
+                    del self._validating[address]
+                    answer = validation.answer.result()
+                    self._apply_validation(validation.positions, answer)
+                    failed |= answer is None
             for address, fetch in list(self._in_flight.items()):
                 if fetch.answer.done():
                     del self._in_flight[address]
@@ -231,8 +243,9 @@ class Consumer:
                 yield record
 
     async def close(self) -> None:
-        answers = [fetch.answer for fetch in self._in_flight.values()]
+        answers = [call.answer for call in (*self._in_flight.values(), *self._validating.values())]
         self._in_flight.clear()
+        self._validating.clear()
         for answer in answers:
             answer.cancel()
         await asyncio.gather(*answers, return_exceptions=True)
@@ -284,21 +297,26 @@ class Consumer:
             self._check_assigned(tp)
             self._set_position(tp, await self._list_offset(tp, spec))
 
-    async def _validate_positions(self) -> None:
-        """KIP-320: OffsetForLeaderEpoch to the leader of every partition awaiting validation,
-        one request per leader."""
+    def _send_validations(self) -> None:
+        """KIP-320: an OffsetForLeaderEpoch to every leader of partitions awaiting validation
+        that has none in flight, one request per leader; a later poll applies the answer."""
+        validating = {tp for call in self._validating.values() for tp in call.positions}
         by_leader: dict[str, list[TopicPartition]] = {}
         for tp in list(self._awaiting_validation):
             address = self._follow_leader(tp)
-            if address is not None:
+            if address is not None and address not in self._validating and tp not in validating:
                 by_leader.setdefault(address, []).append(tp)
-        await asyncio.gather(*(self._validate(a, tps) for a, tps in by_leader.items()))
+        for address, partitions in by_leader.items():
+            sent = self._positions_of(partitions)
+            answer = asyncio.create_task(self._offset_for_leader_epoch(address, sent))
+            self._validating[address] = _InFlight(sent, answer)
 
-    async def _validate(self, address: str, partitions: list[TopicPartition]) -> None:
-        sent = self._positions_of(partitions)
-        stub = self._stub(address)
+    async def _offset_for_leader_epoch(
+        self, address: str, sent: dict[TopicPartition, FetchPosition]
+    ) -> pb.OffsetForLeaderEpochResponse | None:
+        """The leader's answer; None when the call failed."""
         try:
-            response = await stub.OffsetForLeaderEpoch(
+            return await self._stub(address).OffsetForLeaderEpoch(
                 pb.OffsetForLeaderEpochRequest(
                     replica_id=-1,
                     partitions=[
@@ -316,8 +334,15 @@ class Consumer:
         except grpc.aio.AioRpcError:
             # The leader may be gone: the next poll asks the one the metadata names then.
             self.metadata.request_refresh()
-            return
-        for result in response.partitions:
+            return None
+
+    def _apply_validation(
+        self,
+        sent: dict[TopicPartition, FetchPosition],
+        response: pb.OffsetForLeaderEpochResponse | None,
+    ) -> None:
+        """The positions `sent` confirmed or corrected by the leader's answer."""
+        for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
             position = sent.get(tp)
             # Sought, reassigned or moved to another leader meanwhile: the answer is stale.
@@ -400,7 +425,9 @@ class Consumer:
             raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
         return FetchPosition(result.offset, result.leader_epoch, (leader_id, epoch))
 
-    def _send_fetch(self, address: str, partitions: list[TopicPartition]) -> _InFlightFetch:
+    def _send_fetch(
+        self, address: str, partitions: list[TopicPartition]
+    ) -> _InFlight[pb.FetchResponse]:
         """A fetch of `partitions`, whose positions have moved to their leader at `address`."""
         positions = self._positions_of(partitions)
         request = pb.FetchRequest(
@@ -422,7 +449,7 @@ class Consumer:
                 for tp, position in positions.items()
             ],
         )
-        return _InFlightFetch(positions, asyncio.create_task(self._fetch(address, request)))
+        return _InFlight(positions, asyncio.create_task(self._fetch(address, request)))
 
     async def _fetch(self, address: str, request: pb.FetchRequest) -> pb.FetchResponse | None:
         """The leader's answer; None when the call failed."""
@@ -494,7 +521,12 @@ class Consumer:
         self._out_of_range[tp] = offset
 
 
+_Answer = TypeVar("_Answer")
+
+
 @dataclass(frozen=True)
-class _InFlightFetch:
-    positions: dict[TopicPartition, FetchPosition]  # the positions fetched from
-    answer: asyncio.Task[pb.FetchResponse | None]
+class _InFlight(Generic[_Answer]):
+    """A fetch or validation sent to a leader: its answer is None when the call failed."""
+
+    positions: dict[TopicPartition, FetchPosition]  # the positions sent
+    answer: asyncio.Task[_Answer | None]

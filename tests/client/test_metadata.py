@@ -1,6 +1,7 @@
 """The SDK's metadata cache (ClusterMetadata), fed GetMetadata answers by hand: leader epochs
 only move forward within one life of a topic, and a topic created again under a deleted one's
-name (a new topic id, epochs from 0) replaces what was cached of the old one (KIP-516)."""
+name (a new topic id, epochs from 0) replaces what was cached of the old one (KIP-516), and
+that alone: a topic a metadata service does not know keeps its epochs."""
 
 from __future__ import annotations
 
@@ -88,3 +89,18 @@ async def test_a_topic_that_no_longer_exists_leaves_no_leader_behind(
     assert metadata.topics["orders"].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     metadata._apply(answer(leader=2, leader_epoch=0, topic_id=NEW_ID))
     assert leader(metadata) == (2, 0)
+
+
+async def test_a_metadata_service_that_does_not_know_the_topic_yet_leaves_its_epochs(
+    metadata: ClusterMetadata,
+) -> None:
+    """Its "unknown" answer takes the leader, not the epoch: before, the epochs were dropped
+    with it, and another lagging service's older leader was taken (as Kafka, the cache starts
+    a topic again on a topic id change only)."""
+    metadata._apply(answer(leader=1, leader_epoch=4))
+    metadata._apply(no_such_topic())
+    assert metadata.leader(TP) is None
+    metadata._apply(answer(leader=3, leader_epoch=3))
+    assert metadata.leader(TP) is None
+    metadata._apply(answer(leader=1, leader_epoch=4))
+    assert leader(metadata) == (1, 4)

@@ -4,7 +4,9 @@ any live metadata service, refreshed on demand with backoff.
 A partition's leader epoch only moves forward in the cache (a lagging metadata service may
 answer with an older one), within one life of its topic: a topic deleted and created again
 under the same name has a new topic id and starts again at leader epoch 0, so what is cached
-of a topic is dropped when its id changes, and when it no longer exists (KIP-516)."""
+of a topic is dropped when its id changes, as in Kafka (KIP-516). An answer that the topic does
+not exist takes its leaders, not its epochs or id: it may come from a metadata service that has
+not applied the topic yet."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -39,7 +41,8 @@ class TopicInfo:
     error_code: int
     error_message: str
     num_partitions: int
-    # 16 bytes; empty when the topic does not exist (or from a version without topic ids).
+    # 16 bytes; the last one known when the topic does not exist; empty when never known (or
+    # from a version without topic ids).
     topic_id: bytes = b""
 
 
@@ -127,12 +130,18 @@ class ClusterMetadata:
         }
         for topic in response.topics:
             known_topic = self.topics.get(topic.topic)
-            if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION or (
-                known_topic is not None and known_topic.topic_id != topic.topic_id
-            ):
+            known_id = known_topic.topic_id if known_topic is not None else b""
+            if known_id and topic.topic_id and known_id != topic.topic_id:
                 self._forget_partitions(topic.topic)
+            elif topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                # Deleted, or not applied yet by a lagging metadata service: no leader, but
+                # the epochs stay, so an older view from another lagging one is still refused.
+                self._forget_leaders(topic.topic)
             self.topics[topic.topic] = TopicInfo(
-                topic.error_code, topic.error_message, len(topic.partitions), topic.topic_id
+                topic.error_code,
+                topic.error_message,
+                len(topic.partitions),
+                topic.topic_id or known_id,  # an "unknown" answer carries no id
             )
             for p in topic.partitions:
                 tp = (topic.topic, p.partition)
@@ -148,6 +157,11 @@ class ClusterMetadata:
         """The topic is gone, or is another topic now: its leader epochs no longer apply."""
         for tp in [tp for tp in self.partitions if tp[0] == topic]:
             del self.partitions[tp]
+
+    def _forget_leaders(self, topic: str) -> None:
+        for tp, info in self.partitions.items():
+            if tp[0] == topic:
+                self.partitions[tp] = replace(info, leader=-1)
 
     def update_leader(self, tp: TopicPartition, leader: int, leader_epoch: int) -> None:
         """A broker named a newer leader (current_leader in its answer): use it at once."""

@@ -11,7 +11,7 @@ import pytest
 
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import NoOffsetForPartition
-from tidewater.client.metadata import PartitionInfo
+from tidewater.client.metadata import PartitionInfo, TopicInfo
 from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange
@@ -281,3 +281,53 @@ async def test_a_validation_the_leader_does_not_answer_holds_up_its_partition_al
         assert consumer._positions[moved] == FetchPosition(3, 2, (1, 3))
     finally:
         await consumer.close()
+
+
+class _NewTopicLeader:
+    """A leader's stub: Fetch long-polls; ListOffsets finds the start of an empty log."""
+
+    async def Fetch(self, request: pb.FetchRequest, **_: Any) -> pb.FetchResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
+        return pb.ListOffsetsResponse(
+            partitions=[
+                pb.ListOffsetsPartitionResponse(topic="t", partition=0, offset=0, leader_epoch=0)
+            ]
+        )
+
+
+@pytest.mark.parametrize("reset", ["earliest", "none"])
+async def test_a_topic_created_again_under_its_name_resets_the_position(
+    reset: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A new topic id: the position (offset 5 of the deleted topic) is reset by
+    auto_offset_reset, as Kafka's consumer does; before, the consumer read the new topic on
+    from offset 5 when its leader was the same at epoch 0, skipping its first records."""
+    caplog.set_level(logging.WARNING, logger="tidewater.client.consumer")
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset=reset)
+    consumer._stub = lambda address: _NewTopicLeader()  # type: ignore[assignment,method-assign,return-value]
+    tp = ("t", 0)
+    consumer.assign([tp])
+    consumer.metadata.brokers = {1: "127.0.0.1:2"}
+    consumer.metadata.partitions[tp] = PartitionInfo(1, 0, (1,), (1,), ErrorCode.NONE)
+    consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"old-id")
+    consumer._positions[tp] = FetchPosition(5, 0, (1, 0))
+    try:
+        assert await consumer.poll(0) == []  # a fetch from 5 of the topic the id names
+        consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"new-id")
+        async with asyncio.timeout(DEADLINE_S):
+            if reset == "none":
+                with pytest.raises(NoOffsetForPartition, match="t-0"):
+                    while True:
+                        await consumer.poll(10)
+                assert consumer.position(tp) is None
+            else:
+                while consumer.position(tp) != 0:
+                    await consumer.poll(10)
+    finally:
+        await consumer.close()
+    assert "t-0: the topic was deleted and created again (new topic id): fetch position 5" in (
+        caplog.text
+    )

@@ -80,6 +80,9 @@ class Consumer:
         # Positions found out of range, by partition, for the warning of their reset.
         self._out_of_range: dict[TopicPartition, int] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
+        # The topic id each position was taken under: a topic deleted and created again
+        # under its name (a new id) has another log, where the position means nothing.
+        self._topic_ids: dict[TopicPartition, bytes] = {}
         self._in_flight: dict[str, _InFlight[pb.FetchResponse]] = {}  # by leader address
         # KIP-320 validations, one per leader, outliving the poll that sent them as fetches
         # do: a leader that does not answer holds up its partitions, not poll().
@@ -100,6 +103,7 @@ class Consumer:
         self._positions = {tp: self._positions.get(tp) for tp in wanted}
         self._awaiting_validation &= set(wanted)
         self._out_of_range = {tp: o for tp, o in self._out_of_range.items() if tp in wanted}
+        self._topic_ids = {tp: i for tp, i in self._topic_ids.items() if tp in wanted}
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._positions)
@@ -226,6 +230,7 @@ class Consumer:
         """The address of the partition's leader, its position moved to that leader (and due
         for validation if the leader changed under an epoch); None when the leader or the
         position is not known yet."""
+        self._check_topic_id(tp)
         leader = self.metadata.leader(tp)
         position = self._positions[tp]
         if leader is None or position is None:
@@ -236,6 +241,28 @@ class Consumer:
         if validate:
             self._awaiting_validation.add(tp)
         return leader[1]
+
+    def _check_topic_id(self, tp: TopicPartition) -> None:
+        """A position taken under another id of its topic is dropped, for the next poll to
+        reset it by auto_offset_reset (or raise with 'none'), as Kafka's consumer does."""
+        topic = self.metadata.topics.get(tp[0])
+        topic_id = topic.topic_id if topic is not None else b""
+        if not topic_id:
+            return
+        held = self._topic_ids.setdefault(tp, topic_id)
+        if held == topic_id:
+            return
+        position = self._positions[tp]
+        if position is not None:
+            log.warning(
+                "%s-%d: the topic was deleted and created again (new topic id): fetch "
+                "position %d dropped, reset by auto_offset_reset (%s)",
+                *tp,
+                position.offset,
+                self.auto_offset_reset,
+            )
+            self._set_position(tp, None)
+        self._topic_ids[tp] = topic_id
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while True:
@@ -264,9 +291,11 @@ class Consumer:
         return {tp: p for tp in partitions if (p := self._positions[tp]) is not None}
 
     def _set_position(self, tp: TopicPartition, position: FetchPosition | None) -> None:
+        """Taken under the topic id the metadata holds when it is first followed."""
         self._positions[tp] = position
         self._awaiting_validation.discard(tp)
         self._out_of_range.pop(tp, None)
+        self._topic_ids.pop(tp, None)
 
     async def _reset_missing_positions(self) -> None:
         missing = [tp for tp, position in self._positions.items() if position is None]

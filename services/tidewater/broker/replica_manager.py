@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.controller_client import ControllerClient
@@ -23,7 +23,7 @@ from tidewater.broker.log.checkpoints import OffsetCheckpoint, OffsetCheckpointW
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
-from tidewater.broker.purgatory import Clock, Purgatory
+from tidewater.broker.purgatory import Clock, DelayedOperation, Purgatory
 from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits, fetch_link
 from tidewater.broker.stray_logs import ClusterView, find_stray_logs
 from tidewater.broker.topic_config import TopicConfig
@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
 CONSUMER_REPLICA_ID = -1
+T = TypeVar("T")
 FetchPartitionResults = list[PartitionAnswer]
 
 
@@ -496,13 +497,7 @@ class ReplicaManager:
         timeout_ms = request.timeout_ms or self.config.request_timeout_ms
         op = DelayedProduce(timeout_ms, waiting, self.partitions.get)
         self.produce_purgatory.try_complete_else_watch(op, waiting)
-        try:
-            outcomes = await op.done
-        except asyncio.CancelledError:
-            # The client has gone (a deadline, a disconnect, its stream ended): its produce
-            # waits no more, as a fetch's poll (_fetch).
-            self.produce_purgatory.cancel(op)
-            raise
+        outcomes = await _waited(self.produce_purgatory, op, op.done)
         for result in response.partitions:
             # None: the partition did not wait (its append failed, its answer is set).
             outcome = outcomes.get((result.topic, result.partition))
@@ -600,13 +595,7 @@ class ReplicaManager:
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
             self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in context.partitions])
-            try:
-                results = await op.done
-            except asyncio.CancelledError:
-                # The client has gone (a deadline, a disconnect): its poll waits no more, and
-                # reads nothing (op.done is cancelled with this task).
-                self.fetch_purgatory.cancel(op)
-                raise
+            results = await _waited(self.fetch_purgatory, op, op.done)
             if fetch_trace is not None:
                 fetch_trace.waited(start_ns)
         if fetch_trace is not None:
@@ -948,6 +937,17 @@ class ReplicaManager:
         self.checkpoint_high_watermarks()
         for partition in self.partitions.values():
             partition.take_producer_snapshot()
+
+
+async def _waited(purgatory: Purgatory, op: DelayedOperation, done: asyncio.Future[T]) -> T:
+    """The result of `op`, watched in `purgatory`. When the client has gone (a deadline, a
+    disconnect, its stream ended) the waiting task is cancelled, and `op` waits no more: it
+    leaves the purgatory at once, without a read (`done` is cancelled with the task)."""
+    try:
+        return await done
+    except asyncio.CancelledError:
+        purgatory.cancel(op)
+        raise
 
 
 def _refused(request: pb.FetchRequest, error: TidewaterError) -> FetchAnswer:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
@@ -215,16 +215,29 @@ class Consumer:
 
     def _send_fetches(self) -> None:
         """A fetch to every leader of assigned partitions that has none in flight."""
-        fetching = {tp for fetch in self._in_flight.values() for tp in fetch.positions}
-        by_leader: dict[str, list[TopicPartition]] = {}
-        for tp in self._positions:
-            address = self._follow_leader(tp)
-            if address is None or tp in self._awaiting_validation:
-                continue
-            if address not in self._in_flight and tp not in fetching:
-                by_leader.setdefault(address, []).append(tp)
+        by_leader = self._by_free_leader(
+            list(self._positions), self._in_flight, self._awaiting_validation
+        )
         for address, partitions in by_leader.items():
             self._in_flight[address] = self._send_fetch(address, partitions)
+
+    def _by_free_leader(
+        self,
+        partitions: list[TopicPartition],
+        calls: dict[str, _InFlight[Any]],
+        held: Collection[TopicPartition] = (),
+    ) -> dict[str, list[TopicPartition]]:
+        """`partitions` by the address of their leader (their positions moved to it), for a
+        call of the kind `calls` holds in flight: leaving out leaders with one in flight,
+        partitions in one, and partitions `held` once followed (awaiting validation)."""
+        busy = {tp for call in calls.values() for tp in call.positions}
+        by_leader: dict[str, list[TopicPartition]] = {}
+        for tp in partitions:
+            address = self._follow_leader(tp)
+            if address is None or address in calls or tp in busy or tp in held:
+                continue
+            by_leader.setdefault(address, []).append(tp)
+        return by_leader
 
     def _follow_leader(self, tp: TopicPartition) -> str | None:
         """The address of the partition's leader, its position moved to that leader (and due
@@ -329,12 +342,7 @@ class Consumer:
     def _send_validations(self) -> None:
         """KIP-320: an OffsetForLeaderEpoch to every leader of partitions awaiting validation
         that has none in flight, one request per leader; a later poll applies the answer."""
-        validating = {tp for call in self._validating.values() for tp in call.positions}
-        by_leader: dict[str, list[TopicPartition]] = {}
-        for tp in list(self._awaiting_validation):
-            address = self._follow_leader(tp)
-            if address is not None and address not in self._validating and tp not in validating:
-                by_leader.setdefault(address, []).append(tp)
+        by_leader = self._by_free_leader(list(self._awaiting_validation), self._validating)
         for address, partitions in by_leader.items():
             sent = self._positions_of(partitions)
             answer = asyncio.create_task(self._offset_for_leader_epoch(address, sent))

@@ -209,10 +209,7 @@ class Producer:
             # Shielded: one cancelled send() must not fail the start the others wait on.
             await asyncio.shield(starting)
         except asyncio.CancelledError:
-            # close() cancelled the start, not this task: ProducerClosed, as in _refresh.
-            task = asyncio.current_task()
-            if task is not None and not task.cancelling():
-                self._check_open()
+            self._check_open_unless_cancelled()
             raise
 
     async def _start(self) -> None:
@@ -372,10 +369,16 @@ class Producer:
         try:
             await self.metadata.refresh(topics)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and not task.cancelling():
-                self._check_open()
+            self._check_open_unless_cancelled()
             raise
+
+    def _check_open_unless_cancelled(self) -> None:
+        """In a CancelledError from a wait this task shares with others (a start, a refresh):
+        when close() cancelled what it waited for, not this task, ProducerClosed rather than
+        a CancelledError no one asked for."""
+        task = asyncio.current_task()
+        if task is not None and not task.cancelling():
+            self._check_open()
 
     # -- metadata and memory ----------------------------------------------------------
 

@@ -3,6 +3,7 @@ stand-in controller answering ISR proposals."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -286,8 +287,10 @@ async def test_a_followers_log_start_follows_its_leaders(
     start_broker: Callable[..., Awaitable[Any]],
 ) -> None:
     """Retention runs on the leader only (by hand; the brokers' own checks are minutes away):
-    the follower lets the same segments go on the leader's word, and the earliest offset
-    stays where it was when it takes over (Kafka's follower maybeIncrementLogStartOffset)."""
+    the follower lets the same records go on the leader's word, and the earliest offset stays
+    where it was when it takes over (Kafka's follower maybeIncrementLogStartOffset). The
+    follower's segments roll at other offsets (as after a time roll): its log start falls
+    inside a segment, exactly the leader's, not the base of the segment holding it."""
     controller = StandinController(brokers={})
     address = await controller.start()
     try:
@@ -300,14 +303,17 @@ async def test_a_followers_log_start_follows_its_leaders(
             controller.brokers[broker_id] = servers[broker_id].address
         controller.configs[TOPIC] = {"segment.bytes": "2000", "retention.bytes": "4000"}
         await controller.elect(TOPIC, 0, leader=1, replicas=[1, 2])
+        leader, follower = (servers[b].replica_manager.partitions[TP] for b in (1, 2))
+        follower.log.config = dataclasses.replace(follower.log.config, segment_bytes=2900)
         for i in range(20):
             result = await produce(clients[1], bytes(100) + str(i).encode())
             assert result.error_code == ErrorCode.NONE, result.error_message
-        leader, follower = (servers[b].replica_manager.partitions[TP] for b in (1, 2))
         await eventually(lambda: follower.state.high_watermark == 60, WAIT_S, POLL_S)
         assert leader.log.delete_retention_segments(time.time_ns() // 10**6, 60) > 0
         start = leader.log.log_start_offset
+        assert start not in {s.base_offset for s in follower.log.segments}
         await eventually(lambda: follower.log.log_start_offset == start, WAIT_S, POLL_S)
+        assert follower.log.segments[0].base_offset < start
         await controller.elect(TOPIC, 0, leader=2)
         earliest = await clients[2].service.ListOffsets(
             list_offsets(TOPIC, 0, pb.OFFSET_SPEC_EARLIEST)

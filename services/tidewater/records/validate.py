@@ -175,11 +175,16 @@ def iter_batch_headers(
 
 
 def find_offset_by_timestamp(
-    batch: Buffer, target_ms: int, *, limit: int = MAX_RECORDS_SECTION_BYTES
+    batch: Buffer,
+    target_ms: int,
+    *,
+    starting_offset: int = 0,
+    limit: int = MAX_RECORDS_SECTION_BYTES,
 ) -> tuple[int, int] | None:
-    """(offset, timestamp) of the first record of one whole batch with timestamp >= target_ms,
-    or None. In a LogAppendTime batch every record carries max_timestamp. The batch comes from
-    the log, validated on append, so its CRC is not checked again."""
+    """(offset, timestamp) of the first record of one whole batch at or after starting_offset
+    with timestamp >= target_ms, or None. In a LogAppendTime batch every record carries
+    max_timestamp. The batch comes from the log, validated on append, so its CRC is not
+    checked again."""
     header = read_header(batch)
     if header.max_timestamp < target_ms:
         return None
@@ -192,7 +197,7 @@ def find_offset_by_timestamp(
             timestamp = header.max_timestamp
         else:
             timestamp = header.first_timestamp + timestamp_delta
-        if timestamp >= target_ms:
+        if timestamp >= target_ms and header.base_offset + offset_delta >= starting_offset:
             return header.base_offset + offset_delta, timestamp
     return None
 

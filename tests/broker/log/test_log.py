@@ -832,19 +832,63 @@ def test_retention_by_size_keeps_at_least_retention_bytes(
     assert log.delete_retention_segments(T0, log.log_end_offset) == 0
 
 
-def test_advancing_the_log_start_deletes_the_segments_wholly_before_it(
+def test_advancing_the_log_start_moves_it_exactly_and_deletes_the_segments_wholly_before_it(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split
+) -> None:
+    """Kafka's log start offset may fall inside a segment: a follower whose segments start at
+    other offsets than its leader's starts exactly where the leader does."""
+    log = open_log(segment_bytes=1000, retention_ms=-1)
+    fill(log, make_batch, 20)
+    bases = [s.base_offset for s in log.segments]
+    inside = bases[2] + 3  # the second batch of the third segment
+    log.advance_log_start(inside)
+    assert log.log_start_offset == inside
+    assert [s.base_offset for s in log.segments] == bases[2:]
+    assert log.leader_epoch_cache.epoch_entries[0].start_offset == inside
+    log.advance_log_start(bases[2])  # never back
+    assert log.log_start_offset == inside
+    assert read_header(read_all(log, split)[0]).base_offset == inside
+    with pytest.raises(ValueError, match="past its end"):
+        log.advance_log_start(log.log_end_offset + 1)
+    log.advance_log_start(log.log_end_offset)  # never the active segment
+    assert log.log_start_offset == log.log_end_offset == 60
+    assert [s.base_offset for s in log.segments] == bases[-1:]
+
+
+def test_reads_below_a_log_start_inside_a_segment_are_refused(
     open_log: OpenLog, make_batch: MakeBatch
 ) -> None:
     log = open_log(segment_bytes=1000, retention_ms=-1)
     fill(log, make_batch, 20)
+    inside = log.segments[1].base_offset + 3
+    log.advance_log_start(inside)
+    with pytest.raises(OffsetOutOfRange, match=rf"\[{inside}, 60\]"):
+        log.read(inside - 1, 1 << 20)
+    assert read_header(bytes(log.read(inside, 1 << 20))).base_offset == inside
+
+
+def test_a_checkpointed_log_start_is_kept_within_the_log(
+    log_dir: Path, clock: Clock, make_batch: MakeBatch
+) -> None:
+    """On load, the log-start-offset-checkpoint's offset is clamped to [first segment's base,
+    LEO] (a crash may have taken back the tail it was in, or the segments below it), and
+    segments wholly below it (their deletion undone by a crash) are deleted."""
+    config = LogConfig(segment_bytes=1000)
+    log = Log.open(log_dir, config, 0, clock)
+    fill(log, make_batch, 20)
     bases = [s.base_offset for s in log.segments]
-    log.advance_log_start(bases[2] + 1)  # inside the third segment: it stays
-    assert [s.base_offset for s in log.segments] == bases[2:]
-    log.advance_log_start(bases[3])
-    assert log.log_start_offset == bases[3]
-    assert log.leader_epoch_cache.epoch_entries[0].start_offset == bases[3]
-    log.advance_log_start(log.log_end_offset)  # never the active segment
-    assert log.log_start_offset == bases[-1]
+    log.close()
+    for checkpointed, expected, first_base in (
+        (bases[1] + 3, bases[1] + 3, bases[1]),
+        (0, bases[1], bases[1]),
+        (100, 60, bases[-1]),
+    ):
+        reopened = Log.open(log_dir, config, 60, clock, log_start_offset=checkpointed)
+        assert (reopened.log_start_offset, reopened.segments[0].base_offset) == (
+            expected,
+            first_base,
+        )
+        reopened.close()
 
 
 @pytest.mark.parametrize(
@@ -991,6 +1035,10 @@ def test_fetch_offset_by_timestamp(open_log: OpenLog) -> None:
     assert log.fetch_offset_by_timestamp(T0 + 10 * 47 - 5) == (47, T0 + 470)
     assert log.fetch_offset_by_timestamp(T0 + 10 * 89) == (89, T0 + 890)
     assert log.fetch_offset_by_timestamp(T0 + 10 * 89 + 1) is None
+    # Never a record below the log start offset (Kafka's startingOffset), even inside a batch.
+    log.advance_log_start(47)
+    assert log.fetch_offset_by_timestamp(0) == (47, T0 + 470)
+    assert log.fetch_offset_by_timestamp(T0 + 10 * 48) == (48, T0 + 480)
 
 
 # -- loading and recovery ----------------------------------------------------------------

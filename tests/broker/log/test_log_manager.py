@@ -18,8 +18,12 @@ import pytest
 from tidewater.broker.log.checkpoints import EpochEntry, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob, Log
-from tidewater.broker.log.manager import RECOVERY_POINT_CHECKPOINT, LogManager
-from tidewater.errors import StorageError, UnknownTopicOrPartition
+from tidewater.broker.log.manager import (
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    LogManager,
+)
+from tidewater.errors import OffsetOutOfRange, StorageError, UnknownTopicOrPartition
 from tidewater.local.wait import eventually
 from tidewater.records.header import read_header
 
@@ -104,6 +108,47 @@ def test_restart_reloads_every_log(
     assert reloaded is not None
     assert reloaded.leader_epoch_cache.epoch_entries[-1] == EpochEntry(3, 20)
     assert restarted.get_log("orders-eu", 4) is None
+
+
+def test_a_log_start_inside_a_segment_survives_a_restart(
+    managers: Callable[..., LogManager], make_batch: MakeBatch
+) -> None:
+    """Kafka's log-start-offset-checkpoint: a log start offset inside a segment (a follower's,
+    set by its leader's) is not a segment base, and only the checkpoint keeps it."""
+    manager = managers()
+    append(manager, make_batch, "t", 0, 30)
+    log = manager.get_log("t", 0)
+    assert log is not None
+    inside = log.segments[1].base_offset + 2
+    log.advance_log_start(inside)
+    manager.shutdown()
+    assert OffsetCheckpoint(log.dir.parent / LOG_START_OFFSET_CHECKPOINT).read() == {
+        ("t", 0): inside
+    }
+
+    reloaded = managers().get_log("t", 0)
+    assert reloaded is not None
+    assert reloaded.log_start_offset == inside < reloaded.segments[1].base_offset
+    with pytest.raises(OffsetOutOfRange):
+        reloaded.read(inside - 1, 1 << 20)
+
+
+def test_a_truncation_below_the_log_start_checkpoints_it_at_once(
+    managers: Callable[..., LogManager], make_batch: MakeBatch
+) -> None:
+    """Else a crash after appending again past the old log start would have the next start
+    hide the records below it."""
+    manager = managers()
+    log = manager.get_or_create_log("t", 0, LogConfig())  # one segment, never flushed
+    for _ in range(30):
+        log.append_as_leader(make_batch(2), leader_epoch=1)
+    log.advance_log_start(40)
+    manager.checkpoint_log_start_offsets()
+    checkpoint = OffsetCheckpoint(log.dir.parent / LOG_START_OFFSET_CHECKPOINT)
+    assert checkpoint.read() == {("t", 0): 40}
+    log.truncate_to(20)
+    assert (log.log_start_offset, log.recovery_point) == (20, 20)  # the recovery point rose
+    assert checkpoint.read() == {("t", 0): 20}
 
 
 CRASHING_BROKER = """
@@ -340,6 +385,14 @@ async def test_background_tasks_apply_retention_flush_ms_and_checkpoints(
         await eventually(lambda: retained.log_start_offset > 0, WAIT_S, POLL_S)
         assert len(retained.segments) == 1
         await eventually(lambda: all(c.exists() for c in checkpoints), WAIT_S, POLL_S)
+        await eventually(
+            lambda: (
+                OffsetCheckpoint(retained.dir.parent / LOG_START_OFFSET_CHECKPOINT).read()
+                == {("old", 0): retained.log_start_offset}
+            ),
+            WAIT_S,
+            POLL_S,
+        )
         assert flushed.recovery_point == 0  # flush.ms has not passed on the test clock
         clock.now += 1000
         await eventually(lambda: flushed.recovery_point == 2, WAIT_S, POLL_S)

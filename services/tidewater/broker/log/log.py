@@ -127,6 +127,7 @@ class Log:
         recovery_point: int,
         time_ms: Callable[[], int],
         unsynced_dirs: set[Path],
+        log_start_offset: int,
     ) -> None:
         self.dir = directory
         self.topic, self.partition = parse_partition_dir(directory.name)
@@ -134,6 +135,13 @@ class Log:
         self._segments = segments
         self._bases = [segment.base_offset for segment in segments]
         self._time_ms = time_ms
+        # Kafka's logStartOffset: the first offset the log serves, at or after the first
+        # segment's base (records before it in that segment are gone for readers). Clamped:
+        # a crash may have taken back the tail it was in, or kept a checkpoint older than the
+        # segments' deletion.
+        self._log_start_offset = min(
+            max(log_start_offset, segments[0].base_offset), segments[-1].next_offset
+        )
         self.recovery_point = min(recovery_point, self.log_end_offset)
         self._last_flush_ms = time_ms()
         # Directories whose entries (segment files, the log's own directory) changed since
@@ -142,8 +150,9 @@ class Log:
         # Set by the LogManager: takes the flush of a rolled segment off the append path
         # (Kafka flushes it on its scheduler). Unset, a roll flushes at once.
         self.flush_in_background: Callable[[Log, FlushJob], None] | None = None
-        # Set by the LogManager: checkpoints the recovery point that a truncation lowered.
-        self.recovery_point_lowered: Callable[[Log], None] | None = None
+        # Set by the LogManager: checkpoints the recovery point or log start offset that a
+        # truncation lowered.
+        self.offsets_lowered: Callable[[Log], None] | None = None
         # Bumped by whatever makes a flush job in flight describe the wrong files.
         self._generation = 0
         self._pending_write: _PendingWrite | None = None
@@ -158,6 +167,10 @@ class Log:
         # removed: Kafka trims it to the log on load.
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
         self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+        # Segments whose deletion a crash undid after the log start was checkpointed.
+        self._delete_oldest_segments(
+            self._wholly_before(self._log_start_offset), "the checkpointed log start offset"
+        )
 
     @classmethod
     def open(
@@ -166,10 +179,12 @@ class Log:
         config: LogConfig,
         recovery_point: int = 0,
         time_ms: Callable[[], int] = wall_clock_ms,
+        log_start_offset: int = 0,
     ) -> Log:
         """Load (or create) the log in `directory`. Segments at or after `recovery_point`, and
         any whose indexes are missing or corrupt, are recovered; a torn or corrupt tail is
-        truncated with a warning and the segments after it are deleted."""
+        truncated with a warning and the segments after it are deleted. `log_start_offset`
+        (checkpointed) is kept within [first segment's base offset, LEO]."""
         directory = Path(directory)
         parse_partition_dir(directory.name)
         unsynced_dirs: set[Path] = set()
@@ -182,7 +197,15 @@ class Log:
             if not segments:
                 segments = [LogSegment.create(directory, 0, now)]
                 unsynced_dirs.add(directory)
-            return cls(directory, config, segments, recovery_point, time_ms, unsynced_dirs)
+            return cls(
+                directory,
+                config,
+                segments,
+                recovery_point,
+                time_ms,
+                unsynced_dirs,
+                log_start_offset,
+            )
         except BaseException:
             for segment in segments:
                 segment.close()
@@ -200,7 +223,7 @@ class Log:
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        return self._log_start_offset
 
     @property
     def log_end_offset(self) -> int:
@@ -506,10 +529,11 @@ class Log:
 
     @reports_io_failures
     def fetch_offset_by_timestamp(self, target_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record whose timestamp is >= target_ms."""
+        """(offset, timestamp) of the first record at or after the log start offset whose
+        timestamp is >= target_ms."""
         for segment in self._segments:
             if segment.max_timestamp >= target_ms:
-                found = segment.find_offset_by_timestamp(target_ms)
+                found = segment.find_offset_by_timestamp(target_ms, self._log_start_offset)
                 if found is not None:
                     return found
         return None
@@ -541,13 +565,18 @@ class Log:
         truncated = self._segments[-1].truncate_to(
             offset, self.config.index_interval_bytes, self._time_ms()
         )
+        # Batches are whole: the log may now end before a log start inside the last batch.
+        log_start_lowered = self.log_end_offset < self._log_start_offset
+        self._log_start_offset = min(self._log_start_offset, self.log_end_offset)
         # On disk before anything is appended again: records a crash brought back past the
         # new end would go on in the log, another leader's, if the appends after them did
         # not reach the disk, and recovery would find their CRCs good.
         self._segments[-1].flush()
         self._sync_dirs()
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
-        self._set_recovery_point_after_truncation(min(self.recovery_point, self.log_end_offset))
+        self._after_truncation(
+            min(self.recovery_point, self.log_end_offset), log_start_lowered=log_start_lowered
+        )
         log.info(
             "%s: truncated to offset %d (%d bytes of the last segment)",
             self.name,
@@ -564,17 +593,22 @@ class Log:
             segment.delete()
         self._segments = [LogSegment.create(self.dir, offset, self._time_ms())]
         self._bases = [offset]
+        log_start_lowered = offset < self._log_start_offset
+        self._log_start_offset = offset
         # Now, not at the next flush: old segments must not come back after a crash.
         fsync_dir(self.dir)
         self.leader_epoch_cache.clear_and_flush()
-        self._set_recovery_point_after_truncation(offset)
+        self._after_truncation(offset, log_start_lowered=log_start_lowered)
         log.info("%s: deleted every segment, starting again at offset %d", self.name, offset)
 
-    def _set_recovery_point_after_truncation(self, offset: int) -> None:
-        lowered = offset < self.recovery_point
-        self.recovery_point = offset
-        if lowered and self.recovery_point_lowered is not None:
-            self.recovery_point_lowered(self)
+    def _after_truncation(self, recovery_point: int, *, log_start_lowered: bool) -> None:
+        """Set the recovery point; a lowered one, or a lowered log start offset, is
+        checkpointed at once: after a crash, the older one checkpointed would have the next
+        start trust bytes appended since unchecked, or hide records below it."""
+        lowered = recovery_point < self.recovery_point or log_start_lowered
+        self.recovery_point = recovery_point
+        if lowered and self.offsets_lowered is not None:
+            self.offsets_lowered(self)
 
     # -- retention -----------------------------------------------------------------------
 
@@ -584,7 +618,7 @@ class Log:
         the HW has passed (Kafka's deletableSegments: the next segment's base offset is at or
         below the HW; never the active one), so that no record goes before every ISR member
         has it, and the log start never passes the HW. The log start offset moves to the first
-        kept segment. Returns how many segments went."""
+        kept segment (if it was not past it already). Returns how many segments went."""
         self.take_in_pending_write()
         candidates = self._segments[: self._wholly_before(high_watermark)]
         deletable = 0
@@ -606,11 +640,19 @@ class Log:
 
     @reports_io_failures
     def advance_log_start(self, offset: int) -> None:
-        """Delete the segments wholly before `offset` (never the active one): a follower's log
-        starts no earlier than its leader's (Kafka's deleteLogStartOffsetBreachedSegments).
-        The log start moves to the first segment kept, `offset` itself when a segment starts
-        there, as one does when the replicas' segments start at the same offsets."""
+        """Move the log start offset up to `offset` (at most the LEO), which may fall inside a
+        segment, and delete the segments wholly before it (never the active one): a
+        follower's log starts where its leader's does (Kafka's maybeIncrementLogStartOffset,
+        then deleteLogStartOffsetBreachedSegments)."""
         self.take_in_pending_write()
+        if offset > self.log_end_offset:
+            raise ValueError(
+                f"{self.name}: cannot start the log at {offset}, past its end {self.log_end_offset}"
+            )
+        if offset <= self._log_start_offset:
+            return
+        self._log_start_offset = offset
+        self.leader_epoch_cache.truncate_from_start(offset)
         self._delete_oldest_segments(
             self._wholly_before(offset), f"the leader's log start offset {offset}"
         )
@@ -628,8 +670,12 @@ class Log:
         del self._segments[:count]
         del self._bases[:count]
         self._unsynced_dirs.add(self.dir)
-        self.recovery_point = max(self.recovery_point, self.log_start_offset)
-        self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
+        first_base = self._bases[0]
+        # Not past the first base: the bytes between it and the log start need no flush to
+        # be unreadable, but recovery must still find them whole.
+        self.recovery_point = max(self.recovery_point, first_base)
+        self._log_start_offset = max(self._log_start_offset, first_base)
+        self.leader_epoch_cache.truncate_from_start(self._log_start_offset)
         log.info(
             "%s: %s deleted %d segments; the log now starts at offset %d",
             self.name,

@@ -1,10 +1,11 @@
 """Every partition log on a broker, across its log dirs (Kafka's LogManager).
 
-Each log dir holds partition directories and a `recovery-point-offset-checkpoint`; a `.lock`
-file keeps a second broker out. Background work (retention, flush.ms, recovery point
-checkpoints) runs in `run_background_tasks` on the broker's event loop; the fsyncs of rolled
-segments, and of the producer state snapshots taken when they roll, run in a worker thread, one
-after the other, so an append never waits for the disk.
+Each log dir holds partition directories, a `recovery-point-offset-checkpoint` and a
+`log-start-offset-checkpoint`; a `.lock` file keeps a second broker out. Background work
+(retention, flush.ms, recovery point and log start offset checkpoints) runs in
+`run_background_tasks` on the broker's event loop; the fsyncs of rolled segments, and of the
+producer state snapshots taken when they roll, run in a worker thread, one after the other,
+so an append never waits for the disk.
 
 Stray logs (tidewater.broker.stray_logs) are renamed `<topic>-<partition>.<id>-stray` at once,
 so that nothing loads or serves them again, and deleted file.delete.delay.ms later, as Kafka
@@ -44,6 +45,7 @@ from tidewater.errors import StorageError, UnknownTopicOrPartition
 log = logging.getLogger(__name__)
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LOCK_FILE = ".lock"
 # Kafka's file.delete.delay.ms: how long a stray log stays on disk, renamed, before deletion.
 FILE_DELETE_DELAY_MS = 60000
@@ -73,6 +75,7 @@ class LogManager:
         self._recovery_point_writer = OffsetCheckpointWriter(
             RECOVERY_POINT_CHECKPOINT, dir_failures
         )
+        self._log_start_writer = OffsetCheckpointWriter(LOG_START_OFFSET_CHECKPOINT, dir_failures)
         # Set by the ReplicaManager: a hosted partition's HW, else -1. Retention deletes only
         # segments the HW has passed: none of a log whose HW is not known yet.
         self.high_watermark: Callable[[TopicPartition], int] = lambda _: -1
@@ -107,6 +110,13 @@ class LogManager:
         except CorruptCheckpoint as e:
             log.warning("%s; recovering every log in %s in full", e, log_dir)
             recovery_points = {}
+        try:
+            log_starts = OffsetCheckpoint(log_dir / LOG_START_OFFSET_CHECKPOINT).read()
+        except CorruptCheckpoint as e:
+            # Kafka's way too: the logs start at their first segments, records that were
+            # below their log starts readable again until retention or the leader moves them.
+            log.warning("%s; every log in %s starts at its first segment", e, log_dir)
+            log_starts = {}
         for child in sorted(log_dir.iterdir()):
             if child.name.endswith(TEMP_SUFFIX) and child.is_file():
                 child.unlink()
@@ -136,13 +146,19 @@ class LogManager:
                 )
             self._add(
                 tp,
-                Log.open(child, self.default_config, recovery_points.get(tp, 0), self._time_ms),
+                Log.open(
+                    child,
+                    self.default_config,
+                    recovery_points.get(tp, 0),
+                    self._time_ms,
+                    log_starts.get(tp, 0),
+                ),
             )
         log.info("%s: loaded %d logs", log_dir, len(self._partitions_in[log_dir]))
 
     def _add(self, tp: TopicPartition, lg: Log) -> None:
         lg.flush_in_background = self._flush_in_background
-        lg.recovery_point_lowered = self._checkpoint_recovery_points_in
+        lg.offsets_lowered = self._checkpoint_offsets_in
         lg.dir_failures = self.dir_failures
         self._logs[tp] = lg
         self._partitions_in[lg.dir.parent].add(tp)
@@ -173,9 +189,10 @@ class LogManager:
         doomed.delete()
         del self._logs[(topic, partition)]
         self._partitions_in[doomed.dir.parent].discard((topic, partition))
-        # At once, as Kafka's asyncDelete: a recovery point left in the checkpoint would
-        # apply, after a crash, to a new log of the partition and skip its recovery.
-        self._checkpoint_recovery_points(doomed.dir.parent)
+        # At once, as Kafka's asyncDelete: a recovery point or log start left in the
+        # checkpoints would apply, after a crash, to a new log of the partition, skipping its
+        # recovery or hiding its first records.
+        self._checkpoint_offsets(doomed.dir.parent)
         log.info("deleted log %s-%d", topic, partition)
 
     def local_logs(self) -> KeysView[TopicPartition]:
@@ -203,9 +220,10 @@ class LogManager:
                 renamed,
                 self.file_delete_delay_ms,
             )
-        # A recovery point left in the checkpoint would apply to a new log of the partition.
+        # A recovery point or log start left in the checkpoints would apply to a new log of
+        # the partition.
         for log_dir in dirs:
-            self._checkpoint_recovery_points(log_dir)
+            self._checkpoint_offsets(log_dir)
 
     def _add_stray(self, renamed: Path) -> None:
         self._strays[renamed] = self._time_ms() + self.file_delete_delay_ms
@@ -274,27 +292,38 @@ class LogManager:
     def checkpoint_recovery_points(self) -> None:
         """Write each log dir's recovery-point-offset-checkpoint."""
         for log_dir in self.log_dirs:
-            self._checkpoint_recovery_points(log_dir)
+            self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
 
-    def _checkpoint_recovery_points_in(self, lg: Log) -> None:
-        """A truncation lowered `lg`'s recovery point: its log dir's checkpoint now, as
-        Kafka's LogManager.truncateTo, or a crash after appending again would have the next
-        start trust the new bytes below the old recovery point without checking them."""
-        self._checkpoint_recovery_points(lg.dir.parent)
-
-    def _checkpoint_recovery_points(self, log_dir: Path) -> None:
-        self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
-
-    async def _checkpoint_recovery_points_off_loop(self) -> None:
+    def checkpoint_log_start_offsets(self) -> None:
+        """Write each log dir's log-start-offset-checkpoint."""
         for log_dir in self.log_dirs:
-            # Each dir's points taken as its write is asked for: a truncation's checkpoint
+            self._log_start_writer.write(log_dir, self._log_start_offsets(log_dir))
+
+    def _checkpoint_offsets_in(self, lg: Log) -> None:
+        """A truncation lowered `lg`'s recovery point or log start offset: its log dir's
+        checkpoints now, as Kafka's LogManager.truncateTo and truncateFullyAndStartAt, or a
+        crash after appending again would have the next start trust the new bytes below the
+        old recovery point without checking them, or start the log at the old log start."""
+        self._checkpoint_offsets(lg.dir.parent)
+
+    def _checkpoint_offsets(self, log_dir: Path) -> None:
+        self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
+        self._log_start_writer.write(log_dir, self._log_start_offsets(log_dir))
+
+    async def _checkpoint_offsets_off_loop(self) -> None:
+        for log_dir in self.log_dirs:
+            # Each dir's offsets taken as its write is asked for: a truncation's checkpoint
             # written meanwhile stays (see OffsetCheckpointWriter).
             await self._recovery_point_writer.write_off_loop(
                 log_dir, self._recovery_points(log_dir)
             )
+            await self._log_start_writer.write_off_loop(log_dir, self._log_start_offsets(log_dir))
 
     def _recovery_points(self, log_dir: Path) -> dict[TopicPartition, int]:
         return {tp: self._logs[tp].recovery_point for tp in self._partitions_in[log_dir]}
+
+    def _log_start_offsets(self, log_dir: Path) -> dict[TopicPartition, int]:
+        return {tp: self._logs[tp].log_start_offset for tp in self._partitions_in[log_dir]}
 
     async def background_flushes_done(self) -> None:
         """Wait for the fsyncs in flight (one that fails stops the broker). shutdown() must
@@ -307,13 +336,15 @@ class LogManager:
                 flushing.exception()  # reported already; taken, so that it is not logged
 
     def shutdown(self) -> None:
-        """Flush every log, checkpoint the recovery points (now the LEOs), close everything:
-        the next start recovers nothing. Only the first call does anything."""
+        """Flush every log, checkpoint the recovery points (now the LEOs) and log start
+        offsets, close everything: the next start recovers nothing. Only the first call does
+        anything."""
         if self._closed:
             return
         for lg in self._logs.values():
             lg.flush()
         self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
         self._close_all()
 
     def _close_all(self) -> None:
@@ -335,8 +366,8 @@ class LogManager:
         flush_check_interval_ms: int = 1000,
         recovery_point_checkpoint_interval_ms: int = 60000,
     ) -> None:
-        """Retention, flush.ms and recovery point checkpoints, each on its own period, and
-        stray logs' deletions, each when due, until cancelled."""
+        """Retention, flush.ms and recovery point and log start offset checkpoints, each on its
+        own period, and stray logs' deletions, each when due, until cancelled."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._delete_strays_when_due())
             # A run that fails otherwise than by the disk (which stops the broker) is logged,
@@ -344,7 +375,7 @@ class LogManager:
             for interval_ms, job in (
                 (retention_check_interval_ms, self._apply_retention),
                 (flush_check_interval_ms, self._flush_due_logs),
-                (recovery_point_checkpoint_interval_ms, self._checkpoint_recovery_points_off_loop),
+                (recovery_point_checkpoint_interval_ms, self._checkpoint_offsets_off_loop),
             ):
                 group.create_task(background.every(interval_ms / 1000, job, job.__name__))
 

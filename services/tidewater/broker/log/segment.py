@@ -374,16 +374,21 @@ class LogSegment:
             end += LOG_OVERHEAD + batch_length
         return data if end == len(data) else memoryview(data)[:end]
 
-    def find_offset_by_timestamp(self, target_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with a timestamp >= target_ms."""
+    def find_offset_by_timestamp(
+        self, target_ms: int, starting_offset: int = 0
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after `starting_offset` (the log start
+        offset) with a timestamp >= target_ms."""
         # Imported here: the records package builds on the log's neighbours, not the reverse.
         from tidewater.records.validate import find_offset_by_timestamp
 
-        start = self.offset_index.lookup(self.time_index.lookup(target_ms).offset).position
-        for position, header in self._headers(start):
-            if header.max_timestamp >= target_ms:
+        from_offset = max(self.time_index.lookup(target_ms).offset, starting_offset)
+        for position, header in self._headers(self.offset_index.lookup(from_offset).position):
+            if header.max_timestamp >= target_ms and header.last_offset >= starting_offset:
                 found = find_offset_by_timestamp(
-                    os.pread(self._fd, header.size, position), target_ms
+                    os.pread(self._fd, header.size, position),
+                    target_ms,
+                    starting_offset=starting_offset,
                 )
                 if found is not None:
                     return found

@@ -671,8 +671,8 @@ class Log:
         del self._bases[:count]
         self._unsynced_dirs.add(self.dir)
         first_base = self._bases[0]
-        # Not past the first base: the bytes between it and the log start need no flush to
-        # be unreadable, but recovery must still find them whole.
+        # Over the deleted segments only, not up to a log start inside a segment: the bytes
+        # below it there may not be on disk yet, and recovery must still check them.
         self.recovery_point = max(self.recovery_point, first_base)
         self._log_start_offset = max(self._log_start_offset, first_base)
         self.leader_epoch_cache.truncate_from_start(self._log_start_offset)

@@ -20,6 +20,12 @@ class BrokerStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BROKER_STATUS_FENCED: _ClassVar[BrokerStatus]
     BROKER_STATUS_SHUTTING_DOWN: _ClassVar[BrokerStatus]
 
+class ConfigSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONFIG_SOURCE_UNKNOWN: _ClassVar[ConfigSource]
+    CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: _ClassVar[ConfigSource]
+    CONFIG_SOURCE_DEFAULT_CONFIG: _ClassVar[ConfigSource]
+
 class ConfigOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CONFIG_OPERATION_SET: _ClassVar[ConfigOperation]
@@ -29,6 +35,9 @@ ELECTION_TYPE_UNCLEAN: ElectionType
 BROKER_STATUS_ALIVE: BrokerStatus
 BROKER_STATUS_FENCED: BrokerStatus
 BROKER_STATUS_SHUTTING_DOWN: BrokerStatus
+CONFIG_SOURCE_UNKNOWN: ConfigSource
+CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: ConfigSource
+CONFIG_SOURCE_DEFAULT_CONFIG: ConfigSource
 CONFIG_OPERATION_SET: ConfigOperation
 CONFIG_OPERATION_DELETE: ConfigOperation
 
@@ -436,7 +445,7 @@ class DescribeConfigsResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.ControllerInfo, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[DescribeConfigsResult, _Mapping]]] = ...) -> None: ...
 
 class DescribeConfigsResult(_message.Message):
-    __slots__ = ("topic", "error_code", "error_message", "configs")
+    __slots__ = ("topic", "error_code", "error_message", "configs", "entries")
     class ConfigsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -448,11 +457,23 @@ class DescribeConfigsResult(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
     topic: str
     error_code: _errors_pb2.ErrorCode
     error_message: str
     configs: _containers.ScalarMap[str, str]
-    def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., configs: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    entries: _containers.RepeatedCompositeFieldContainer[DescribeConfigsEntry]
+    def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., configs: _Optional[_Mapping[str, str]] = ..., entries: _Optional[_Iterable[_Union[DescribeConfigsEntry, _Mapping]]] = ...) -> None: ...
+
+class DescribeConfigsEntry(_message.Message):
+    __slots__ = ("name", "value", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: str
+    source: ConfigSource
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[str] = ..., source: _Optional[_Union[ConfigSource, str]] = ...) -> None: ...
 
 class IncrementalAlterConfigsRequest(_message.Message):
     __slots__ = ("topics", "validate_only")

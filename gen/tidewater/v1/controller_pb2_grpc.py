@@ -224,7 +224,8 @@ class ControllerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DescribeConfigs(self, request, context):
-        """The configuration set on topics.
+        """The configuration of topics: every key with its value, and whether the topic overrides
+        it or takes the default.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -232,6 +233,8 @@ class ControllerServiceServicer:
 
     def IncrementalAlterConfigs(self, request, context):
         """Set or remove individual configuration keys of topics; keys not named keep their values.
+        Answers once the change is committed; the brokers hosting the topic apply it to their
+        existing logs when the controller's UpdateMetadata reaches them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

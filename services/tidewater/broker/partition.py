@@ -81,7 +81,10 @@ class HostedPartition:
         return self.log.log_dir
 
     def reconfigure(self, config: TopicConfig, replica_lag_time_max_ms: int) -> None:
+        """New topic configs, in force from their next use (the log reads its config at
+        each roll, retention and flush check)."""
         self.config = config
+        self.log.config = config.log
         self.state.config = replication_config(config, replica_lag_time_max_ms)
 
     async def append_as_leader(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -186,7 +186,7 @@ class ReplicaManager:
                     f"than the current {hosted.state.leader_epoch}; ignored",
                     ErrorCode.FENCED_LEADER_EPOCH,
                 )
-            config = TopicConfig.from_properties({**self.config.topic_defaults, **topic_props})
+            config = self._topic_config(topic_props)
             if ps.leader not in (self.broker_id, NO_LEADER) and ps.leader not in leaders:
                 raise InvalidRequest(
                     f"{ps.topic}-{ps.partition}: live_leaders has no endpoint for leader "
@@ -307,11 +307,38 @@ class ReplicaManager:
         )
         self.controller_epoch = request.controller_epoch
         self.usable_brokers = {b.broker_id: b.broker_epoch for b in request.live_brokers}
+        self._apply_topic_configs(request.topic_configs)
         if strays:
             await self.log_manager.remove_stray_logs(strays)
             for tp in strays:
                 self._checkpointed_hws.pop(tp, None)
         return cluster_pb2.UpdateMetadataResponse()
+
+    def _topic_config(self, topic_props: dict[str, str]) -> TopicConfig:
+        """A topic's effective config: its overrides over this broker's defaults."""
+        return TopicConfig.from_properties({**self.config.topic_defaults, **topic_props})
+
+    def _apply_topic_configs(self, topic_configs: Iterable[common_pb2.TopicConfig]) -> None:
+        """A topic's changed configs (IncrementalAlterConfigs) to the partitions hosted here,
+        from their next use on, as Kafka applies a topic config change to its live logs:
+        segment.bytes, segment.ms and segment.index.bytes at the next append's roll check,
+        retention at the next retention check, min.insync.replicas and max.message.bytes at
+        the next produce. The controller validated them; a value this broker's defaults make
+        invalid is logged and leaves the partitions as they were."""
+        for tc in topic_configs:
+            hosted = [p for (topic, _), p in self.partitions.items() if topic == tc.topic]
+            if not hosted:
+                continue
+            try:
+                config = self._topic_config(dict(tc.configs))
+            except TidewaterError as e:
+                log.error("topic %s: configs %s not applied: %s", tc.topic, dict(tc.configs), e)
+                continue
+            if all(p.config == config for p in hosted):
+                continue
+            for partition in hosted:
+                partition.reconfigure(config, self.config.replica_lag_time_max_ms)
+            log.info("topic %s: %d partitions take its new configs", tc.topic, len(hosted))
 
     def _usable_broker_epoch(self, broker_id: int) -> int | None:
         if self.usable_brokers is None:

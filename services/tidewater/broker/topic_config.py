@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log.config import LOG_CONFIG_NAMES, LogConfig
 from tidewater.errors import InvalidConfig
 
 _BOOLEANS = {"true": True, "false": False}
+_REPLICATION_NAMES = frozenset({"min.insync.replicas", "unclean.leader.election.enable"})
+# Every Kafka topic config name a topic may set.
+TOPIC_CONFIG_NAMES = LOG_CONFIG_NAMES | _REPLICATION_NAMES
 
 
 @dataclass(frozen=True)
@@ -19,7 +22,8 @@ class TopicConfig:
 
     @classmethod
     def from_properties(cls, props: Mapping[str, str]) -> TopicConfig:
-        """Kafka topic config names → TopicConfig; InvalidConfig names the bad key."""
+        """Kafka topic config names → TopicConfig; InvalidConfig names the bad key. The one
+        validator of topic configs: CreateTopics, IncrementalAlterConfigs and brokers."""
         log_props = dict(props)
         raw_min_isr = log_props.pop("min.insync.replicas", "1")
         raw_unclean = log_props.pop("unclean.leader.election.enable", "false")
@@ -37,3 +41,11 @@ class TopicConfig:
                 f"unclean.leader.election.enable must be true or false, got {raw_unclean!r}"
             )
         return cls(LogConfig.from_properties(log_props), min_isr, unclean)
+
+    def to_properties(self) -> dict[str, str]:
+        """The inverse of from_properties (unset flush settings are left out)."""
+        return {
+            **self.log.to_properties(),
+            "min.insync.replicas": str(self.min_insync_replicas),
+            "unclean.leader.election.enable": str(self.unclean_leader_election_enable).lower(),
+        }

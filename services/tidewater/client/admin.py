@@ -133,6 +133,46 @@ class Admin:
     async def describe_cluster(self) -> cpb.DescribeClusterResponse:
         return await self._call("DescribeCluster", cpb.DescribeClusterRequest())  # type: ignore[return-value]
 
+    async def describe_configs(
+        self, names: Sequence[str] = ()
+    ) -> dict[str, list[cpb.DescribeConfigsEntry]]:
+        """Each topic's configs (every topic when none is named), by topic name: every key
+        with its value and source (CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG: set on the topic;
+        CONFIG_SOURCE_DEFAULT_CONFIG: Kafka's default). UnknownTopicOrPartition for a topic
+        that does not exist."""
+        response = await self._call("DescribeConfigs", cpb.DescribeConfigsRequest(topics=names))
+        described = {}
+        for result in response.topics:  # type: ignore[attr-defined]
+            _raise_if(result.error_code, result.error_message)
+            described[result.topic] = list(result.entries)
+        return described
+
+    async def incremental_alter_configs(
+        self,
+        topic: str,
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Sequence[str] = (),
+        validate_only: bool = False,
+    ) -> None:
+        """Set and delete (back to the default) keys of a topic's configs, all or none;
+        keys not named keep their values. InvalidConfig for an unknown key or a bad value."""
+        changes = [
+            cpb.AlterableConfig(name=k, operation=cpb.CONFIG_OPERATION_SET, value=v)
+            for k, v in (set_configs or {}).items()
+        ] + [
+            cpb.AlterableConfig(name=k, operation=cpb.CONFIG_OPERATION_DELETE)
+            for k in delete_configs
+        ]
+        response = await self._call(
+            "IncrementalAlterConfigs",
+            cpb.IncrementalAlterConfigsRequest(
+                topics=[cpb.AlterConfigsTopic(topic=topic, configs=changes)],
+                validate_only=validate_only,
+            ),
+        )
+        result = response.topics[0]  # type: ignore[attr-defined]
+        _raise_if(result.error_code, result.error_message)
+
     async def describe_topics(self, names: Sequence[str] = ()) -> metadata_pb2.GetMetadataResponse:
         """Topic ids, and partitions with leader, epoch, replicas and ISR, from a metadata
         service."""

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
@@ -353,6 +353,26 @@ class Controller:
         for broker_id in sorted(deletion.pending):
             self._send_deletion(name, broker_id)
         log.info("deleted topic %s", name)
+
+    # -- topic configs -------------------------------------------------------------------------
+
+    async def alter_topic_configs(self, name: str, configs: dict[str, str]) -> None:
+        """Store a topic's new overrides (already validated) and announce them: every usable
+        broker gets them in an UpdateMetadata, and those hosting the topic apply them to their
+        logs (a broker fenced meanwhile gets them in its FULL view when unfenced, a restarted
+        one in LeaderAndIsr). Enabling unclean.leader.election.enable elects the topic's
+        offline partitions at once, as Kafka's controller does."""
+        before = self.model.topics[name]
+        after = replace(before, configs=configs)
+        await self.store.put_topic(self.epoch, name, after.to_json())
+        self.model.topics[name] = after
+        self.sender.update_metadata([], configs_of=[name])
+        log.info("topic %s: configs are now %s", name, configs)
+        if after.unclean_leader_election_enable and not before.unclean_leader_election_enable:
+            changes = changes_for_offline_partitions(
+                self.model, self.epoch, in_grace=bool(self._grace_until_ms)
+            )
+            await self.commit_and_send([c for c in changes if c.tp[0] == name])
 
     def _send_deletion(self, name: str, broker_id: int) -> None:
         async def on_answer(ok: bool) -> None:

@@ -125,19 +125,24 @@ class BrokerSender:
                 leaders.add(record.leader)
                 topics.add(tp[0])
             request.live_leaders.extend(self._broker_infos(leaders))
-            request.topic_configs.extend(
-                common_pb2.TopicConfig(topic=t, configs=model.topics[t].configs) for t in topics
-            )
+            request.topic_configs.extend(self._topic_configs(topics))
             requests.append((broker_id, request))
         fan_out = _FanOut(len(requests), len(tps)) if tracing.ENABLED and requests else None
         for broker_id, request in requests:
             self._enqueue(broker_id, request, fan_out)
 
-    def update_metadata(self, tps: Iterable[TopicPartition], deleted: Iterable[str] = ()) -> None:
+    def update_metadata(
+        self,
+        tps: Iterable[TopicPartition],
+        deleted: Iterable[str] = (),
+        configs_of: Iterable[str] = (),
+    ) -> None:
         """A delta to every usable broker and every metadata service (a FULL view to a
-        metadata service that has none)."""
+        metadata service that has none); `configs_of`: topics whose configs changed, which
+        the brokers hosting them apply to their logs."""
         request = self._update_metadata_request(list(tps), cluster_pb2.UPDATE_METADATA_TYPE_DELTA)
         request.deleted_topics.extend(deleted)
+        request.topic_configs.extend(self._topic_configs(configs_of))
         for broker_id in self._controller.model.usable_brokers():
             self._enqueue(broker_id, self._for_broker(request, broker_id))
         for address in self._controller.config.metadata_addresses:
@@ -148,9 +153,7 @@ class BrokerSender:
 
     def update_metadata_full(self, broker_id: int) -> None:
         model = self._controller.model
-        request = self._update_metadata_request(
-            list(model.partitions), cluster_pb2.UPDATE_METADATA_TYPE_FULL
-        )
+        request = self._full_view()
         # Their logs are the StopReplica(delete)'s that follows, not stray: the deletion
         # completes once this broker has answered it.
         request.deleting_topics.extend(
@@ -264,14 +267,18 @@ class BrokerSender:
             self._enqueue_metadata(address, None)
 
     def _full_view(self) -> cluster_pb2.UpdateMetadataRequest:
+        """Every partition, and every topic's configs: a broker that missed a config change
+        (fenced meanwhile) gets it with the FULL view it gets when unfenced."""
         model = self._controller.model
         request = self._update_metadata_request(
             list(model.partitions), cluster_pb2.UPDATE_METADATA_TYPE_FULL
         )
-        request.topic_configs.extend(
-            common_pb2.TopicConfig(topic=t.name, configs=t.configs) for t in model.topics.values()
-        )
+        request.topic_configs.extend(self._topic_configs(model.topics))
         return request
+
+    def _topic_configs(self, topics: Iterable[str]) -> list[common_pb2.TopicConfig]:
+        model = self._controller.model
+        return [common_pb2.TopicConfig(topic=t, configs=model.topics[t].configs) for t in topics]
 
     def _enqueue_metadata(
         self, address: str, request: cluster_pb2.UpdateMetadataRequest | None

@@ -20,6 +20,7 @@ from tidewater.controller.assignment import (
     validate_explicit_assignment,
     validate_partition_increase,
 )
+from tidewater.controller.configs import ConfigChange, alter_configs, describe_configs
 from tidewater.controller.controller import Controller
 from tidewater.controller.core import (
     PartitionChange,
@@ -30,7 +31,13 @@ from tidewater.controller.core import (
     validate_isr_change,
 )
 from tidewater.controller.model import BrokerState, TopicState
-from tidewater.errors import TidewaterError
+from tidewater.errors import (
+    InvalidRequest,
+    NotController,
+    StoreUnavailable,
+    TidewaterError,
+    UnknownTopicOrPartition,
+)
 from tidewater.telemetry import tracing
 from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import common_pb2, controller_pb2_grpc
@@ -325,6 +332,59 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     result.error_message = f"topic {name!r} does not exist"
                     continue
                 await self._c.delete_topic(name)
+
+        return await self._answer(response, event)
+
+    async def DescribeConfigs(
+        self, request: cpb.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.DescribeConfigsResponse:
+        response = cpb.DescribeConfigsResponse()
+
+        async def event() -> None:
+            topics = self._c.model.topics
+            for name in request.topics or sorted(topics):
+                result = response.topics.add(topic=name)
+                state = topics.get(name)
+                if state is None:
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_message = f"topic {name!r} does not exist"
+                    continue
+                result.configs.update(state.configs)
+                for entry in describe_configs(state.configs):
+                    result.entries.add(
+                        name=entry.name,
+                        value=entry.value,
+                        source=cpb.CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG
+                        if entry.is_override
+                        else cpb.CONFIG_SOURCE_DEFAULT_CONFIG,
+                    )
+
+        return await self._answer(response, event)
+
+    async def IncrementalAlterConfigs(
+        self, request: cpb.IncrementalAlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> cpb.IncrementalAlterConfigsResponse:
+        response = cpb.IncrementalAlterConfigsResponse()
+
+        async def event() -> None:
+            names = [t.topic for t in request.topics]
+            for topic in request.topics:
+                result = response.topics.add(topic=topic.topic)
+                try:
+                    if names.count(topic.topic) > 1:
+                        raise InvalidRequest(f"topic {topic.topic!r} is given more than once")
+                    state = self._c.model.topics.get(topic.topic)
+                    if state is None:
+                        raise UnknownTopicOrPartition(f"topic {topic.topic!r} does not exist")
+                    changes = [ConfigChange(c.name, c.operation, c.value) for c in topic.configs]
+                    configs = alter_configs(state.configs, changes)
+                    if not request.validate_only and configs != state.configs:
+                        await self._c.alter_topic_configs(topic.topic, configs)
+                except (StoreUnavailable, NotController):
+                    raise  # the whole request fails, and the controller resigns (submit)
+                except TidewaterError as e:
+                    result.error_code = e.code
+                    result.error_message = e.message
 
         return await self._answer(response, event)
 

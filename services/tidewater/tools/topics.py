@@ -1,4 +1,5 @@
-"""`tidewater topics create | list | describe | delete`, through the SDK's Admin client."""
+"""`tidewater topics create | list | describe | alter-configs | delete`, through the SDK's
+Admin client."""
 
 from __future__ import annotations
 
@@ -9,19 +10,25 @@ import time
 import uuid
 
 from tidewater.client.admin import Admin
-from tidewater.errors import RequestTimedOut, UnknownTopicOrPartition
+from tidewater.errors import InvalidConfig, RequestTimedOut, UnknownTopicOrPartition
 from tidewater.tools.options import (
     add_connection_options,
     bootstrap,
     key_value,
     request_timeout_s,
 )
+from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import metadata_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
+# Topic name → its configs, every key (DescribeConfigs).
+Configs = dict[str, list[cpb.DescribeConfigsEntry]]
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    topics = commands.add_parser("topics", help="create, list, describe and delete topics")
+    topics = commands.add_parser(
+        "topics", help="create, list, describe, alter the configs of and delete topics"
+    )
     actions = topics.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a topic (waits until it has leaders)")
     create.add_argument("--topic", required=True)
@@ -37,13 +44,33 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     actions.add_parser("list", help="topic names, one per line")
     describe = actions.add_parser(
-        "describe", help="partitions with leader, leader epoch, replicas and ISR"
+        "describe", help="configs, and partitions with leader, leader epoch, replicas and ISR"
     )
     describe.add_argument("--topic", help="one topic (default: every topic)")
     describe.add_argument("--json", action="store_true", help="print JSON")
+    alter = actions.add_parser(
+        "alter-configs", help="set or delete topic configs (kafka-configs --alter)"
+    )
+    alter.add_argument("--topic", required=True)
+    alter.add_argument(
+        "--set",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a topic config, e.g. --set retention.ms=3600000 (repeatable)",
+    )
+    alter.add_argument(
+        "--delete",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="delete a topic config: the default applies again (repeatable)",
+    )
+    alter.add_argument("--validate-only", action="store_true", help="check the change, make none")
     delete = actions.add_parser("delete", help="delete a topic and its data")
     delete.add_argument("--topic", required=True)
-    for action in (create, actions.choices["list"], describe, delete):
+    for action in (create, actions.choices["list"], describe, alter, delete):
         add_connection_options(action)
         action.set_defaults(run=run)
 
@@ -60,6 +87,14 @@ async def run(args: argparse.Namespace) -> int:
         elif args.action == "delete":
             await admin.delete_topics([args.topic])
             print(f"Deleted topic {args.topic}.")
+        elif args.action == "alter-configs":
+            if not args.set and not args.delete:
+                raise InvalidConfig("alter-configs needs --set KEY=VALUE or --delete KEY")
+            await admin.incremental_alter_configs(
+                args.topic, dict(args.set), args.delete, validate_only=args.validate_only
+            )
+            done = "Checked" if args.validate_only else "Altered"
+            print(f"{done} the configs of topic {args.topic}.")
         elif args.action == "list":
             response = await admin.describe_topics()
             for topic in sorted(t.topic for t in response.topics):
@@ -70,7 +105,12 @@ async def run(args: argparse.Namespace) -> int:
             for topic in topics:
                 if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     raise UnknownTopicOrPartition(f"topic {topic.topic!r} does not exist")
-            print(json.dumps(describe_json(topics), indent=2) if args.json else _table(topics))
+            configs = await _configs(admin, [t.topic for t in topics])
+            print(
+                json.dumps(describe_json(topics, configs), indent=2)
+                if args.json
+                else _table(topics, configs)
+            )
     return 0
 
 
@@ -94,12 +134,29 @@ async def _wait_for_leaders(admin: Admin, topic: str, partitions: int, timeout_s
         await asyncio.sleep(0.05)
 
 
-def describe_json(topics: list[metadata_pb2.TopicMetadata]) -> dict[str, object]:
+async def _configs(admin: Admin, topics: list[str]) -> Configs:
+    """Each topic's configs from the controller; a topic deleted since the metadata service
+    listed it has none."""
+    if not topics:
+        return {}
+    described = await admin.describe_configs()
+    return {t: described.get(t, []) for t in topics}
+
+
+def describe_json(topics: list[metadata_pb2.TopicMetadata], configs: Configs) -> dict[str, object]:
     return {
         "topics": [
             {
                 "topic": t.topic,
                 "topic_id": _topic_id(t),
+                "configs": [
+                    {
+                        "name": c.name,
+                        "value": c.value,
+                        "source": cpb.ConfigSource.Name(c.source).removeprefix("CONFIG_SOURCE_"),
+                    }
+                    for c in configs[t.topic]
+                ],
                 "partitions": [
                     {
                         "partition": p.partition,
@@ -117,14 +174,19 @@ def describe_json(topics: list[metadata_pb2.TopicMetadata]) -> dict[str, object]
     }
 
 
-def _table(topics: list[metadata_pb2.TopicMetadata]) -> str:
-    """Kafka's kafka-topics --describe layout."""
+def _table(topics: list[metadata_pb2.TopicMetadata], configs: Configs) -> str:
+    """Kafka's kafka-topics --describe layout: the topic's overrides under Configs."""
     lines = []
     for t in topics:
         replication = len(t.partitions[0].replicas) if t.partitions else 0
+        overrides = ",".join(
+            f"{c.name}={c.value}"
+            for c in configs[t.topic]
+            if c.source == cpb.CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG
+        )
         lines.append(
             f"Topic: {t.topic}\tTopicId: {_topic_id(t)}\tPartitionCount: {len(t.partitions)}\t"
-            f"ReplicationFactor: {replication}"
+            f"ReplicationFactor: {replication}\tConfigs: {overrides}"
         )
         for p in t.partitions:
             lines.append(

@@ -39,6 +39,8 @@ _SETTINGS = {
     "cache.drop.behind.bytes": _Setting("cache_drop_behind_bytes", -1),
 }
 
+LOG_CONFIG_NAMES = frozenset(_SETTINGS)
+
 
 @dataclass(frozen=True)
 class LogConfig:

@@ -48,13 +48,19 @@ def segments(log_dir: Path) -> int:
     return len(list((log_dir / f"{TOPIC}-0").glob("*.log")))
 
 
-async def test_an_update_metadata_changes_a_hosted_topics_configs(
-    start_broker: Callable[..., Any], tmp_path: Path
-) -> None:
+async def leader_with_a_segment(start_broker: Callable[..., Any]) -> Any:
+    """Broker 1 leads the partition with the default configs, 6 KB in its one segment."""
     _, client = await start_broker(1)
     await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
     for _ in range(3):
         assert (await produce(client, 2000)).error_code == ErrorCode.NONE
+    return client
+
+
+async def test_an_update_metadata_changes_a_hosted_topics_configs(
+    start_broker: Callable[..., Any], tmp_path: Path
+) -> None:
+    client = await leader_with_a_segment(start_broker)
     log_dir = tmp_path / "broker-1"
     assert segments(log_dir) == 1
 
@@ -78,10 +84,7 @@ async def test_an_update_metadata_changes_a_hosted_topics_configs(
 async def test_a_newer_leader_and_isr_changes_a_hosted_partitions_log_configs(
     start_broker: Callable[..., Any], tmp_path: Path
 ) -> None:
-    _, client = await start_broker(1)
-    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
-    for _ in range(3):
-        assert (await produce(client, 2000)).error_code == ErrorCode.NONE
+    client = await leader_with_a_segment(start_broker)
     await make_leader(
         client.channel,
         TOPIC,

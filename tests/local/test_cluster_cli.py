@@ -309,6 +309,35 @@ def test_topics_produce_consume_round_trip(cluster: list[str], tmp_path: Path) -
         time.sleep(0.2)
 
 
+def test_topics_alter_configs_and_describe_round_trip(cluster: list[str]) -> None:
+    topic = "cli-configs"
+    ok("topics", "create", "--topic", topic, "--config", "retention.ms=3600000", *cluster)
+    altered = ok(
+        "topics", "alter-configs", "--topic", topic, "--set", "min.insync.replicas=2",
+        "--set", "segment.bytes=1048576", "--delete", "retention.ms", *cluster,
+    )  # fmt: skip
+    assert altered == f"Altered the configs of topic {topic}.\n"
+    text = ok("topics", "describe", "--topic", topic, *cluster)
+    assert "\tConfigs: min.insync.replicas=2,segment.bytes=1048576\n" in text, text
+
+    def configs() -> dict[str, tuple[str, str]]:
+        described = json.loads(ok("topics", "describe", "--topic", topic, "--json", *cluster))
+        return {c["name"]: (c["value"], c["source"]) for c in described["topics"][0]["configs"]}
+
+    before = configs()
+    assert before["min.insync.replicas"] == ("2", "DYNAMIC_TOPIC_CONFIG")
+    assert before["segment.bytes"] == ("1048576", "DYNAMIC_TOPIC_CONFIG")
+    assert before["retention.ms"] == ("604800000", "DEFAULT_CONFIG")
+    checked = ok(
+        "topics", "alter-configs", "--topic", topic, "--set", "retention.ms=1",
+        "--validate-only", *cluster,
+    )  # fmt: skip
+    assert checked == f"Checked the configs of topic {topic}.\n"
+    assert configs() == before
+    ok("topics", "alter-configs", "--topic", topic, "--delete", "min.insync.replicas", *cluster)
+    assert configs()["min.insync.replicas"] == ("1", "DEFAULT_CONFIG")
+
+
 def test_bench_produce_and_consume(cluster: list[str]) -> None:
     ok("topics", "create", "--topic", "cli-bench", "--partitions", "3", *cluster)
     out = ok(
@@ -372,6 +401,21 @@ def error_topics(cluster: list[str]) -> list[str]:
         (["topics", "create", "--topic", "t", "--replication-factor", "4"], "", "INVALID_REPLI"),
         (["topics", "create", "--topic", "t", "--config", "retention.ms=x"], "", "INVALID_CONFIG"),
         (["topics", "create", "--topic", "cli-errors"], "", "TOPIC_ALREADY_EXISTS"),
+        (
+            ["topics", "alter-configs", "--topic", "cli-errors", "--set", "no.such=1"],
+            "",
+            "INVALID_CONFIG: unknown topic config: no.such",
+        ),
+        (
+            ["topics", "alter-configs", "--topic", "cli-errors", "--set", "retention.ms=x"],
+            "",
+            "INVALID_CONFIG: retention.ms",
+        ),
+        (
+            ["topics", "alter-configs", "--topic", "nope", "--delete", "retention.ms"],
+            "",
+            "UNKNOWN_TOPIC_OR_PARTITION",
+        ),
         (["consume", "--topic", "cli-errors", "--offset", "-3"], "", "INVALID_CONFIG: --offset"),
         (["consume", "--topic", "cli-errors", "--from-timestamp", "soon"], "", "INVALID_CONFIG"),
         (

@@ -1,6 +1,7 @@
 """The controller's requests to a metadata service that is out of reach for a while: the real
 BrokerSender and a real MetadataServer on loopback; the controller is a stand-in with what the
-sender reads (its model, epoch and configuration)."""
+sender reads (its model, epoch and configuration). And the topic configs its UpdateMetadata
+requests carry to brokers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tidewater.controller import sender as sender_mod
 from tidewater.controller.controller import Controller
-from tidewater.controller.model import ClusterModel, PartitionRecord, TopicState
+from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
 from tidewater.controller.sender import BrokerSender
 from tidewater.local.etcd import free_port
 from tidewater.local.wait import eventually
@@ -109,3 +110,36 @@ async def test_deltas_behind_one_a_metadata_service_missed_are_dropped(
     queue = sender._queues[f"metadata {address}"]
     await eventually(lambda: address not in sender._metadata_current and queue.empty(), 20)
     assert sender.requests_sent - sent == 1
+
+
+def test_update_metadata_carries_changed_configs_and_a_full_view_every_topics(
+    sender_to: tuple[str, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config change reaches the brokers in a DELTA; a broker that missed it (fenced then)
+    gets every topic's configs in the FULL view it is sent when unfenced. Before, neither
+    request to a broker carried any."""
+    _, controller, sender = sender_to
+    model = controller.model
+    model.topics["orders"].configs = {"retention.ms": "1000"}
+    model.topics["plain"] = TopicState("plain", {}, {0: (1,)})
+    model.partitions["plain", 0] = model.partitions[TP]
+    model.brokers[1] = BrokerState(1, "127.0.0.1", 1, "", "i", epoch=7, fenced=False)
+    sent: list[tuple[int | str, Any]] = []
+    monkeypatch.setattr(
+        sender, "_enqueue", lambda target, request, *_: sent.append((target, request))
+    )
+
+    sender.update_metadata([], configs_of=["orders"])
+    [delta] = [r for target, r in sent if target == 1]
+    assert delta.type == cluster_pb2.UPDATE_METADATA_TYPE_DELTA
+    assert {c.topic: dict(c.configs) for c in delta.topic_configs} == {
+        "orders": {"retention.ms": "1000"}
+    }
+    sent.clear()
+    sender.update_metadata_full(1)
+    [(_, full)] = sent
+    assert full.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL
+    assert {c.topic: dict(c.configs) for c in full.topic_configs} == {
+        "orders": {"retention.ms": "1000"},
+        "plain": {},
+    }

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pytest
@@ -28,6 +29,9 @@ from tidewater.records.header import (
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
+
+if TYPE_CHECKING:
+    from conftest import Logged
 
 TOPIC = "events"
 WAIT_S = 20.0
@@ -890,6 +894,95 @@ async def test_a_fetch_whose_completion_check_fails_answers_alone_on_its_stream(
     assert [r.value for r in decode_batches(answer.partitions[0].record_batches)] == [b"p1"]
     await call.done_writing()
     assert await asyncio.wait_for(call.code(), WAIT_S) == grpc.StatusCode.OK
+
+
+def fail_for_topic(monkeypatch: pytest.MonkeyPatch, rm: Any, topic: str) -> None:
+    """A bug in looking up the partitions of `topic`: an exception that is not an answer,
+    raised by the produce or fetch handler itself, outside the purgatory."""
+    leader_partition = rm._leader_partition
+
+    def broken(tp: tuple[str, int]) -> Any:
+        if tp[0] == topic:
+            raise RuntimeError(f"a bug in looking up {tp[0]}-{tp[1]}")
+        return leader_partition(tp)
+
+    monkeypatch.setattr(rm, "_leader_partition", broken)
+
+
+async def test_a_produce_whose_handler_raises_answers_alone_on_its_stream(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, logged: Logged
+) -> None:
+    """Request 2 of three on one ProduceStream raises in its handler (a bug). It answers
+    UNKNOWN_SERVER_ERROR for each of its partitions; requests 1 and 3 are answered as usual
+    and the stream ends cleanly. Before, the error ended the stream with gRPC UNKNOWN and
+    request 3 went unanswered."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    fail_for_topic(monkeypatch, server.replica_manager, "broken")
+    call = client.service.ProduceStream()
+    for correlation_id, topics in ((1, [TOPIC]), (2, ["broken", TOPIC]), (3, [TOPIC])):
+        request = pb.ProduceRequest(
+            acks=1,
+            correlation_id=correlation_id,
+            partitions=[
+                pb.PartitionProduceData(topic=topic, partition=0, record_batch=batch_of([b"v"]))
+                for topic in topics
+            ],
+        )
+        await call.write(request)
+    await call.done_writing()
+    async with asyncio.timeout(WAIT_S):
+        answers = {answer.correlation_id: list(answer.partitions) async for answer in call}
+        assert await call.code() == grpc.StatusCode.OK
+    assert [(p.error_code, p.base_offset) for p in answers[1]] == [(ErrorCode.NONE, 0)]
+    assert [(p.topic, p.error_code, p.base_offset) for p in answers[2]] == [
+        ("broken", ErrorCode.UNKNOWN_SERVER_ERROR, -1),
+        (TOPIC, ErrorCode.UNKNOWN_SERVER_ERROR, -1),
+    ]
+    assert all("a bug in looking up broken-0" in p.error_message for p in answers[2])
+    assert [(p.error_code, p.base_offset) for p in answers[3]] == [(ErrorCode.NONE, 1)]
+    assert logged(logging.ERROR, "stream request failed")
+
+
+async def test_a_fetch_whose_handler_raises_answers_alone_on_its_stream(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, logged: Logged
+) -> None:
+    """Request 2 of three on one FetchStream raises in its handler (a bug). It answers
+    UNKNOWN_SERVER_ERROR, as a whole and for each of its partitions; requests 1 and 3 get
+    their records and the stream ends cleanly. Before, the error ended the stream with gRPC
+    UNKNOWN and request 3 went unanswered."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    for value in (b"a", b"b"):
+        await produce_ok(client, batch_of([value]))
+    fail_for_topic(monkeypatch, server.replica_manager, "broken")
+    call = client.service.FetchStream()
+    for correlation_id, offset, topics in (
+        (1, 0, [TOPIC]),
+        (2, 0, [TOPIC, "broken"]),
+        (3, 1, [TOPIC]),
+    ):
+        request = fetch_request(offset)
+        request.correlation_id = correlation_id
+        for topic in topics[1:]:
+            request.partitions.add(topic=topic, partition=0, current_leader_epoch=-1)
+        await call.write(request)
+    await call.done_writing()
+    async with asyncio.timeout(WAIT_S):
+        answers = {answer.correlation_id: answer async for answer in call}
+        assert await call.code() == grpc.StatusCode.OK
+    for correlation_id, values in ((1, [b"a", b"b"]), (3, [b"b"])):
+        [result] = answers[correlation_id].partitions
+        assert [r.value for r in decode_batches(result.record_batches)] == values
+    failed = answers[2]
+    assert failed.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert "a bug in looking up broken-0" in failed.error_message
+    assert [(p.topic, p.error_code) for p in failed.partitions] == [
+        (TOPIC, ErrorCode.UNKNOWN_SERVER_ERROR),
+        ("broken", ErrorCode.UNKNOWN_SERVER_ERROR),
+    ]
+    assert not any(p.record_batches for p in failed.partitions)
+    assert logged(logging.ERROR, "stream request failed")
 
 
 async def test_high_watermark_checkpoint_is_rewritten_only_when_a_hw_moved(

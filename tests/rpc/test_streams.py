@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -40,7 +41,7 @@ async def test_each_answer_is_written_when_ready_and_a_slow_one_holds_up_none() 
         await release[request].wait()
         return f"answer to {request}"
 
-    serving = asyncio.create_task(pipelined(stream.requests(), handle, stream.write))
+    serving = asyncio.create_task(pipelined(stream.requests(), handle, stream.write, never_fails))
     for request in ("slow", "fast", "other"):
         stream.incoming.put_nowait(request)
     stream.incoming.put_nowait(None)
@@ -67,22 +68,84 @@ async def test_answers_ready_together_are_written_one_at_a_time() -> None:
     for request in ("a", "b", "c", "d"):
         stream.incoming.put_nowait(request)
     stream.incoming.put_nowait(None)
-    await pipelined(stream.requests(), handle, stream.write)
+    await pipelined(stream.requests(), handle, stream.write, never_fails)
     assert stream.written == ["A", "B", "C", "D"]
 
 
-async def test_a_failed_handler_fails_the_stream_with_its_error() -> None:
+async def test_a_failed_handler_answers_its_request_alone_and_the_stream_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A handler that raises (a bug) has `failed` answer its request; the requests before
+    and after it on the stream are answered as usual, and the error is logged once with its
+    traceback. Before, the error failed the stream and cancelled the waiting handlers."""
     stream = Stream()
-    waiting = asyncio.Event()
+    release = asyncio.Event()
 
     async def handle(request: str) -> str:
         if request == "bad":
             raise ValueError("cannot answer bad")
-        await waiting.wait()  # never set: cancelled when the stream fails
+        await release.wait()
+        return request.upper()
+
+    def failed(request: str, error: Exception) -> str:
+        return f"{request} failed: {error}"
+
+    for request in ("before", "bad", "after"):
+        stream.incoming.put_nowait(request)
+    stream.incoming.put_nowait(None)
+    serving = asyncio.create_task(pipelined(stream.requests(), handle, stream.write, failed))
+    while not stream.written:
+        await asyncio.sleep(0)
+    assert stream.written == ["bad failed: cannot answer bad"]
+    release.set()
+    await serving
+    assert stream.written == ["bad failed: cannot answer bad", "BEFORE", "AFTER"]
+    [logged] = [r for r in caplog.records if r.exc_info]
+    assert logged.levelno == logging.ERROR
+    assert isinstance(logged.exc_info[1], ValueError)  # type: ignore[index]
+
+
+async def test_cancelling_the_stream_cancels_its_handlers_and_answers_nothing() -> None:
+    """The client gone or the server stopping cancels the call: that ends the stream as
+    before, every waiting handler cancelled, none answered by `failed`."""
+    stream = Stream()
+    started: list[str] = []
+    cancelled: list[str] = []
+
+    async def handle(request: str) -> str:
+        started.append(request)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append(request)
+            raise
         return request
 
-    stream.incoming.put_nowait("good")
-    stream.incoming.put_nowait("bad")
-    with pytest.raises(ValueError, match="cannot answer bad"):
-        await pipelined(stream.requests(), handle, stream.write)
+    for request in ("a", "b"):
+        stream.incoming.put_nowait(request)
+    serving = asyncio.create_task(pipelined(stream.requests(), handle, stream.write, never_fails))
+    while len(started) < 2:
+        await asyncio.sleep(0)
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert sorted(cancelled) == ["a", "b"]
     assert stream.written == []
+
+
+async def test_a_failed_write_ends_the_stream() -> None:
+    stream = Stream()
+
+    async def handle(request: str) -> str:
+        return request
+
+    async def write(response: str) -> None:
+        raise ConnectionError("the client has gone")
+
+    stream.incoming.put_nowait("a")
+    with pytest.raises(ConnectionError):
+        await pipelined(stream.requests(), handle, write, never_fails)
+
+
+def never_fails(request: str, error: Exception) -> str:
+    raise AssertionError(f"no request should fail here: {request} raised {error!r}")

@@ -535,15 +535,7 @@ class ReplicaManager:
     def _produce_error(
         self, data: pb.PartitionProduceData, error: TidewaterError
     ) -> pb.PartitionProduceResponse:
-        result = pb.PartitionProduceResponse(
-            topic=data.topic,
-            partition=data.partition,
-            error_code=error.code,
-            error_message=error.message,
-            base_offset=-1,
-            log_append_time_ms=-1,
-            log_start_offset=-1,
-        )
+        result = _partition_produce_error(data, error)
         self._fill_current_leader(result, (data.topic, data.partition))
         return result
 
@@ -712,15 +704,7 @@ class ReplicaManager:
     def _fetch_error(
         self, fp: pb.FetchPartition, error: TidewaterError
     ) -> pb.FetchPartitionResponse:
-        result = pb.FetchPartitionResponse(
-            topic=fp.topic,
-            partition=fp.partition,
-            error_code=error.code,
-            error_message=error.message,
-            high_watermark=-1,
-            log_start_offset=-1,
-            log_end_offset=-1,
-        )
+        result = _partition_fetch_error(fp, error)
         self._fill_current_leader(result, (fp.topic, fp.partition))
         return result
 
@@ -977,14 +961,78 @@ async def _waited(purgatory: Purgatory, op: DelayedOperation, done: asyncio.Futu
         raise
 
 
-def _refused(request: pb.FetchRequest, error: TidewaterError) -> FetchAnswer:
-    """The answer to a fetch refused as a whole: no partitions."""
+def produce_failed(request: pb.ProduceRequest, error: Exception) -> pb.ProduceResponse:
+    """The answer to a produce whose handling raised (a bug, not an answer):
+    UNKNOWN_SERVER_ERROR for each partition, as Kafka answers an unexpected exception with the
+    request's error response. Built from the request alone, since the broker's state may be
+    what failed (the current leader unknown). A batch may or may not be in the log."""
+    unknown = _unknown_server_error(error)
+    return pb.ProduceResponse(
+        correlation_id=request.correlation_id,
+        partitions=[_partition_produce_error(data, unknown) for data in request.partitions],
+    )
+
+
+def fetch_failed(request: pb.FetchRequest, error: Exception) -> FetchAnswer:
+    """The answer to a fetch whose handling raised (a bug): UNKNOWN_SERVER_ERROR for the whole
+    fetch and for each partition it names, outside any session (id 0), as Kafka's
+    FetchRequest.getErrorResponse; a session's client starts over with a full fetch, since
+    the session may have moved on without it. Built from the request alone."""
+    unknown = _unknown_server_error(error)
+    return _refused(
+        request, unknown, [(_partition_fetch_error(fp, unknown), b"") for fp in request.partitions]
+    )
+
+
+def _unknown_server_error(error: Exception) -> TidewaterError:
+    return TidewaterError(f"the broker failed handling the request: {error!r}")
+
+
+# The current leader as a partition's error answer has it until _fill_current_leader sets it.
+_LEADER_UNKNOWN = common_pb2.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1)
+
+
+def _partition_produce_error(
+    data: pb.PartitionProduceData, error: TidewaterError
+) -> pb.PartitionProduceResponse:
+    return pb.PartitionProduceResponse(
+        topic=data.topic,
+        partition=data.partition,
+        error_code=error.code,
+        error_message=error.message,
+        base_offset=-1,
+        log_append_time_ms=-1,
+        log_start_offset=-1,
+        current_leader=_LEADER_UNKNOWN,
+    )
+
+
+def _partition_fetch_error(
+    fp: pb.FetchPartition, error: TidewaterError
+) -> pb.FetchPartitionResponse:
+    return pb.FetchPartitionResponse(
+        topic=fp.topic,
+        partition=fp.partition,
+        error_code=error.code,
+        error_message=error.message,
+        high_watermark=-1,
+        log_start_offset=-1,
+        log_end_offset=-1,
+        current_leader=_LEADER_UNKNOWN,
+    )
+
+
+def _refused(
+    request: pb.FetchRequest, error: TidewaterError, partitions: Sequence[PartitionAnswer] = ()
+) -> FetchAnswer:
+    """The answer to a fetch refused as a whole: no partitions, unless given."""
     return FetchAnswer(
         pb.FetchResponse(
             correlation_id=request.correlation_id,
             error_code=error.code,
             error_message=error.message,
-        )
+        ),
+        partitions,
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable
 import grpc
 
 from tidewater.broker.fetch_answer import FetchAnswer
-from tidewater.broker.replica_manager import ReplicaManager
+from tidewater.broker.replica_manager import ReplicaManager, fetch_failed, produce_failed
 from tidewater.rpc.lifted import Lifted, Lifter
 from tidewater.rpc.streams import pipelined
 from tidewater.telemetry import tracing
@@ -42,7 +42,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         def produce(request: Lifted[pb.ProduceRequest]) -> Awaitable[pb.ProduceResponse]:
             return self._rm.produce(request.message, None, request.views, in_order)
 
-        await pipelined(request_iterator, produce, context.write)
+        def failed(request: Lifted[pb.ProduceRequest], error: Exception) -> pb.ProduceResponse:
+            return produce_failed(request.message, error)
+
+        await pipelined(request_iterator, produce, context.write, failed)
 
     async def Fetch(
         self, request: pb.FetchRequest, context: grpc.aio.ServicerContext
@@ -52,7 +55,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def FetchStream(
         self, request_iterator: AsyncIterator[pb.FetchRequest], context: grpc.aio.ServicerContext
     ) -> None:
-        await pipelined(request_iterator, self._rm.fetch, context.write)
+        await pipelined(request_iterator, self._rm.fetch, context.write, fetch_failed)
 
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext

@@ -778,13 +778,30 @@ async def test_a_fetch_overtaken_by_a_later_one_of_its_session_is_refused_alone(
     assert purgatory.watched == 0
 
 
-def garbled_gzip_batch() -> bytes:
-    """A GZIP batch whose compressed body is garbage under a good CRC: stored (the broker
-    checks the records of uncompressed batches only), undecodable when read."""
-    data = bytearray(batch_of([b"v" * 100], compression=Compression.GZIP))
+def garbled_batch(codec: Compression) -> bytes:
+    """A compressed batch whose body is garbage under a good CRC: undecodable when read."""
+    data = bytearray(batch_of([b"v" * 100], compression=codec))
     data[HEADER_SIZE:] = b"\x5a" * (len(data) - HEADER_SIZE)
     struct.pack_into(">I", data, CRC_OFFSET, compute_crc(data))
     return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "codec", [Compression.GZIP, Compression.LZ4, Compression.ZSTD], ids=["gzip", "lz4", "zstd"]
+)
+async def test_a_compressed_batch_whose_records_do_not_decode_is_refused(
+    leader: Any, codec: Compression
+) -> None:
+    """The leader decompresses a compressed batch and checks its records before storing it,
+    as Kafka's LogValidator does: garbage under a good CRC answers CORRUPT_MESSAGE for its
+    partition, nothing appended. Before, it was stored, and every consumer failed on it."""
+    assert await produce_ok(leader, batch_of([b"kept"], compression=codec)) == 0
+    code, message = await produce_error(leader, produce_request(garbled_batch(codec)))
+    assert (code, codec.name in message) == (ErrorCode.CORRUPT_MESSAGE, True)
+    assert await produce_ok(leader, batch_of([b"after"], compression=codec)) == 1
+    response = await leader.service.Fetch(fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS))
+    [result] = response.partitions
+    assert (result.error_code, [r.value for r in result.records]) == (0, [b"kept", b"after"])
 
 
 async def test_a_batch_that_does_not_decode_fails_only_its_partition_of_a_records_fetch(
@@ -799,8 +816,14 @@ async def test_a_batch_that_does_not_decode_fails_only_its_partition_of_a_record
     parked = asyncio.ensure_future(client.service.Fetch(request))
     await eventually(lambda: server.replica_manager.fetch_purgatory.watched == 1, 20, 0.01)
 
-    # The append that wakes the parked fetch is answered, not failed with the fetch's error.
-    assert await produce_ok(client, garbled_gzip_batch()) == 0
+    # A batch stored before the leader checked compressed records (produce refuses it now),
+    # appended as produce would. The append that wakes the parked fetch is not failed with
+    # the fetch's error.
+    partition = server.replica_manager.partitions[(TOPIC, 0)]
+    garbled = bytearray(garbled_batch(Compression.GZIP))
+    info, _ = await partition.append_as_leader(garbled, 1, 0)
+    assert info.first_offset == 0
+    server.replica_manager._partition_changed((TOPIC, 0))
     garbled, fine = (await asyncio.wait_for(parked, 20)).partitions
     assert garbled.error_code == ErrorCode.CORRUPT_MESSAGE and not garbled.records
     assert (fine.error_code, fine.high_watermark) == (ErrorCode.NONE, 1)

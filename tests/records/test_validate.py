@@ -14,6 +14,7 @@ from tidewater.errors import (
     UnsupportedVersion,
 )
 from tidewater.records.batch import Record, build_batch, decode_batches
+from tidewater.records.compression import compress
 from tidewater.records.header import (
     CONTROL_BIT,
     HEADER_SIZE,
@@ -24,10 +25,12 @@ from tidewater.records.header import (
     read_header,
 )
 from tidewater.records.validate import (
+    MAX_RECORDS_SECTION_BYTES,
     find_offset_by_timestamp,
     iter_batch_headers,
     validate_batch,
 )
+from tidewater.records.varint import encode_varint, encode_varlong
 
 CODECS = [Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]
 LIMIT = 1 << 20
@@ -171,11 +174,135 @@ def test_record_lengths_must_tile_the_section(rewrite: Callable[..., bytes]) -> 
             validate_batch(rewrite(batch, section=broken), LIMIT)
 
 
-def test_compressed_records_are_not_inspected(rewrite: Callable[..., bytes]) -> None:
-    batch = rewrite(three_records(Compression.ZSTD), section=b"not zstd at all")
-    assert validate_batch(batch, LIMIT).compression == Compression.ZSTD
-    with pytest.raises(CorruptMessage, match="ZSTD"):
-        list(decode_batches(batch))
+COMPRESSED = [Compression.GZIP, Compression.LZ4, Compression.ZSTD]
+CODEC_NAMES = [c.name.lower() for c in COMPRESSED]
+
+
+def raw_record(offset_delta: int, *, key_length: int = -1, tail: bytes = b"") -> bytes:
+    """One record as it stands in a records section: a null key (or just a key length), the
+    value b"v", no headers; `tail` is added inside its length."""
+    body = (
+        b"\x00"  # attributes
+        + encode_varlong(0)  # timestamp delta
+        + encode_varint(offset_delta)
+        + encode_varint(key_length)
+        + encode_varint(1)
+        + b"v"
+        + encode_varint(0)  # header count
+        + tail
+    )
+    return encode_varint(len(body)) + body
+
+
+def three_raw(*deltas: int) -> bytes:
+    return b"".join(raw_record(d) for d in deltas or (0, 1, 2))
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=CODEC_NAMES)
+def test_raw_records_are_what_a_producer_writes(
+    codec: Compression, rewrite: Callable[..., bytes]
+) -> None:
+    # The helper's section is a valid one: the malformations below are its only defects.
+    batch = build_batch([Record(value=b"v", timestamp_ms=T0)] * 3, compression=codec)
+    section = compress(codec, three_raw())
+    batch = rewrite(batch, section=section)
+    assert validate_batch(batch, LIMIT).record_count == 3
+    assert [r.value for r in decode_batches(batch)] == [b"v"] * 3
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=CODEC_NAMES)
+@pytest.mark.parametrize(
+    ("section", "count", "message"),
+    [
+        pytest.param(None, 3, "malformed|truncated", id="garbage"),
+        pytest.param(three_raw(), 4, "holds 3 records", id="fewer-records-than-count"),
+        pytest.param(three_raw(), 2, "bytes after its record_count 2", id="more-than-count"),
+        pytest.param(three_raw() + b"\x00", 3, "1 bytes after", id="trailing-byte"),
+        pytest.param(three_raw(0, 2, 3), 3, "record 1 has offset delta 2", id="offset-gap"),
+        pytest.param(three_raw(0, 0, 1), 3, "record 1 has offset delta 0", id="offset-repeat"),
+        pytest.param(three_raw(1, 2, 3), 3, "record 0 has offset delta 1", id="offset-start"),
+        pytest.param(b"\x80" * 6 + three_raw(), 3, "longer than 5 bytes", id="overlong-length"),
+        pytest.param(b"\x03" + three_raw(), 3, "record 0 has length -2", id="negative-length"),
+        pytest.param(b"\x08" + bytes(4) + three_raw(), 3, "has length 4", id="short-record"),
+        pytest.param(
+            three_raw()[:-1],
+            3,
+            "record 2 has length 7: below 6 or past the 6 bytes",
+            id="cut-short",
+        ),
+        pytest.param(
+            raw_record(0, tail=b"\x00") + raw_record(1) + raw_record(2),
+            3,
+            "record 0 does not fill its length",
+            id="record-not-filled",
+        ),
+        pytest.param(
+            raw_record(0, key_length=-2) + raw_record(1) + raw_record(2),
+            3,
+            "record 0 has a field of length -2",
+            id="negative-key-length",
+        ),
+        pytest.param(
+            raw_record(0, key_length=40) + raw_record(1) + raw_record(2),
+            3,
+            "record 0 does not fill|runs past",
+            id="key-past-its-record",
+        ),
+    ],
+)
+def test_compressed_records_are_checked(
+    codec: Compression,
+    section: bytes | None,
+    count: int,
+    message: str,
+    rewrite: Callable[..., bytes],
+) -> None:
+    """The records of a compressed batch are decompressed and walked as Kafka's LogValidator
+    does; every defect is CORRUPT_MESSAGE. Before, only the header and CRC were checked, and
+    these batches were accepted."""
+    body = b"not compressed at all" if section is None else compress(codec, section)
+    batch = rewrite(
+        three_records(codec), section=body, record_count=count, last_offset_delta=count - 1
+    )
+    with pytest.raises(CorruptMessage, match=message):
+        validate_batch(batch, LIMIT)
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=CODEC_NAMES)
+def test_a_compressed_batch_decompressing_past_the_bound_is_refused(
+    codec: Compression, rewrite: Callable[..., bytes]
+) -> None:
+    """A decompression bomb: a small batch whose records section inflates past what any
+    reader will take (MAX_RECORDS_SECTION_BYTES) is refused before that much is held."""
+    record = raw_record(0)
+    section = record + bytes(MAX_RECORDS_SECTION_BYTES)
+    batch = rewrite(
+        three_records(codec),
+        section=compress(codec, section),
+        record_count=1,
+        last_offset_delta=0,
+    )
+    assert len(batch) < LIMIT
+    with pytest.raises(CorruptMessage, match="decompresses to more than"):
+        validate_batch(batch, LIMIT)
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=CODEC_NAMES)
+def test_compressed_batches_of_every_shape_are_accepted(codec: Compression) -> None:
+    """No false refusals: offset deltas of one to three bytes (up to 9,000 records),
+    timestamp deltas of many bytes, null and empty keys and values, headers, long values."""
+    records = [
+        Record(
+            key=None if i % 3 == 0 else b"k" * (i % 5),
+            value=None if i % 7 == 0 else bytes(i % 300),
+            headers=(("h", b"x"), ("empty", None)) if i % 11 == 0 else (),
+            timestamp_ms=T0 + i * 1_000_003,
+        )
+        for i in range(9000)
+    ]
+    records.append(Record(value=bytes(20_000), timestamp_ms=T0 - 5))
+    batch = build_batch(records, compression=codec)
+    assert validate_batch(batch, len(batch)).record_count == 9001
 
 
 def test_iter_batch_headers_walks_concatenated_batches() -> None:

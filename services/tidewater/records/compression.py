@@ -27,6 +27,10 @@ _GZIP_WBITS = 16 + zlib.MAX_WBITS
 _ZSTD_BLOCK_MAX = 128 * 1024
 _ZSTD_MIN_BLOCK_BYTES = 4
 _ZSTD_MIN_SLICE = 64
+# python-lz4 allocates a call's whole max_length up front: a 64 MiB buffer mapped afresh at
+# each call cost more than decompressing 1 MiB of records (2.3 against 0.5 ms on this VM),
+# so each call asks for at most this much.
+_LZ4_MAX_CALL = 1 << 20
 
 _zstd_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
 _zstd_decompressor = zstandard.ZstdDecompressor()
@@ -85,9 +89,9 @@ def _unlz4(data: bytes, limit: int) -> bytes:
     out = bytearray()
     while True:
         frame = lz4.frame.LZ4FrameDecompressor()
-        out += frame.decompress(data, max_length=limit + 1 - len(out))
+        out += frame.decompress(data, max_length=min(limit + 1 - len(out), _LZ4_MAX_CALL))
         while not frame.eof and not frame.needs_input and len(out) <= limit:
-            out += frame.decompress(b"", max_length=limit + 1 - len(out))
+            out += frame.decompress(b"", max_length=min(limit + 1 - len(out), _LZ4_MAX_CALL))
         if len(out) > limit:
             raise _too_large(limit)
         if not frame.eof:

@@ -1,11 +1,13 @@
-"""Broker-side checks of record batches, on header bytes and record framing only.
+"""Broker-side checks of record batches.
 
-The broker stores and serves batches as the producer built them, so it never decodes single
-records: it checks the 61-byte header and the CRC32C, and for uncompressed batches walks the
-record length varints to count records. A compressed batch is stored compressed, exactly as
-it came; only its header and CRC are checked (a producer that compresses garbage under a
-valid CRC gets it back on fetch, and its consumers reject it). Whatever a client could see is
-raised as a named TidewaterError.
+The broker stores and serves batches as the producer built them, never re-encoded: it checks
+the 61-byte header and the CRC32C, and for uncompressed batches walks the record length
+varints to count records. A compressed batch is stored compressed, exactly as it came, but
+first decompressed (to at most MAX_RECORDS_SECTION_BYTES) and its records walked as Kafka's
+LogValidator does: their count, offset deltas and field lengths, skipping keys, values and
+headers (Kafka's skipKeyValueIterator), so that garbage compressed under a valid CRC is
+refused rather than stored for consumers to fail on. Whatever a client could see is raised
+as a named TidewaterError.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from tidewater.records.header import (
 from tidewater.records.varint import Buffer, decode_varint, decode_varlong
 
 # The most a compressed records section may inflate to when someone must read its records
-# (consumers, ListOffsets); anything larger is treated as a zip bomb.
+# (the leader checking a produced batch, consumers, ListOffsets); anything larger is treated
+# as a zip bomb. One bound for all: a batch the leader takes is one its consumers can read.
 MAX_RECORDS_SECTION_BYTES = 64 * 1024 * 1024
 # attributes (1) + timestamp delta, offset delta, key length, value length, header count
 # (at least 1 each): the smallest record that can exist after its length varint.
@@ -61,6 +64,13 @@ def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
     check_batch(buf, header)
     if header.compression == Compression.NONE:
         check_record_framing(buf, HEADER_SIZE, len(buf), header.record_count)
+    else:
+        # Kafka answers INVALID_RECORD for records that do not parse in a decompressed
+        # batch (and UNKNOWN_SERVER_ERROR when it does not decompress); this protocol has no
+        # INVALID_RECORD and answers CORRUPT_MESSAGE for the same defects in an uncompressed
+        # batch, as Kafka did before KIP-467. Both say: do not retry, the batch is bad (the
+        # CRC matched, so it was built so, not damaged on the way).
+        check_records(records_section(buf, header, MAX_RECORDS_SECTION_BYTES), header.record_count)
     return header
 
 
@@ -128,6 +138,106 @@ def check_record_framing(buf: Buffer, start: int, end: int, record_count: int) -
         raise CorruptMessage(f"record batch holds more than its record_count {record_count}")
     if seen != record_count:
         raise CorruptMessage(f"record batch holds {seen} records, record_count says {record_count}")
+
+
+def check_records(section: Buffer, record_count: int) -> None:
+    """CorruptMessage unless the (decompressed) records section `section` is exactly
+    record_count records, each filled by its fields, with offset deltas 0, 1, ...
+    record_count - 1: attributes, timestamp delta, offset delta, then key, value and headers,
+    whose lengths are checked and whose bytes are skipped (Kafka's skipKeyValueIterator). A
+    producer writes the deltas so; Kafka rewrites a batch whose deltas run otherwise, which
+    this broker never does.
+
+    The broker runs this over every compressed batch produced to it, so one-byte varints
+    (nearly every delta, key length and header count) are read inline; a read past the
+    section's end is an IndexError, turned into CorruptMessage once for the whole walk."""
+    size = len(section)
+    pos = 0
+    expected = 0
+    try:
+        while expected < record_count and pos < size:
+            zz = section[pos]  # the record's length, as in check_record_framing
+            if zz < 0x80:
+                body = pos + 1
+            elif section[pos + 1] < 0x80:
+                zz = (zz & 0x7F) | (section[pos + 1] << 7)
+                body = pos + 2
+            else:
+                length, body = decode_varint(section, pos)
+                zz = (length << 1) ^ (length >> 31)
+            end = body + (zz >> 1)
+            if zz & 1 or zz < _MIN_RECORD_BODY_ZIGZAG or end > size:
+                raise CorruptMessage(
+                    f"record {expected} has length {(zz >> 1) ^ -(zz & 1)}: below "
+                    f"{MIN_RECORD_BODY} or past the {size - body} bytes that remain"
+                )
+            # section[body] is the record's attributes byte; the timestamp delta follows.
+            pos = body + 2
+            if section[pos - 1] >= 0x80:
+                _, pos = decode_varlong(section, pos - 1)
+            zz = expected << 1  # the offset delta's zigzag form, in one or two bytes
+            if zz < 0x80 and section[pos] == zz:
+                pos += 1
+            elif zz < 0x4000 and section[pos] == zz & 0x7F | 0x80 and section[pos + 1] == zz >> 7:
+                pos += 2
+            else:
+                offset_delta, pos = decode_varint(section, pos)
+                if offset_delta != expected:
+                    raise CorruptMessage(f"record {expected} has offset delta {offset_delta}")
+            for _ in range(2):  # key, value: a length (-1: null) and its bytes
+                zz = section[pos]
+                if zz < 0x80:
+                    pos += 1
+                elif section[pos + 1] < 0x80:
+                    zz = (zz & 0x7F) | (section[pos + 1] << 7)
+                    pos += 2
+                else:
+                    pos = _skip_bytes(section, pos)
+                    continue
+                if not zz & 1:
+                    pos += zz >> 1
+                elif zz != 1:
+                    raise CorruptMessage(
+                        f"record {expected} has a field of length {-(zz + 1) >> 1}"
+                    )
+            if section[pos] == 0:  # no headers
+                pos += 1
+            else:
+                pos = _skip_headers(section, pos)
+            if pos != end:
+                raise CorruptMessage(f"record {expected} does not fill its length {end - body}")
+            expected += 1
+    except IndexError:
+        raise CorruptMessage(f"record {expected} runs past the end of the records") from None
+    if expected < record_count:
+        raise CorruptMessage(
+            f"record batch holds {expected} records, record_count says {record_count}"
+        )
+    if pos != size:
+        raise CorruptMessage(
+            f"record batch has {size - pos} bytes after its record_count {record_count} records"
+        )
+
+
+def _skip_bytes(section: Buffer, pos: int) -> int:
+    """The position after the length-prefixed (-1: null) field at `pos`."""
+    length, pos = decode_varint(section, pos)
+    if length < -1:
+        raise CorruptMessage(f"field length {length} at byte {pos} is negative")
+    return pos + max(length, 0)
+
+
+def _skip_headers(section: Buffer, pos: int) -> int:
+    """The position after the header count and headers at `pos`."""
+    count, pos = decode_varint(section, pos)
+    if count < 0:
+        raise CorruptMessage(f"header count {count} at byte {pos} is negative")
+    for _ in range(count):
+        key_length, pos = decode_varint(section, pos)
+        if key_length < 0:
+            raise CorruptMessage(f"header key length {key_length} at byte {pos} is negative")
+        pos = _skip_bytes(section, pos + key_length)
+    return pos
 
 
 def iter_record_bounds(

@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tidewater.broker import replica_manager
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.local.fetch import consumer_fetch, list_offsets
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
@@ -778,30 +779,43 @@ async def test_a_fetch_overtaken_by_a_later_one_of_its_session_is_refused_alone(
     assert purgatory.watched == 0
 
 
-def garbled_batch(codec: Compression) -> bytes:
-    """A compressed batch whose body is garbage under a good CRC: undecodable when read."""
-    data = bytearray(batch_of([b"v" * 100], compression=codec))
+def garbled_batch(codec: Compression, count: int = 1) -> bytes:
+    """A compressed batch of `count` records whose body is garbage under a good CRC:
+    undecodable when read."""
+    data = bytearray(batch_of([b"v" * 100] * count, compression=codec))
     data[HEADER_SIZE:] = b"\x5a" * (len(data) - HEADER_SIZE)
     struct.pack_into(">I", data, CRC_OFFSET, compute_crc(data))
     return bytes(data)
 
 
+@pytest.mark.parametrize("count", [1, 2000], ids=["on-the-loop", "in-a-worker"])
 @pytest.mark.parametrize(
     "codec", [Compression.GZIP, Compression.LZ4, Compression.ZSTD], ids=["gzip", "lz4", "zstd"]
 )
 async def test_a_compressed_batch_whose_records_do_not_decode_is_refused(
-    leader: Any, codec: Compression
+    leader: Any, monkeypatch: pytest.MonkeyPatch, codec: Compression, count: int
 ) -> None:
     """The leader decompresses a compressed batch and checks its records before storing it,
     as Kafka's LogValidator does: garbage under a good CRC answers CORRUPT_MESSAGE for its
-    partition, nothing appended. Before, it was stored, and every consumer failed on it."""
-    assert await produce_ok(leader, batch_of([b"kept"], compression=codec)) == 0
-    code, message = await produce_error(leader, produce_request(garbled_batch(codec)))
+    partition, nothing appended. Before, it was stored, and every consumer failed on it. A
+    batch of more than 1,024 records is checked in a worker thread, off the event loop."""
+    checked_on_loop, checked = [], replica_manager.check_compressed_records
+
+    def check(*args: Any) -> None:
+        checked_on_loop.append(threading.current_thread() is threading.main_thread())
+        checked(*args)
+
+    monkeypatch.setattr(replica_manager, "check_compressed_records", check)
+    kept = batch_of([b"kept"] * count, compression=codec)
+    assert await produce_ok(leader, kept) == 0
+    code, message = await produce_error(leader, produce_request(garbled_batch(codec, count)))
     assert (code, codec.name in message) == (ErrorCode.CORRUPT_MESSAGE, True)
-    assert await produce_ok(leader, batch_of([b"after"], compression=codec)) == 1
+    assert await produce_ok(leader, batch_of([b"after"], compression=codec)) == count
+    assert checked_on_loop == [count == 1, count == 1, True]
     response = await leader.service.Fetch(fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS))
     [result] = response.partitions
-    assert (result.error_code, [r.value for r in result.records]) == (0, [b"kept", b"after"])
+    assert result.error_code == ErrorCode.NONE
+    assert [r.value for r in result.records] == [b"kept"] * count + [b"after"]
 
 
 async def test_a_batch_that_does_not_decode_fails_only_its_partition_of_a_records_fetch(

@@ -140,5 +140,9 @@ def _unsupported(codec: int) -> UnsupportedCompressionType:
     return UnsupportedCompressionType(f"compression codec {name} is not supported")
 
 
+class DecompressedTooLarge(CorruptMessage):
+    """A records section that would decompress to more than the reader's limit."""
+
+
 def _too_large(limit: int) -> CorruptMessage:
-    return CorruptMessage(f"records section decompresses to more than {limit} bytes")
+    return DecompressedTooLarge(f"records section decompresses to more than {limit} bytes")

@@ -50,6 +50,15 @@ _HIGHEST_CODEC = max(Compression)
 def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
     """Check that `buf` is exactly one well-formed batch no larger than `max_message_bytes`
     and return its header; raise the TidewaterError a producer should see otherwise."""
+    header = validate_batch_short_of_compressed_records(buf, max_message_bytes)
+    if header.compression != Compression.NONE:
+        check_compressed_records(buf, header)
+    return header
+
+
+def validate_batch_short_of_compressed_records(buf: Buffer, max_message_bytes: int) -> BatchHeader:
+    """validate_batch but for a compressed batch's records, which check_compressed_records
+    checks: the one part that may cost more than a pass over the bytes received."""
     header = read_header(buf)
     _check_batch_length(header.batch_length, 0)
     if header.size != len(buf):
@@ -64,14 +73,21 @@ def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
     check_batch(buf, header)
     if header.compression == Compression.NONE:
         check_record_framing(buf, HEADER_SIZE, len(buf), header.record_count)
-    else:
-        # Kafka answers INVALID_RECORD for records that do not parse in a decompressed
-        # batch (and UNKNOWN_SERVER_ERROR when it does not decompress); this protocol has no
-        # INVALID_RECORD and answers CORRUPT_MESSAGE for the same defects in an uncompressed
-        # batch, as Kafka did before KIP-467. Both say: do not retry, the batch is bad (the
-        # CRC matched, so it was built so, not damaged on the way).
-        check_records(records_section(buf, header, MAX_RECORDS_SECTION_BYTES), header.record_count)
     return header
+
+
+def check_compressed_records(
+    batch: Buffer, header: BatchHeader, limit: int = MAX_RECORDS_SECTION_BYTES
+) -> None:
+    """The records of one whole compressed batch, decompressed to at most `limit` bytes (else
+    DecompressedTooLarge), as check_records takes them.
+
+    Kafka answers INVALID_RECORD for records that do not parse in a decompressed batch (and
+    UNKNOWN_SERVER_ERROR when it does not decompress); this protocol has no INVALID_RECORD
+    and answers CORRUPT_MESSAGE for the same defects in an uncompressed batch, as Kafka did
+    before KIP-467. Both tell the producer not to retry: the CRC matched, so the batch was
+    built so, not damaged on the way."""
+    check_records(records_section(batch, header, limit), header.record_count)
 
 
 def check_batch(batch: Buffer, header: BatchHeader) -> None:

@@ -1017,38 +1017,42 @@ def _unknown_server_error(error: Exception) -> TidewaterError:
     return TidewaterError(f"the broker failed handling the request: {error!r}")
 
 
-# The current leader as a partition's error answer has it until _fill_current_leader sets it.
+# A partition's error answer: these fields unknown (-1), as is the current leader until
+# _fill_current_leader sets it.
+_PRODUCE_UNKNOWN = ("base_offset", "log_append_time_ms", "log_start_offset")
+_FETCH_UNKNOWN = ("high_watermark", "log_start_offset", "log_end_offset")
 _LEADER_UNKNOWN = common_pb2.LeaderIdAndEpoch(leader_id=-1, leader_epoch=-1)
+PartitionResponse = TypeVar(
+    "PartitionResponse", pb.PartitionProduceResponse, pb.FetchPartitionResponse
+)
+
+
+def _partition_error(
+    response: type[PartitionResponse],
+    unknown: tuple[str, ...],
+    request: pb.PartitionProduceData | pb.FetchPartition,
+    error: TidewaterError,
+) -> PartitionResponse:
+    return response(
+        topic=request.topic,
+        partition=request.partition,
+        error_code=error.code,
+        error_message=error.message,
+        current_leader=_LEADER_UNKNOWN,
+        **dict.fromkeys(unknown, -1),
+    )
 
 
 def _partition_produce_error(
     data: pb.PartitionProduceData, error: TidewaterError
 ) -> pb.PartitionProduceResponse:
-    return pb.PartitionProduceResponse(
-        topic=data.topic,
-        partition=data.partition,
-        error_code=error.code,
-        error_message=error.message,
-        base_offset=-1,
-        log_append_time_ms=-1,
-        log_start_offset=-1,
-        current_leader=_LEADER_UNKNOWN,
-    )
+    return _partition_error(pb.PartitionProduceResponse, _PRODUCE_UNKNOWN, data, error)
 
 
 def _partition_fetch_error(
     fp: pb.FetchPartition, error: TidewaterError
 ) -> pb.FetchPartitionResponse:
-    return pb.FetchPartitionResponse(
-        topic=fp.topic,
-        partition=fp.partition,
-        error_code=error.code,
-        error_message=error.message,
-        high_watermark=-1,
-        log_start_offset=-1,
-        log_end_offset=-1,
-        current_leader=_LEADER_UNKNOWN,
-    )
+    return _partition_error(pb.FetchPartitionResponse, _FETCH_UNKNOWN, fp, error)
 
 
 def _refused(

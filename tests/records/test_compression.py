@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import lz4.frame
 import pytest
@@ -76,3 +77,22 @@ def test_snappy_and_unknown_codecs_are_unsupported(codec: int) -> None:
         compress(codec, b"data")
     with pytest.raises(UnsupportedCompressionType):
         decompress(codec, b"data", 100)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_threads_decompress_at_once(codec: Compression) -> None:
+    """The broker checks large compressed batches in worker threads, several at once: a
+    zstd decompressor shared by them crashed the process (python-zstandard's contexts are not
+    thread-safe)."""
+    sections = [bytes([i]) * 300_000 + bytes(range(256)) * i for i in range(8)]
+    compressed = [compress(codec, s) for s in sections]
+
+    def decompress_all(_: int) -> bool:
+        return all(
+            decompress(codec, c, 1 << 20) == s
+            for _ in range(20)
+            for c, s in zip(compressed, sections, strict=True)
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(decompress_all, range(4)))

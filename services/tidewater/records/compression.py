@@ -8,6 +8,7 @@ more is refused before that much memory is spent (zip bombs).
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable
 
@@ -32,8 +33,18 @@ _ZSTD_MIN_SLICE = 64
 # so each call asks for at most this much.
 _LZ4_MAX_CALL = 1 << 20
 
-_zstd_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+
+class _ZstdContexts(threading.local):
+    """A thread's own zstd contexts: python-zstandard's are not thread-safe (a decompressor
+    shared by the broker's worker threads crashed the process), and a new one per call costs
+    an allocation of its window."""
+
+    def __init__(self) -> None:
+        self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self.decompressor = zstandard.ZstdDecompressor()
+
+
+_zstd = _ZstdContexts()
 
 
 def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
@@ -48,7 +59,7 @@ def compress(codec: int, data: bytes | bytearray | memoryview) -> bytes:
         # Independent blocks, as Kafka writes them: its Java reader decodes each block alone.
         return lz4.frame.compress(data, block_linked=False)
     if codec == Compression.ZSTD:
-        return _zstd_compressor.compress(data)
+        return _zstd.compressor.compress(data)
     raise _unsupported(codec)
 
 
@@ -105,11 +116,12 @@ def _unzstd(data: bytes, limit: int) -> bytes:
     # python-zstandard has no output cap for streams, so feed the input in slices small enough
     # that none can decode to much more than the remaining budget.
     out = bytearray()
-    frame = _zstd_decompressor.decompressobj()
+    decompressor = _zstd.decompressor
+    frame = decompressor.decompressobj()
     pos = 0
     while pos < len(data):
         if frame.eof:
-            frame = _zstd_decompressor.decompressobj()
+            frame = decompressor.decompressobj()
         budget = limit - len(out)
         step = max(_ZSTD_MIN_SLICE, budget // _ZSTD_BLOCK_MAX * _ZSTD_MIN_BLOCK_BYTES)
         chunk = data[pos : pos + step]

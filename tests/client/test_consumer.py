@@ -15,6 +15,7 @@ from tidewater.client.metadata import PartitionInfo, TopicInfo
 from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange
+from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -331,3 +332,41 @@ async def test_a_topic_created_again_under_its_name_resets_the_position(
     assert "t-0: the topic was deleted and created again (new topic id): fetch position 5" in (
         caplog.text
     )
+
+
+async def test_a_reset_the_leader_does_not_answer_holds_up_its_partition_alone(
+    cluster: Any,
+) -> None:
+    """A reset by auto_offset_reset (ListOffsets) goes one per leader and outlives the poll
+    that sent it, as Kafka's resetPositionsIfNeeded: while broker 1, behind a proxy that
+    swallows everything, never answers the reset of its partition, polls return within their
+    timeout with the records of broker 2's; before, each poll waited up to
+    request_timeout_ms for the reset. Once broker 1 answers, its partition is read too."""
+    await cluster.create_topic("split", partitions=2)  # partition p led by broker p + 1
+    silent, flowing = ("split", 0), ("split", 1)
+    async with Producer(cluster.bootstrap) as producer:
+        await producer.send_and_wait("split", b"s0", partition=0)
+        await producer.send_and_wait("split", b"f0", partition=1)
+    async with TcpProxy(cluster.brokers[1].address, LinkMode.BLACKHOLE) as proxy:
+        cluster.advertised[1] = proxy.address  # for clients: replicas still talk directly
+        await cluster.publish()
+        async with (
+            # Not idempotent: InitProducerId may ask broker 1 first.
+            Producer(cluster.bootstrap, enable_idempotence=False) as producer,
+            Consumer(
+                cluster.bootstrap, auto_offset_reset="earliest", request_timeout_ms=LONG_POLL_MS
+            ) as consumer,
+        ):
+            consumer.assign([silent, flowing])
+            # Each poll returns (the test's deadline is far below request_timeout_ms).
+            assert await poll_until(consumer, 1) == [(1, b"f0")]
+            await producer.send_and_wait("split", b"f1", partition=1)
+            assert await poll_until(consumer, 1) == [(1, b"f1")]
+            async with asyncio.timeout(DEADLINE_S):
+                assert await consumer.poll(10) == []
+            assert proxy.discarded > 0  # the reset was sent, and swallowed
+            assert consumer.position(silent) is None  # not fetched: its reset is pending
+            # The swallowed call fails once the link heals; its retry finds offset 0.
+            proxy.set_mode(LinkMode.PASS)
+            assert await poll_until(consumer, 1) == [(0, b"s0")]
+            assert consumer.position(silent) == 1

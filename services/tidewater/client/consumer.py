@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
@@ -25,6 +25,7 @@ from tidewater.client.metadata import ClusterMetadata, TopicPartition
 from tidewater.client.positions import (
     RESET_POLICIES,
     FetchPosition,
+    LeaderAndEpoch,
     for_current_leader,
     validated,
 )
@@ -83,10 +84,16 @@ class Consumer:
         # The topic id each position was taken under: a topic deleted and created again
         # under its name (a new id) has another log, where the position means nothing.
         self._topic_ids: dict[TopicPartition, bytes] = {}
-        self._in_flight: dict[str, _InFlight[pb.FetchResponse]] = {}  # by leader address
-        # KIP-320 validations, one per leader, outliving the poll that sent them as fetches
-        # do: a leader that does not answer holds up its partitions, not poll().
-        self._validating: dict[str, _InFlight[pb.OffsetForLeaderEpochResponse]] = {}
+        # Requests sent one per leader, each outliving the poll that sent it, as Kafka's
+        # consumer sends them: resets by auto_offset_reset (ListOffsets), KIP-320 validations
+        # (OffsetForLeaderEpoch) and fetches. A leader that does not answer holds up its own
+        # partitions, not poll() nor the records of other leaders.
+        self._resetting = _PerLeader(self._send_reset, self._apply_reset)
+        self._validating = _PerLeader(self._send_validation, self._apply_validation)
+        self._fetching = _PerLeader(self._send_fetch, self._apply)
+        # Partitions whose reset or validation failed, not asked again before this loop time
+        # (Kafka's SubscriptionState.requestFailed: retry_backoff_ms).
+        self._retry_at: dict[TopicPartition, float] = {}
         # A partition's error, raised by the next poll when this one has records to return.
         self._error: TidewaterError | None = None
         self._tracer = tracing.client_tracer(tracer_provider)
@@ -104,6 +111,8 @@ class Consumer:
         self._awaiting_validation &= set(wanted)
         self._out_of_range = {tp: o for tp, o in self._out_of_range.items() if tp in wanted}
         self._topic_ids = {tp: i for tp, i in self._topic_ids.items() if tp in wanted}
+        self._retry_at = {tp: t for tp, t in self._retry_at.items() if tp in wanted}
+        self.metadata.add_topics(topic for topic, _ in wanted)
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._positions)
@@ -172,13 +181,10 @@ class Consumer:
         deadline = loop.time() + timeout_ms / 1000
         fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
         self._raise_error()
+        kinds = (self._resetting, self._validating, self._fetching)
         while True:
-            await self._reset_missing_positions()
-            self._send_validations()
-            self._send_fetches()
-            pending = [
-                call.answer for call in (*self._in_flight.values(), *self._validating.values())
-            ]
+            self._send_requests()
+            pending = [call.answer for kind in kinds for call in kind.in_flight.values()]
             if not pending:
                 await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
                 return fetched
@@ -188,18 +194,13 @@ class Consumer:
                 return_when=asyncio.FIRST_COMPLETED,
             )
             failed = False
-            for address, validation in list(self._validating.items()):
-                if validation.answer.done():
-                    del self._validating[address]
-                    answer = validation.answer.result()
-                    self._apply_validation(validation.positions, answer)
-                    failed |= answer is None
-            for address, fetch in list(self._in_flight.items()):
-                if fetch.answer.done():
-                    del self._in_flight[address]
-                    answer = fetch.answer.result()
-                    fetched.update(self._apply(fetch.positions, answer))
-                    failed |= answer is None or any(r.error_code for r in answer.partitions)
+            for kind in kinds:
+                for address, call in list(kind.in_flight.items()):
+                    if call.answer.done():
+                        del kind.in_flight[address]
+                        answer = call.answer.result()
+                        fetched.update(kind.apply(call.sent, answer) or {})
+                        failed |= answer is None or any(r.error_code for r in answer.partitions)
             if any(fetched.values()):
                 return fetched
             self._raise_error()
@@ -213,47 +214,46 @@ class Consumer:
         if error is not None:
             raise error
 
-    def _send_fetches(self) -> None:
-        """A fetch to every leader of assigned partitions that has none in flight."""
-        by_leader = self._by_free_leader(
-            list(self._positions), self._in_flight, self._awaiting_validation
+    def _send_requests(self) -> None:
+        """To every leader of assigned partitions: a reset of those without a position, a
+        validation of those awaiting one, and a fetch of the others, each kind one request
+        per leader, sent only to leaders with none of its kind in flight."""
+        leaders = self._follow_leaders()
+        missing = [tp for tp, position in self._positions.items() if position is None]
+        if missing and self.auto_offset_reset == "none":
+            names = ", ".join(f"{topic}-{p}" for topic, p in missing)
+            raise NoOffsetForPartition(f"no position and auto_offset_reset 'none' for {names}")
+        now = asyncio.get_running_loop().time()
+        due = [tp for tp in leaders if self._retry_at.get(tp, now) <= now]
+        self._resetting.send(leaders, [tp for tp in due if self._positions[tp] is None])
+        self._validating.send(leaders, [tp for tp in due if tp in self._awaiting_validation])
+        self._fetching.send(
+            leaders,
+            [
+                tp
+                for tp in leaders
+                if self._positions[tp] is not None and tp not in self._awaiting_validation
+            ],
         )
-        for address, partitions in by_leader.items():
-            self._in_flight[address] = self._send_fetch(address, partitions)
 
-    def _by_free_leader(
-        self,
-        partitions: list[TopicPartition],
-        calls: dict[str, _InFlight[Any]],
-        held: Collection[TopicPartition] = (),
-    ) -> dict[str, list[TopicPartition]]:
-        """`partitions` by the address of their leader (their positions moved to it), for a
-        call of the kind `calls` holds in flight: leaving out leaders with one in flight,
-        partitions in one, and partitions `held` once followed (awaiting validation)."""
-        busy = {tp for call in calls.values() for tp in call.positions}
-        by_leader: dict[str, list[TopicPartition]] = {}
-        for tp in partitions:
-            address = self._follow_leader(tp)
-            if address is None or address in calls or tp in busy or tp in held:
+    def _follow_leaders(self) -> dict[TopicPartition, str]:
+        """The address of each assigned partition's leader, where it is known, positions
+        moved to it (and due for validation if the leader changed under an epoch)."""
+        leaders = {}
+        for tp in self._positions:
+            self._check_topic_id(tp)
+            leader = self.metadata.leader(tp)
+            if leader is None:
+                self.metadata.request_refresh()
                 continue
-            by_leader.setdefault(address, []).append(tp)
-        return by_leader
-
-    def _follow_leader(self, tp: TopicPartition) -> str | None:
-        """The address of the partition's leader, its position moved to that leader (and due
-        for validation if the leader changed under an epoch); None when the leader or the
-        position is not known yet."""
-        self._check_topic_id(tp)
-        leader = self.metadata.leader(tp)
-        position = self._positions[tp]
-        if leader is None or position is None:
-            self.metadata.request_refresh()
-            return None
-        position, validate = for_current_leader(position, (leader[0], leader[2]))
-        self._positions[tp] = position
-        if validate:
-            self._awaiting_validation.add(tp)
-        return leader[1]
+            position = self._positions[tp]
+            if position is not None:
+                position, validate = for_current_leader(position, (leader[0], leader[2]))
+                self._positions[tp] = position
+                if validate:
+                    self._awaiting_validation.add(tp)
+            leaders[tp] = leader[1]
+        return leaders
 
     def _check_topic_id(self, tp: TopicPartition) -> None:
         """A position taken under another id of its topic is dropped, for the next poll to
@@ -283,9 +283,10 @@ class Consumer:
                 yield record
 
     async def close(self) -> None:
-        answers = [call.answer for call in (*self._in_flight.values(), *self._validating.values())]
-        self._in_flight.clear()
-        self._validating.clear()
+        answers = []
+        for kind in (self._resetting, self._validating, self._fetching):
+            answers += [call.answer for call in kind.in_flight.values()]
+            kind.in_flight.clear()
         for answer in answers:
             answer.cancel()
         await asyncio.gather(*answers, return_exceptions=True)
@@ -300,7 +301,7 @@ class Consumer:
     def _positions_of(
         self, partitions: list[TopicPartition]
     ) -> dict[TopicPartition, FetchPosition]:
-        """The positions of partitions that have one (all that _follow_leader passed)."""
+        """The positions of partitions that have one (all those validated or fetched)."""
         return {tp: p for tp in partitions if (p := self._positions[tp]) is not None}
 
     def _set_position(self, tp: TopicPartition, position: FetchPosition | None) -> None:
@@ -309,69 +310,119 @@ class Consumer:
         self._awaiting_validation.discard(tp)
         self._out_of_range.pop(tp, None)
         self._topic_ids.pop(tp, None)
-
-    async def _reset_missing_positions(self) -> None:
-        missing = [tp for tp, position in self._positions.items() if position is None]
-        if not missing:
-            return
-        if self.auto_offset_reset == "none":
-            names = ", ".join(f"{topic}-{p}" for topic, p in missing)
-            raise NoOffsetForPartition(f"no position and auto_offset_reset 'none' for {names}")
-        spec = (
-            pb.OFFSET_SPEC_EARLIEST
-            if self.auto_offset_reset == "earliest"
-            else pb.OFFSET_SPEC_LATEST
-        )
-        for tp in missing:
-            out_of_range = self._out_of_range.get(tp)
-            await self._seek_by_spec([tp], spec)
-            if out_of_range is not None:
-                log.warning(
-                    "%s-%d: fetch position %d out of range, reset (%s) to offset %s",
-                    *tp,
-                    out_of_range,
-                    self.auto_offset_reset,
-                    self.position(tp),
-                )
+        self._retry_at.pop(tp, None)
 
     async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
         for tp in partitions or list(self._positions):
             self._check_assigned(tp)
             self._set_position(tp, await self._list_offset(tp, spec))
 
-    def _send_validations(self) -> None:
-        """KIP-320: an OffsetForLeaderEpoch to every leader of partitions awaiting validation
-        that has none in flight, one request per leader; a later poll applies the answer."""
-        by_leader = self._by_free_leader(list(self._awaiting_validation), self._validating)
-        for address, partitions in by_leader.items():
-            sent = self._positions_of(partitions)
-            answer = asyncio.create_task(self._offset_for_leader_epoch(address, sent))
-            self._validating[address] = _InFlight(sent, answer)
+    def _send_reset(
+        self, address: str, partitions: list[TopicPartition]
+    ) -> _InFlight[LeaderAndEpoch, pb.ListOffsetsResponse]:
+        """A ListOffsets by auto_offset_reset of partitions without a position, led from
+        `address`; a later poll applies the answer (_apply_reset)."""
+        spec = (
+            pb.OFFSET_SPEC_EARLIEST
+            if self.auto_offset_reset == "earliest"
+            else pb.OFFSET_SPEC_LATEST
+        )
+        sent = {}
+        for tp in partitions:
+            leader = self.metadata.leader(tp)
+            assert leader is not None  # _follow_leaders found it
+            sent[tp] = (leader[0], leader[2])
+        request = _list_offsets_request(sent, spec)
+        return self._ask(
+            address, sent, lambda stub: stub.ListOffsets(request, timeout=self.request_timeout_s)
+        )
 
-    async def _offset_for_leader_epoch(
-        self, address: str, sent: dict[TopicPartition, FetchPosition]
-    ) -> pb.OffsetForLeaderEpochResponse | None:
+    def _apply_reset(
+        self, sent: dict[TopicPartition, LeaderAndEpoch], response: pb.ListOffsetsResponse | None
+    ) -> None:
+        """The positions found by a reset's answer (logged when one was out of range)."""
+        if response is None:
+            self._retry_later(sent)
+        for result in response.partitions if response is not None else ():
+            tp = (result.topic, result.partition)
+            # Sought or reassigned meanwhile: the answer is stale.
+            if tp not in sent or tp not in self._positions or self._positions[tp] is not None:
+                continue
+            if result.error_code != ErrorCode.NONE:
+                self._failed(tp, result.error_code, result.error_message)
+                continue
+            out_of_range = self._out_of_range.get(tp)
+            self._set_position(tp, FetchPosition(result.offset, result.leader_epoch, sent[tp]))
+            if out_of_range is not None:
+                log.warning(
+                    "%s-%d: fetch position %d out of range, reset (%s) to offset %d",
+                    *tp,
+                    out_of_range,
+                    self.auto_offset_reset,
+                    result.offset,
+                )
+
+    def _send_validation(
+        self, address: str, partitions: list[TopicPartition]
+    ) -> _InFlight[FetchPosition, pb.OffsetForLeaderEpochResponse]:
+        """KIP-320: an OffsetForLeaderEpoch of partitions awaiting validation, led from
+        `address`; a later poll applies the answer (_apply_validation)."""
+        sent = self._positions_of(partitions)
+        request = pb.OffsetForLeaderEpochRequest(
+            replica_id=-1,
+            partitions=[
+                pb.OffsetForLeaderEpochPartition(
+                    topic=tp[0],
+                    partition=tp[1],
+                    current_leader_epoch=position.current_leader_epoch,
+                    leader_epoch=position.offset_epoch,
+                )
+                for tp, position in sent.items()
+            ],
+        )
+        return self._ask(
+            address,
+            sent,
+            lambda stub: stub.OffsetForLeaderEpoch(request, timeout=self.request_timeout_s),
+        )
+
+    def _ask(
+        self,
+        address: str,
+        sent: dict[TopicPartition, _Sent],
+        call: Callable[[broker_pb2_grpc.BrokerServiceStub], Awaitable[_Answer]],
+    ) -> _InFlight[_Sent, _Answer]:
+        """`call` to the leader at `address` about `sent`, under way in a task."""
+        return _InFlight(sent, asyncio.create_task(self._answer(address, call)))
+
+    async def _answer(
+        self,
+        address: str,
+        call: Callable[[broker_pb2_grpc.BrokerServiceStub], Awaitable[_Answer]],
+    ) -> _Answer | None:
         """The leader's answer; None when the call failed."""
         try:
-            return await self._stub(address).OffsetForLeaderEpoch(
-                pb.OffsetForLeaderEpochRequest(
-                    replica_id=-1,
-                    partitions=[
-                        pb.OffsetForLeaderEpochPartition(
-                            topic=tp[0],
-                            partition=tp[1],
-                            current_leader_epoch=position.current_leader_epoch,
-                            leader_epoch=position.offset_epoch,
-                        )
-                        for tp, position in sent.items()
-                    ],
-                ),
-                timeout=self.request_timeout_s,
-            )
+            return await call(self._stub(address))
         except grpc.aio.AioRpcError:
             # The leader may be gone: the next poll asks the one the metadata names then.
             self.metadata.request_refresh()
             return None
+
+    def _retry_later(self, partitions: Iterable[TopicPartition]) -> None:
+        """Their reset or validation failed: asked again after retry_backoff_ms."""
+        retry_at = asyncio.get_running_loop().time() + self.retry_backoff_s
+        for tp in partitions:
+            self._retry_at[tp] = retry_at
+
+    def _failed(self, tp: TopicPartition, code: int, reason: str) -> None:
+        """A partition's reset or validation answered with an error: retried after
+        retry_backoff_ms, with new metadata when it says the leader moved; any other error
+        is raised by the next poll too (as Kafka's cached reset and validation exceptions)."""
+        self._retry_later([tp])
+        if code in REFRESH_METADATA:
+            self.metadata.request_refresh()
+        else:
+            self._keep_error(tp, code, reason)
 
     def _apply_validation(
         self,
@@ -379,6 +430,8 @@ class Consumer:
         response: pb.OffsetForLeaderEpochResponse | None,
     ) -> None:
         """The positions `sent` confirmed or corrected by the leader's answer."""
+        if response is None:
+            self._retry_later(sent)
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
             position = sent.get(tp)
@@ -386,10 +439,7 @@ class Consumer:
             if position is None or self._positions.get(tp) != position:
                 continue
             if result.error_code != ErrorCode.NONE:
-                if result.error_code in REFRESH_METADATA:
-                    self.metadata.request_refresh()
-                else:
-                    self._keep_error(tp, result.error_code, result.error_message)
+                self._failed(tp, result.error_code, result.error_message)
                 continue
             try:
                 found = validated(
@@ -439,20 +489,8 @@ class Consumer:
         """The offset found, with the leader epoch of its batch (validated after a leader
         change, as Kafka's reset positions are)."""
         leader_id, address, epoch = await self._leader(tp)
-        stub = self._stub(address)
-        response = await stub.ListOffsets(
-            pb.ListOffsetsRequest(
-                replica_id=-1,
-                partitions=[
-                    pb.ListOffsetsPartition(
-                        topic=tp[0],
-                        partition=tp[1],
-                        current_leader_epoch=epoch,
-                        spec=spec,  # type: ignore[arg-type]
-                        timestamp_ms=timestamp_ms,
-                    )
-                ],
-            ),
+        response = await self._stub(address).ListOffsets(
+            _list_offsets_request({tp: (leader_id, epoch)}, spec, timestamp_ms),
             timeout=self.request_timeout_s,
         )
         result = response.partitions[0]
@@ -464,7 +502,7 @@ class Consumer:
 
     def _send_fetch(
         self, address: str, partitions: list[TopicPartition]
-    ) -> _InFlight[pb.FetchResponse]:
+    ) -> _InFlight[FetchPosition, pb.FetchResponse]:
         """A fetch of `partitions`, whose positions have moved to their leader at `address`."""
         positions = self._positions_of(partitions)
         request = pb.FetchRequest(
@@ -486,21 +524,17 @@ class Consumer:
                 for tp, position in positions.items()
             ],
         )
-        return _InFlight(positions, asyncio.create_task(self._fetch(address, request)))
-
-    async def _fetch(self, address: str, request: pb.FetchRequest) -> pb.FetchResponse | None:
-        """The leader's answer; None when the call failed."""
-        stub = self._stub(address)
-        try:
-            return await stub.Fetch(
+        # The poll span is current here: the fetch carries it in its metadata.
+        metadata = tracing.current_context_metadata() if self._tracer else None
+        return self._ask(
+            address,
+            positions,
+            lambda stub: stub.Fetch(
                 request,
                 timeout=self.request_timeout_s + request.max_wait_ms / 1000,
-                metadata=tracing.current_context_metadata() if self._tracer else None,
-            )
-        except grpc.aio.AioRpcError:
-            # The leader may be gone: look it up again and let the next poll retry.
-            self.metadata.request_refresh()
-            return None
+                metadata=metadata,
+            ),
+        )
 
     def _apply(
         self, sent: dict[TopicPartition, FetchPosition], response: pb.FetchResponse | None
@@ -558,12 +592,61 @@ class Consumer:
         self._out_of_range[tp] = offset
 
 
-_Answer = TypeVar("_Answer")
+_Sent = TypeVar("_Sent")
+_Answer = TypeVar(
+    "_Answer", pb.ListOffsetsResponse, pb.OffsetForLeaderEpochResponse, pb.FetchResponse
+)
 
 
 @dataclass(frozen=True)
-class _InFlight(Generic[_Answer]):
-    """A fetch or validation sent to a leader: its answer is None when the call failed."""
+class _InFlight(Generic[_Sent, _Answer]):
+    """A request sent to a leader about the partitions of `sent` (what it said of each): its
+    answer is None when the call failed."""
 
-    positions: dict[TopicPartition, FetchPosition]  # the positions sent
+    sent: dict[TopicPartition, _Sent]
     answer: asyncio.Task[_Answer | None]
+
+
+@dataclass
+class _PerLeader(Generic[_Sent, _Answer]):
+    """One kind of request: at most one in flight per leader, a partition in one at a time."""
+
+    make: Callable[[str, list[TopicPartition]], _InFlight[_Sent, _Answer]]
+    # What a poll does with an answer: the records it brought, if any.
+    apply: Callable[
+        [dict[TopicPartition, _Sent], _Answer | None],
+        dict[TopicPartition, list[ConsumerRecord]] | None,
+    ]
+    in_flight: dict[str, _InFlight[_Sent, _Answer]] = field(default_factory=dict)  # by leader
+
+    def send(self, leaders: dict[TopicPartition, str], partitions: list[TopicPartition]) -> None:
+        """One request to each leader of `partitions` (`leaders`: their addresses) that has
+        none in flight, of those not in one already (a leader that moved under a partition
+        has it back only once the request to the old one is answered)."""
+        busy = {tp for call in self.in_flight.values() for tp in call.sent}
+        by_leader: dict[str, list[TopicPartition]] = {}
+        for tp in partitions:
+            address = leaders[tp]
+            if address not in self.in_flight and tp not in busy:
+                by_leader.setdefault(address, []).append(tp)
+        for address, sending in by_leader.items():
+            self.in_flight[address] = self.make(address, sending)
+
+
+def _list_offsets_request(
+    leaders: dict[TopicPartition, LeaderAndEpoch], spec: int, timestamp_ms: int = -1
+) -> pb.ListOffsetsRequest:
+    """ListOffsets by `spec` of partitions, each fenced at its leader's epoch."""
+    return pb.ListOffsetsRequest(
+        replica_id=-1,
+        partitions=[
+            pb.ListOffsetsPartition(
+                topic=tp[0],
+                partition=tp[1],
+                current_leader_epoch=epoch,
+                spec=spec,  # type: ignore[arg-type]
+                timestamp_ms=timestamp_ms,
+            )
+            for tp, (_, epoch) in leaders.items()
+        ],
+    )

@@ -73,6 +73,10 @@ class ClusterMetadata:
         self._refreshing: asyncio.Task[None] | None = None
         self._last_refresh = 0.0
 
+    def add_topics(self, topics: Iterable[str]) -> None:
+        """Keep `topics` in every refresh from now on."""
+        self._wanted.update(topics)
+
     async def refresh(self, topics: Iterable[str] = ()) -> None:
         """Fetch the view of `topics` (plus every topic asked for before) now; concurrent
         callers share one request. MetadataUnavailable when no address answers."""

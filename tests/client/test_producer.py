@@ -138,7 +138,14 @@ async def test_buffer_exhausted_after_max_block(cluster: Any) -> None:
 
 @pytest.mark.parametrize(
     "config",
-    [{"acks": 2}, {"compression": "snappy"}, {"batch_size": 0}, {"linger.ms": 5}, {"acks": 1}],
+    [
+        {"acks": 2},
+        {"compression": "snappy"},
+        {"batch_size": 0},
+        {"linger.ms": 5},
+        {"acks": 1},
+        {"metadata_max_age_ms": -1},
+    ],
 )
 def test_invalid_config_values(config: dict) -> None:
     with pytest.raises(InvalidConfig):

@@ -54,6 +54,7 @@ class Consumer:
         fetch_max_bytes: int = 50 * 1024 * 1024,
         request_timeout_ms: int = 30000,
         retry_backoff_ms: int = 100,
+        metadata_max_age_ms: int = 300_000,
         tracer_provider: TracerProvider | None = None,
     ) -> None:
         if auto_offset_reset not in RESET_POLICIES:
@@ -63,6 +64,8 @@ class Consumer:
             )
         if fetch_min_bytes < 0 or fetch_max_wait_ms < 0 or fetch_max_bytes < 1:
             raise InvalidConfig("fetch sizes and waits must not be negative")
+        if metadata_max_age_ms < 0:
+            raise InvalidConfig(f"metadata_max_age_ms must be >= 0, got {metadata_max_age_ms}")
         self.auto_offset_reset = auto_offset_reset
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_wait_ms = fetch_max_wait_ms
@@ -73,6 +76,7 @@ class Consumer:
             bootstrap,
             request_timeout_s=min(self.request_timeout_s, 10.0),
             retry_backoff_s=self.retry_backoff_s,
+            max_age_s=metadata_max_age_ms / 1000,
         )
         self._positions: dict[TopicPartition, FetchPosition | None] = {}
         # KIP-320: partitions whose leader changed under a position with an epoch, not

@@ -1,5 +1,7 @@
 """The client's cache of the cluster view: live brokers and each partition's leader, from
-any live metadata service, refreshed on demand with backoff.
+any live metadata service, refreshed on demand with backoff, and in the background once the
+view is older than its max age (Kafka's metadata.max.age.ms): a view no error corrects, a
+topic grown or created again under its name, is not kept for good.
 
 A partition's leader epoch only moves forward in the cache (a lagging metadata service may
 answer with an older one), within one life of its topic: a topic deleted and created again
@@ -56,7 +58,10 @@ class ClusterMetadata:
         *,
         request_timeout_s: float = 10.0,
         retry_backoff_s: float = 0.1,
+        max_age_s: float | None = None,
     ) -> None:
+        """`max_age_s`: refresh in the background once the last view is that old (None:
+        only on demand)."""
         if not addresses:
             raise ValueError("at least one metadata address is needed")
         self.addresses = list(addresses)
@@ -72,6 +77,9 @@ class ClusterMetadata:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._refreshing: asyncio.Task[None] | None = None
         self._last_refresh = 0.0
+        self.max_age_s = max_age_s
+        self._last_view = 0.0  # when a metadata service last answered
+        self._aging: asyncio.Task[None] | None = None
 
     def add_topics(self, topics: Iterable[str]) -> None:
         """Keep `topics` in every refresh from now on."""
@@ -81,6 +89,7 @@ class ClusterMetadata:
         """Fetch the view of `topics` (plus every topic asked for before) now; concurrent
         callers share one request. MetadataUnavailable when no address answers."""
         self._wanted.update(topics)
+        self._keep_fresh()
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._fetch(sorted(self._wanted)))
         await asyncio.shield(self._refreshing)
@@ -88,6 +97,7 @@ class ClusterMetadata:
     def request_refresh(self) -> None:
         """A response said the view is stale: refresh in the background, at most once per
         retry backoff."""
+        self._keep_fresh()
         if self._refreshing is not None and not self._refreshing.done():
             return
         delay = max(0.0, self._last_refresh + self.retry_backoff_s - time.monotonic())
@@ -98,6 +108,22 @@ class ClusterMetadata:
         # On failure the next stale answer asks again.
         with contextlib.suppress(MetadataUnavailable):
             await self._fetch(sorted(self._wanted))
+
+    def _keep_fresh(self) -> None:
+        """Start the background refresh by age, with the first use of the cache."""
+        if self.max_age_s is not None and self._aging is None:
+            self._aging = asyncio.ensure_future(self._refresh_by_age(self.max_age_s))
+
+    async def _refresh_by_age(self, max_age_s: float) -> None:
+        """Refresh whenever the view is max_age_s old (retried after the backoff while no
+        metadata service answers), as Kafka's clients do without any error to say so."""
+        while True:
+            due = max(self._last_view + max_age_s, self._last_refresh + self.retry_backoff_s)
+            if due > time.monotonic():
+                await asyncio.sleep(due - time.monotonic())
+                continue
+            with contextlib.suppress(MetadataUnavailable):  # asked again after the backoff
+                await self.refresh()
 
     async def describe(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
         """The metadata service's answer for `topics` (all when empty), as it is."""
@@ -117,7 +143,7 @@ class ClusterMetadata:
                 errors.append(f"{address}: {e.code().name}")
                 self._current = (self._current + 1) % len(self.addresses)
                 continue
-            self._last_refresh = time.monotonic()
+            self._last_refresh = self._last_view = time.monotonic()
             self._apply(response)
             return response
         self._last_refresh = time.monotonic()
@@ -196,8 +222,10 @@ class ClusterMetadata:
         return channel
 
     async def close(self) -> None:
-        if self._refreshing is not None:
-            self._refreshing.cancel()
+        tasks = [task for task in (self._refreshing, self._aging) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()

@@ -74,6 +74,7 @@ DEFAULTS: dict[str, Any] = {
     "request_timeout_ms": 30000,
     "max_in_flight_requests_per_connection": 5,
     "enable_idempotence": True,
+    "metadata_max_age_ms": 300000,
 }
 
 
@@ -95,7 +96,13 @@ class ProducerConfig:
         self.compression = COMPRESSIONS[values["compression"]]
         for name in ("batch_size", "buffer_memory", "max_request_size", "request_timeout_ms"):
             _check_int(name, values[name], minimum=1)
-        for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms"):
+        for name in (
+            "linger_ms",
+            "max_block_ms",
+            "retries",
+            "retry_backoff_ms",
+            "metadata_max_age_ms",
+        ):
             _check_int(name, values[name], minimum=0)
         _check_int(
             "max_in_flight_requests_per_connection",
@@ -113,6 +120,7 @@ class ProducerConfig:
         self.delivery_timeout_s: float = values["delivery_timeout_ms"] / 1000
         self.max_in_flight: int = values["max_in_flight_requests_per_connection"]
         self.idempotent: bool = bool(values["enable_idempotence"])
+        self.metadata_max_age_s: float = values["metadata_max_age_ms"] / 1000
         if self.delivery_timeout_s < self.linger_s + self.request_timeout_s:
             raise InvalidConfig(
                 "delivery_timeout_ms must be at least linger_ms + request_timeout_ms"
@@ -167,6 +175,7 @@ class Producer:
             bootstrap,
             request_timeout_s=min(self.config.request_timeout_s, 10.0),
             retry_backoff_s=self.config.retry_backoff_s,
+            max_age_s=self.config.metadata_max_age_s,
         )
         self._accumulator: RecordAccumulator | None = None
         self._partitioner: StickyPartitioner | None = None

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from tidewater.client.consumer import Consumer
-from tidewater.client.errors import BufferExhausted, MetadataUnavailable
+from tidewater.client.errors import BufferExhausted, MetadataUnavailable, SenderFailed
 from tidewater.client.producer import Producer
 from tidewater.errors import InvalidConfig, MessageTooLarge, UnknownTopicOrPartition
 
 NO_IDEMPOTENCE = {"enable_idempotence": False}
+DEADLINE_S = 30
 
 
 async def consume_all(cluster: Any, tps: list[tuple[str, int]], count: int) -> list:
@@ -162,3 +163,38 @@ async def test_silent_metadata_address_fails_fast() -> None:
         with pytest.raises(MetadataUnavailable, match=address):
             await producer.send("t", b"x")
         await producer.close()
+
+
+async def test_a_sender_that_dies_fails_every_pending_record_and_every_later_send(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sender task meets a bug once: the records it held fail with SenderFailed naming
+    the cause, flush() returns, and every later send() raises it at once (a fatal state, as
+    in Kafka's producer). Before, those records waited for close() to fail them, and flush()
+    waited forever."""
+    await cluster.create_topic("doomed", partitions=2)
+    async with (
+        asyncio.timeout(DEADLINE_S),
+        Producer(cluster.bootstrap, linger_ms=60_000) as producer,
+    ):
+        before = await producer.send("doomed", b"before", partition=0)
+        await producer.flush()
+        assert (await before).offset == 0
+        drain = producer._drain
+
+        def bug_once(now: float) -> float:
+            producer._drain = drain  # type: ignore[method-assign]
+            raise RuntimeError("a bug in the sender")
+
+        producer._drain = bug_once  # type: ignore[method-assign]
+        # Queued (a long linger) and pending when the sender wakes up for them and dies.
+        pending = [await producer.send("doomed", b"v", partition=p) for p in (0, 1)]
+        await producer.flush()
+        for future in pending:
+            with pytest.raises(SenderFailed, match="a bug in the sender"):
+                await future
+        with pytest.raises(SenderFailed, match="a bug in the sender") as info:
+            await producer.send("doomed", b"after", partition=0)
+        assert isinstance(info.value.__cause__, RuntimeError)
+        await producer.flush()
+    assert "uncaught error in the producer's sender" in caplog.text

@@ -28,6 +28,13 @@ class ProducerClosed(ClientError):
     or timed out)."""
 
 
+class SenderFailed(ClientError):
+    """The producer's sender task stopped on an uncaught error (a bug; its cause is chained
+    and was logged): every record it had not settled fails with this, and every later send()
+    raises it, as a Kafka producer in a fatal state fails its pending and later sends. Close
+    the producer and make another."""
+
+
 class NoOffsetForPartition(ClientError):
     """poll() on a partition with no position (never sought) and auto_offset_reset "none"."""
 

@@ -27,9 +27,11 @@ from tidewater.client.errors import (
     REFRESH_METADATA,
     RETRIABLE,
     BufferExhausted,
+    ClientError,
     DeliveryTimeout,
     MetadataUnavailable,
     ProducerClosed,
+    SenderFailed,
     error_for,
 )
 from tidewater.client.metadata import ClusterMetadata
@@ -192,6 +194,8 @@ class Producer:
         self._sequences = ProducerSequences()
         self._flushing = 0
         self._closed = False
+        # Set once the sender died: the cause of the SenderFailed every later send() raises.
+        self._sender_error: Exception | None = None
         self._tracer = tracing.client_tracer(tracer_provider)
         # Its batches' traces; sampled out, they carry its constant context.
         self._new_traces = tracing.NewTraces()
@@ -262,7 +266,8 @@ class Producer:
         memory. The returned future resolves once the record is acknowledged. A key, value
         or header value that is not bytes raises TypeError here (as Kafka's serializers fail
         in send()): the sender, which encodes the batch later, must never meet one.
-        ProducerClosed once close() has begun, also when it begins while send() waits."""
+        ProducerClosed once close() has begun, also when it begins while send() waits;
+        SenderFailed once the sender died."""
         self._check_open()
         _check_bytes(key, value, headers)
         if self._accumulator is None:
@@ -331,7 +336,7 @@ class Producer:
             return
         self._closed = True
         try:
-            # A sender that died (a bug) would never complete them: _abort() fails them.
+            # A sender that died (a bug) failed what it held and would never send more.
             if self._sender is None or not self._sender.done():
                 await self.flush()
         finally:
@@ -347,30 +352,33 @@ class Producer:
         if self._sender is not None:
             self._sender.cancel()
             await asyncio.gather(self._sender, return_exceptions=True)
-        for link in self._links.values():
-            await link.close()
-        self._abort()
+        await self._abort(ProducerClosed, "the producer closed before an acknowledgement")
         await self.metadata.close()
 
-    def _abort(self) -> None:
-        """Fail every batch left once the sender and the links stopped (Kafka's
+    async def _abort(self, error: type[ClientError], reason: str) -> None:
+        """Stop the links, then fail every batch left with `error` (Kafka's
         abortIncompleteBatches): nothing else would resolve their futures."""
+        for link in self._links.values():
+            await link.close()
         if self._accumulator is None:
             return
         # Batches still in flight lost their answers (their link stopped first); those that
         # expired in flight are no longer incomplete, but their sequences are still open.
         left = self._accumulator.incomplete.union(*self._in_flight.values())
         for batch in sorted(left, key=lambda b: b.order):
-            message = f"{batch.tp[0]}-{batch.tp[1]}: the producer closed before an acknowledgement"
+            message = f"{batch.tp[0]}-{batch.tp[1]}: {reason}"
             if batch.attempts:
                 message += "; it was sent, so it may be in the log"
-            self._fail(batch, ProducerClosed(message))
+            self._fail(batch, error(message))
         self._accumulator.queues.clear()
         self._in_flight.clear()
 
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosed("send() on a closed producer")
+        if self._sender_error is not None:
+            error = self._sender_error
+            raise SenderFailed(f"the producer's sender stopped: {error!r}") from error
 
     async def _refresh(self, topics: Sequence[str] = ()) -> None:
         """metadata.refresh(), where close() cancelling the refresh this task shares (not this
@@ -472,6 +480,17 @@ class Producer:
     # -- the sender -------------------------------------------------------------------
 
     async def _run(self) -> None:
+        """The sender; an uncaught error (a bug) stops it and fails the producer: its state
+        (sequences, batches in flight) may be off, and records queued behind it would wait
+        forever. As Kafka's fatal states: every pending and later send() fails, naming it."""
+        try:
+            await self._send_forever()
+        except Exception as e:
+            log.exception("uncaught error in the producer's sender: the producer has failed")
+            self._sender_error = e
+            await self._abort(SenderFailed, f"the producer's sender stopped ({e!r})")
+
+    async def _send_forever(self) -> None:
         while True:
             self._wake.clear()
             if self.config.idempotent:

@@ -376,12 +376,12 @@ class Consumer:
             replica_id=-1,
             partitions=[
                 pb.OffsetForLeaderEpochPartition(
-                    topic=tp[0],
-                    partition=tp[1],
+                    topic=topic,
+                    partition=partition,
                     current_leader_epoch=position.current_leader_epoch,
                     leader_epoch=position.offset_epoch,
                 )
-                for tp, position in sent.items()
+                for (topic, partition), position in sent.items()
             ],
         )
         return self._ask(

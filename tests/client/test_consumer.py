@@ -334,6 +334,53 @@ async def test_a_topic_created_again_under_its_name_resets_the_position(
     )
 
 
+class _MovedLeader:
+    """A leader's stub: ListOffsets answers NOT_LEADER_OR_FOLLOWER first (the metadata was
+    stale), then finds offset 4; Fetch long-polls."""
+
+    def __init__(self) -> None:
+        self.list_offsets = 0
+
+    async def Fetch(self, request: pb.FetchRequest, **_: Any) -> pb.FetchResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
+        self.list_offsets += 1
+        if self.list_offsets == 1:
+            result = pb.ListOffsetsPartitionResponse(
+                topic="t", partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER
+            )
+        else:
+            result = pb.ListOffsetsPartitionResponse(
+                topic="t", partition=0, offset=4, leader_epoch=1
+            )
+        return pb.ListOffsetsResponse(partitions=[result])
+
+
+async def test_a_reset_answered_not_leader_refreshes_the_metadata_and_is_retried() -> None:
+    """As Kafka's Fetcher: a retriable error to a reset asks for new metadata and the reset
+    again after retry_backoff_ms; before, poll() raised NotLeaderOrFollower."""
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="earliest", retry_backoff_ms=10)
+    leader = _MovedLeader()
+    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
+    refreshes = []
+    consumer.metadata.request_refresh = lambda: refreshes.append(1)  # type: ignore[method-assign]
+    tp = ("t", 0)
+    consumer.assign([tp])
+    consumer.metadata.brokers = {1: "127.0.0.1:2"}
+    consumer.metadata.partitions[tp] = PartitionInfo(1, 1, (1,), (1,), ErrorCode.NONE)
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while consumer.position(tp) is None:
+                assert await consumer.poll(10) == []
+        assert consumer._positions[tp] == FetchPosition(4, 1, (1, 1))
+        assert leader.list_offsets == 2
+        assert refreshes
+    finally:
+        await consumer.close()
+
+
 async def test_a_reset_the_leader_does_not_answer_holds_up_its_partition_alone(
     cluster: Any,
 ) -> None:

@@ -1,7 +1,7 @@
 """When etcd fails the active controller: a write whose answer is lost, a controller epoch that
 moved on. The controller resigns and campaigns again instead of dying, callers waiting on its
-queue get NOT_CONTROLLER at once. (A write etcd applied without answering, found by the next
-write: test_alter_isr.py.)
+queue get NOT_CONTROLLER at once, and an admin request etcd failed part-way is healed by the
+failover. (A write etcd applied without answering, found by the next write: test_alter_isr.py.)
 
 The controller runs in the test's process on a real etcd, through a TcpProxy where the link
 fails."""
@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aetcd
 import pytest
@@ -20,9 +20,13 @@ import pytest
 from tidewater.controller.controller import Controller, ControllerConfig, NotActive
 from tidewater.controller.model import PartitionRecord, TopicState
 from tidewater.controller.server import wall_clock_ms
+from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
+from tidewater.errors import StoreUnavailable
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
     from conftest import Eventually
@@ -36,19 +40,20 @@ LEASE_TTL_S = 3
 SESSION_TIMEOUT_MS = 300
 
 
-async def seed(connect_store: ConnectStore) -> int:
-    """What an earlier controller left in etcd: broker 1 registered, topic t with partition 0
+async def seed(connect_store: ConnectStore, brokers: tuple[int, ...] = (1,)) -> int:
+    """What an earlier controller left in etcd: `brokers` registered, topic t with partition 0
     on broker 1 alone, led by it. Returns that controller's epoch."""
     store = await connect_store()
     epoch = await store.campaign(9, "127.0.0.1:9", LEASE_TTL_S)
-    registration = {
-        "broker_id": 1,
-        "host": "127.0.0.1",
-        "port": 9,
-        "rack": "",
-        "incarnation_id": "a",
-    }
-    await store.put_broker(epoch, 1, registration)
+    for broker_id in brokers:
+        registration = {
+            "broker_id": broker_id,
+            "host": "127.0.0.1",
+            "port": 9,
+            "rack": "",
+            "incarnation_id": "a",
+        }
+        await store.put_broker(epoch, broker_id, registration)
     await store.put_topic(epoch, "t", TopicState("t", {}, {0: (1,)}).to_json())
     await store.write_partitions(
         epoch, [("t", 0, None, PartitionRecord(1, 0, (1,), epoch).to_json())]
@@ -193,3 +198,193 @@ async def test_a_controller_stopped_while_it_steps_down_stops(
     await asyncio.wait([task], timeout=5)
     assert task.cancelled()
     assert not controller.active
+
+
+# -- an admin request that etcd fails part-way -----------------------------------------------
+
+# Long: nothing is fenced or moved on a timer; the brokers' heartbeats end the grace period.
+LONG_SESSION_TIMEOUT_MS = 60_000
+TIMED_OUT = ErrorCode.REQUEST_TIMED_OUT
+
+
+def fail_once(
+    store: ControllerStore,
+    method: str,
+    applied: bool = False,
+    when: Callable[..., bool] = lambda *args: True,
+) -> None:
+    """The store's next `method` call (for which `when` holds) raises StoreUnavailable, after
+    etcd applied it if `applied` (its answer lost); the others go through."""
+    real = getattr(store, method)
+
+    async def failing(*args: Any) -> Any:
+        if not when(*args):
+            return await real(*args)
+        delattr(store, method)
+        if applied:
+            await real(*args)
+        raise StoreUnavailable("etcd request timed out (simulated)")
+
+    setattr(store, method, failing)
+
+
+async def heartbeat(controller: Controller, *broker_ids: int) -> None:
+    """What the brokers' heartbeats do: unfence them; the last ends the grace period."""
+    service = ControllerService(controller)
+    for broker_id in broker_ids:
+        request = cpb.BrokerHeartbeatRequest(
+            broker_id=broker_id, broker_epoch=controller.model.brokers[broker_id].epoch
+        )
+        response = await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+        assert response.error_code == ErrorCode.NONE, response.error_message
+        assert not response.is_fenced
+
+
+async def failed_over(controller: Controller, epoch: int, eventually: Eventually) -> None:
+    """The controller resigned and, the only candidate, leads again at a later epoch, with
+    every broker heartbeating to it."""
+    await eventually(lambda: controller.active and controller.epoch > epoch, 10)
+    await heartbeat(controller, *controller.model.brokers)
+
+
+async def leading(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> tuple[ControllerStore, Controller, ControllerService]:
+    store = await connect_store()
+    controller, _ = run_controller(store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS)
+    await eventually(lambda: controller.active, 10)
+    await heartbeat(controller, *controller.model.brokers)
+    return store, controller, ControllerService(controller)
+
+
+def create_topics(*names: str) -> cpb.CreateTopicsRequest:
+    """Topics with one partition on broker 1."""
+    one = [cpb.CreatableReplicaAssignment(partition=0, broker_ids=[1])]
+    return cpb.CreateTopicsRequest(
+        topics=[cpb.CreatableTopic(name=name, assignments=one) for name in names]
+    )
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["not-applied", "answer-lost"])
+async def test_create_topics_that_etcd_fails_resigns_and_the_failover_gives_it_its_leaders(
+    connect_store: ConnectStore,
+    run_controller: RunController,
+    eventually: Eventually,
+    applied: bool,
+) -> None:
+    await seed(connect_store)
+    store, controller, service = await leading(connect_store, run_controller, eventually)
+    epoch = controller.epoch
+    # u is stored; the write of its partition's state fails. v is never tried.
+    fail_once(store, "write_partitions", applied)
+    response = await service.CreateTopics(create_topics("u", "v"), None)  # type: ignore[arg-type]
+    assert response.error_code == TIMED_OUT
+    assert [(t.name, t.error_code) for t in response.topics] == [("u", TIMED_OUT), ("v", TIMED_OUT)]
+    # The controller resigns rather than lead on with a model etcd may not hold (before, it
+    # led on with u and no state for u-0: u never got a leader).
+    await failed_over(controller, epoch, eventually)
+    await eventually(lambda: ("u", 0) in controller.model.partitions, 10)
+    assert controller.model.partitions["u", 0].leader == 1
+    stored, _ = (await store.load_partitions())["u", 0]
+    assert stored["leader"] == 1
+    assert "v" not in controller.model.topics
+    # A retry: u exists (whole), v is created.
+    retry = await service.CreateTopics(create_topics("u", "v"), None)  # type: ignore[arg-type]
+    assert [(t.name, t.error_code) for t in retry.topics] == [
+        ("u", ErrorCode.TOPIC_ALREADY_EXISTS),
+        ("v", ErrorCode.NONE),
+    ]
+
+
+async def test_create_partitions_that_etcd_fails_resigns_and_the_failover_gives_them_leaders(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> None:
+    await seed(connect_store)
+    store, controller, service = await leading(connect_store, run_controller, eventually)
+    epoch = controller.epoch
+    fail_once(store, "write_partitions")
+    grow = cpb.CreatePartitionsRequest(
+        topics=[
+            cpb.CreatePartitionsTopic(
+                name="t",
+                count=2,
+                assignments=[cpb.CreatableReplicaAssignment(partition=1, broker_ids=[1])],
+            )
+        ]
+    )
+    response = await service.CreatePartitions(grow, None)  # type: ignore[arg-type]
+    assert (response.error_code, response.topics[0].error_code) == (TIMED_OUT, TIMED_OUT)
+    await failed_over(controller, epoch, eventually)
+    await eventually(lambda: ("t", 1) in controller.model.partitions, 10)
+    assert controller.model.partitions["t", 1].leader == 1
+    assert ("t", 1) in await store.load_partitions()
+    # t has its two partitions: a retry asks for no more than it has.
+    retry = await service.CreatePartitions(grow, None)  # type: ignore[arg-type]
+    assert retry.topics[0].error_code == ErrorCode.INVALID_PARTITIONS
+
+
+async def test_a_reassignment_that_etcd_fails_resigns_and_completes_after_the_failover(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> None:
+    await seed(connect_store, brokers=(1, 2))
+    store, controller, service = await leading(connect_store, run_controller, eventually)
+    epoch = controller.epoch
+    # etcd stores the reassignment of t-0 to broker 2; its answer is lost.
+    fail_once(store, "put_topic", applied=True)
+    move = cpb.AlterPartitionReassignmentsRequest(
+        partitions=[cpb.ReassignablePartition(topic="t", partition=0, replicas=[2])]
+    )
+    response = await service.AlterPartitionReassignments(move, None)  # type: ignore[arg-type]
+    assert (response.error_code, response.partitions[0].error_code) == (TIMED_OUT, TIMED_OUT)
+    # The next controller resumes it (announced in a new leader epoch, KIP-455)...
+    await failed_over(controller, epoch, eventually)
+    await eventually(lambda: controller.model.replicas(("t", 0)) == (2, 1), 10)
+    # ... and completes it once broker 2 is in the ISR, as its leader proposes.
+    record = controller.model.partitions["t", 0]
+    brokers = controller.model.brokers
+    request = cpb.AlterIsrRequest(
+        broker_id=1,
+        broker_epoch=brokers[1].epoch,
+        partitions=[
+            cpb.AlterIsrPartition(
+                topic="t",
+                partition=0,
+                leader_epoch=record.leader_epoch,
+                partition_epoch=record.partition_epoch,
+                new_isr=[1, 2],
+                new_isr_broker_epochs=[brokers[1].epoch, brokers[2].epoch],
+            )
+        ],
+    )
+    answer = await service.AlterIsr(request, None)  # type: ignore[arg-type]
+    assert answer.partitions[0].error_code == ErrorCode.NONE, answer.partitions[0].error_message
+    assert controller.model.replicas(("t", 0)) == (2,)
+    assert controller.model.partitions["t", 0].leader == 2
+    assert not controller.model.topics["t"].reassignments
+    assert (await store.load_topics())["t"]["assignment"]["0"] == [2]
+
+
+async def test_alter_configs_that_etcd_fails_part_way_answers_what_was_committed(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> None:
+    seeder = await connect_store()
+    seed_epoch = await seeder.campaign(9, "127.0.0.1:9", LEASE_TTL_S)
+    for name in ("a", "b", "c"):
+        await seeder.put_topic(seed_epoch, name, TopicState(name, {}, {0: (1,)}).to_json())
+    await seeder.resign()
+    store, controller, service = await leading(connect_store, run_controller, eventually)
+    epoch = controller.epoch
+    fail_once(store, "put_topic", when=lambda epoch, name, value: name == "b")
+    set_retention = [
+        cpb.AlterableConfig(name="retention.ms", operation=cpb.CONFIG_OPERATION_SET, value="1000")
+    ]
+    alter = cpb.IncrementalAlterConfigsRequest(
+        topics=[cpb.AlterConfigsTopic(topic=t, configs=set_retention) for t in ("a", "b", "c")]
+    )
+    response = await service.IncrementalAlterConfigs(alter, None)  # type: ignore[arg-type]
+    # a is committed (and announced); b failed; c was never tried (before: all three NONE).
+    assert response.error_code == TIMED_OUT
+    assert [t.error_code for t in response.topics] == [ErrorCode.NONE, TIMED_OUT, TIMED_OUT]
+    await failed_over(controller, epoch, eventually)
+    configs = {name: t.configs for name, t in controller.model.topics.items()}
+    assert configs == {"a": {"retention.ms": "1000"}, "b": {}, "c": {}}

@@ -7,7 +7,7 @@ admin clients follow it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
 
@@ -58,6 +58,38 @@ class ControllerResponse(Protocol):
 
 
 R = TypeVar("R", bound=ControllerResponse)
+
+
+class ItemResult(Protocol):
+    """A per-topic or per-partition entry of a response."""
+
+    error_code: int
+    error_message: str
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result", bound=ItemResult)
+
+
+async def answer_each(
+    items: Sequence[tuple[Item, Result]], apply: Callable[[Item, Result], Awaitable[None]]
+) -> None:
+    """Apply each item in turn, its refusal answered in its own result. An etcd failure
+    (StoreUnavailable, NotController) is not one item's: it ends the request, and is raised on
+    so that the controller resigns (Controller.submit) and its successor reloads what etcd
+    holds. The answer stays true: items before it keep their NONE (committed and announced);
+    the one it hit (perhaps applied, perhaps not) and those never tried carry its code."""
+    for i, (item, result) in enumerate(items):
+        try:
+            await apply(item, result)
+        except (StoreUnavailable, NotController) as e:
+            result.error_code, result.error_message = e.code, e.message
+            for _, untried in items[i + 1 :]:
+                untried.error_code = e.code
+                untried.error_message = f"not tried: an earlier item failed ({e.message})"
+            raise
+        except TidewaterError as e:
+            result.error_code, result.error_message = e.code, e.message
 
 
 class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
@@ -257,18 +289,16 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.CreateTopicsResponse:
         response = cpb.CreateTopicsResponse()
 
+        async def create(topic: cpb.CreatableTopic, result: cpb.CreatableTopicResult) -> None:
+            created = await self._create_topic(topic, request.validate_only)
+            result.num_partitions = len(created.assignment)
+            result.replication_factor = len(created.assignment[0])
+            if not request.validate_only:
+                result.topic_id = created.topic_id.bytes
+
         async def event() -> None:
-            for topic in request.topics:
-                result = response.topics.add(name=topic.name)
-                try:
-                    created = await self._create_topic(topic, request.validate_only)
-                    result.num_partitions = len(created.assignment)
-                    result.replication_factor = len(created.assignment[0])
-                    if not request.validate_only:
-                        result.topic_id = created.topic_id.bytes
-                except TidewaterError as e:
-                    result.error_code = e.code
-                    result.error_message = e.message
+            topics = [(t, response.topics.add(name=t.name)) for t in request.topics]
+            await answer_each(topics, create)
 
         return await self._answer(response, event)
 
@@ -324,14 +354,14 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.DeleteTopicsResponse:
         response = cpb.DeleteTopicsResponse()
 
+        async def delete(name: str, result: ItemResult) -> None:
+            if name not in self._c.model.topics:
+                raise UnknownTopicOrPartition(f"topic {name!r} does not exist")
+            await self._c.delete_topic(name)
+
         async def event() -> None:
-            for name in request.topic_names:
-                result = response.topics.add(topic=name)
-                if name not in self._c.model.topics:
-                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                    result.error_message = f"topic {name!r} does not exist"
-                    continue
-                await self._c.delete_topic(name)
+            names = [(n, response.topics.add(topic=n)) for n in request.topic_names]
+            await answer_each(names, delete)
 
         return await self._answer(response, event)
 
@@ -366,25 +396,22 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.IncrementalAlterConfigsResponse:
         response = cpb.IncrementalAlterConfigsResponse()
 
+        names = [t.topic for t in request.topics]
+
+        async def alter(topic: cpb.AlterConfigsTopic, result: ItemResult) -> None:
+            if names.count(topic.topic) > 1:
+                raise InvalidRequest(f"topic {topic.topic!r} is given more than once")
+            state = self._c.model.topics.get(topic.topic)
+            if state is None:
+                raise UnknownTopicOrPartition(f"topic {topic.topic!r} does not exist")
+            changes = [ConfigChange(c.name, c.operation, c.value) for c in topic.configs]
+            configs = alter_configs(state.configs, changes)
+            if not request.validate_only and configs != state.configs:
+                await self._c.alter_topic_configs(topic.topic, configs)
+
         async def event() -> None:
-            names = [t.topic for t in request.topics]
-            for topic in request.topics:
-                result = response.topics.add(topic=topic.topic)
-                try:
-                    if names.count(topic.topic) > 1:
-                        raise InvalidRequest(f"topic {topic.topic!r} is given more than once")
-                    state = self._c.model.topics.get(topic.topic)
-                    if state is None:
-                        raise UnknownTopicOrPartition(f"topic {topic.topic!r} does not exist")
-                    changes = [ConfigChange(c.name, c.operation, c.value) for c in topic.configs]
-                    configs = alter_configs(state.configs, changes)
-                    if not request.validate_only and configs != state.configs:
-                        await self._c.alter_topic_configs(topic.topic, configs)
-                except (StoreUnavailable, NotController):
-                    raise  # the whole request fails, and the controller resigns (submit)
-                except TidewaterError as e:
-                    result.error_code = e.code
-                    result.error_message = e.message
+            topics = [(t, response.topics.add(topic=t.topic)) for t in request.topics]
+            await answer_each(topics, alter)
 
         return await self._answer(response, event)
 
@@ -416,14 +443,12 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.CreatePartitionsResponse:
         response = cpb.CreatePartitionsResponse()
 
+        async def create(topic: cpb.CreatePartitionsTopic, result: ItemResult) -> None:
+            await self._create_partitions(topic, request.validate_only)
+
         async def event() -> None:
-            for topic in request.topics:
-                result = response.topics.add(topic=topic.name)
-                try:
-                    await self._create_partitions(topic, request.validate_only)
-                except TidewaterError as e:
-                    result.error_code = e.code
-                    result.error_message = e.message
+            topics = [(t, response.topics.add(topic=t.name)) for t in request.topics]
+            await answer_each(topics, create)
 
         return await self._answer(response, event)
 
@@ -497,19 +522,18 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.AlterPartitionReassignmentsResponse:
         response = cpb.AlterPartitionReassignmentsResponse()
 
+        async def reassign(p: cpb.ReassignablePartition, result: ItemResult) -> None:
+            tp = (p.topic, p.partition)
+            if tp not in self._c.model.partitions:
+                raise UnknownTopicOrPartition(f"{tp[0]}-{tp[1]} does not exist")
+            await self._c.reassign(tp, None if p.cancel else tuple(p.replicas))
+
         async def event() -> None:
-            for p in request.partitions:
-                tp = (p.topic, p.partition)
-                result = response.partitions.add(topic=p.topic, partition=p.partition)
-                try:
-                    if tp not in self._c.model.partitions:
-                        raise TidewaterError(
-                            f"{tp[0]}-{tp[1]} does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                        )
-                    await self._c.reassign(tp, None if p.cancel else tuple(p.replicas))
-                except TidewaterError as e:
-                    result.error_code = e.code
-                    result.error_message = e.message
+            partitions = [
+                (p, response.partitions.add(topic=p.topic, partition=p.partition))
+                for p in request.partitions
+            ]
+            await answer_each(partitions, reassign)
 
         return await self._answer(response, event)
 

@@ -8,6 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from tidewater.broker.partition import HostedPartition
+from tidewater.broker.topic_config import TopicConfig
 from tidewater.local.standin_controller import make_leader
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
@@ -96,3 +100,68 @@ async def test_a_newer_leader_and_isr_changes_a_hosted_partitions_log_configs(
     )
     assert (await produce(client, 500)).error_code == ErrorCode.NONE
     assert segments(tmp_path / "broker-1") == 2
+
+
+async def test_a_full_view_parses_and_applies_only_the_configs_that_changed(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, client = await start_broker(1)
+    hosted = [("a", 0), ("a", 1), ("b", 0)]
+    for topic, partition in hosted:
+        await make_leader(
+            client.channel,
+            topic,
+            partition,
+            leader=1,
+            leader_epoch=1,
+            replicas=[1],
+            configs={"retention.ms": "1000"},
+        )
+    manager = server.replica_manager
+    parsed: list[dict[str, str]] = []
+    reconfigured: list[tuple[str, int]] = []
+    parse = manager._topic_config
+    reconfigure = HostedPartition.reconfigure
+
+    def counted_parse(props: dict[str, str]) -> TopicConfig:
+        parsed.append(props)
+        return parse(props)
+
+    def counted_reconfigure(partition: HostedPartition, *args: Any) -> None:
+        reconfigured.append(partition.key)
+        reconfigure(partition, *args)
+
+    monkeypatch.setattr(manager, "_topic_config", counted_parse)
+    monkeypatch.setattr(HostedPartition, "reconfigure", counted_reconfigure)
+
+    async def full_view(b_retention: str) -> tuple[int, list[tuple[str, int]]]:
+        """A FULL UpdateMetadata (also naming a topic not hosted here): how many topics' configs
+        it parsed, and which partitions it reconfigured."""
+        parsed.clear()
+        reconfigured.clear()
+        configs = {"a": "1000", "b": b_retention, "elsewhere": "5"}
+        request = cluster_pb2.UpdateMetadataRequest(
+            controller_epoch=1,
+            type=cluster_pb2.UPDATE_METADATA_TYPE_FULL,
+            topic_configs=[
+                common_pb2.TopicConfig(topic=t, configs={"retention.ms": v})
+                for t, v in configs.items()
+            ],
+        )
+        for topic, partition in [*hosted, ("elsewhere", 0)]:
+            request.partition_states.add(topic=topic, partition=partition, replicas=[1])
+        assert (await client.control.UpdateMetadata(request)).error_code == ErrorCode.NONE
+        return len(parsed), reconfigured[:]
+
+    # The first view after the LeaderAndIsrs: each hosted topic is parsed once, nothing changes.
+    assert await full_view("1000") == (2, [])
+    # The same view again (every unfence, every controller failover): nothing is parsed (before:
+    # every topic, with a pass over every hosted partition each).
+    assert await full_view("1000") == (0, [])
+    # b's configs changed: b alone is parsed, and only its partition takes them.
+    assert await full_view("2000") == (1, [("b", 0)])
+    assert manager.partitions["b", 0].config.log.retention_ms == 2000
+    assert manager.partitions["a", 0].config.log.retention_ms == 1000
+    # A LeaderAndIsr with other configs than those last applied: the next view parses b again.
+    await make_leader(client.channel, "b", 0, leader=1, leader_epoch=2, replicas=[1])
+    assert await full_view("2000") == (1, [("b", 0)])

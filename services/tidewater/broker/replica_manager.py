@@ -124,6 +124,10 @@ class ReplicaManager:
             HIGH_WATERMARK_CHECKPOINT, log_manager.dir_failures
         )
         self._replication_waits = ReplicationWaits()
+        # Per topic, the raw configs every hosted partition of it was last given by an
+        # UpdateMetadata: a FULL view (each unfence, each controller failover) names every
+        # topic, and only those whose configs changed are parsed and applied again.
+        self._applied_topic_configs: dict[str, dict[str, str]] = {}
         self._written_hws: dict[Path, dict[TopicPartition, int]] = {}
         for log_dir in config.log_dirs:
             self._checkpointed_hws.update(
@@ -201,6 +205,8 @@ class ReplicaManager:
                 hosted = self._create_partition(tp, config)
             else:
                 hosted.reconfigure(config, self.config.replica_lag_time_max_ms)
+            if self._applied_topic_configs.get(ps.topic) != topic_props:
+                self._applied_topic_configs.pop(ps.topic, None)  # its partitions now differ
             # The new role starts at the LEO, which must include a batch still being written.
             hosted.log.take_in_pending_write()
             state = LeaderAndIsr(
@@ -312,7 +318,8 @@ class ReplicaManager:
         )
         self.controller_epoch = request.controller_epoch
         self.usable_brokers = {b.broker_id: b.broker_epoch for b in request.live_brokers}
-        self._apply_topic_configs(request.topic_configs)
+        full = request.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL
+        self._apply_topic_configs(request.topic_configs, full)
         if strays:
             await self.log_manager.remove_stray_logs(strays)
             for tp in strays:
@@ -323,27 +330,42 @@ class ReplicaManager:
         """A topic's effective config: its overrides over this broker's defaults."""
         return TopicConfig.from_properties({**self.config.topic_defaults, **topic_props})
 
-    def _apply_topic_configs(self, topic_configs: Iterable[common_pb2.TopicConfig]) -> None:
+    def _apply_topic_configs(
+        self, topic_configs: Iterable[common_pb2.TopicConfig], full: bool
+    ) -> None:
         """A topic's changed configs (IncrementalAlterConfigs) to the partitions hosted here,
         from their next use on, as Kafka applies a topic config change to its live logs:
         segment.bytes, segment.ms and segment.index.bytes at the next append's roll check,
         retention at the next retention check, min.insync.replicas and max.message.bytes at
         the next produce. The controller validated them; a value this broker's defaults make
-        invalid is logged and leaves the partitions as they were."""
-        for tc in topic_configs:
-            hosted = [p for (topic, _), p in self.partitions.items() if topic == tc.topic]
+        invalid is logged and leaves the partitions as they were. Costs the changed topics'
+        partitions, not every topic times every partition."""
+        named = {tc.topic: dict(tc.configs) for tc in topic_configs}
+        if full:  # the topics it does not name are gone
+            for topic in self._applied_topic_configs.keys() - named.keys():
+                del self._applied_topic_configs[topic]
+        changed = [(t, c) for t, c in named.items() if self._applied_topic_configs.get(t) != c]
+        if not changed:
+            return
+        by_topic: dict[str, list[HostedPartition]] = {}
+        for (topic, _), partition in self.partitions.items():
+            by_topic.setdefault(topic, []).append(partition)
+        for topic, props in changed:
+            hosted = by_topic.get(topic)
+            self._applied_topic_configs.pop(topic, None)
             if not hosted:
                 continue
             try:
-                config = self._topic_config(dict(tc.configs))
+                config = self._topic_config(props)
             except TidewaterError as e:
-                log.error("topic %s: configs %s not applied: %s", tc.topic, dict(tc.configs), e)
+                log.error("topic %s: configs %s not applied: %s", topic, props, e)
                 continue
+            self._applied_topic_configs[topic] = props
             if all(p.config == config for p in hosted):
                 continue
             for partition in hosted:
                 partition.reconfigure(config, self.config.replica_lag_time_max_ms)
-            log.info("topic %s: %d partitions take its new configs", tc.topic, len(hosted))
+            log.info("topic %s: %d partitions take its new configs", topic, len(hosted))
 
     def _usable_broker_epoch(self, broker_id: int) -> int | None:
         if self.usable_brokers is None:

@@ -61,6 +61,33 @@ def test_bad_topic_config_names_the_key(props: dict[str, str], key: str) -> None
         TopicConfig.from_properties(props)
 
 
+@pytest.mark.parametrize(
+    ("key", "raw"),
+    [
+        ("min.insync.replicas", "1_0"),
+        ("min.insync.replicas", "\u0662"),  # ARABIC-INDIC DIGIT TWO
+        ("min.insync.replicas", "2.0"),
+        ("min.insync.replicas", "1e1"),
+        ("min.insync.replicas", "2 2"),
+        ("min.insync.replicas", "\u00a02"),  # a no-break space: not what Java's trim() takes
+        ("min.insync.replicas", "2147483648"),
+        ("retention.ms", "1_000"),
+        ("retention.ms", "\u0661\u0660"),
+    ],
+)
+def test_integer_topic_configs_are_refused_unless_plain_integers(key: str, raw: str) -> None:
+    # Before, min.insync.replicas took whatever Python's int() takes: "1_0", non-ASCII digits.
+    with pytest.raises(InvalidConfig, match=key):
+        TopicConfig.from_properties({key: raw})
+
+
+@pytest.mark.parametrize(("raw", "value"), [("2", 2), (" 2\t", 2), ("+2", 2)])
+def test_integer_topic_configs_are_read_as_kafka_reads_them(raw: str, value: int) -> None:
+    # Kafka's ConfigDef trims the value (Java's String.trim) and takes a sign.
+    config = TopicConfig.from_properties({"min.insync.replicas": raw, "retention.ms": raw})
+    assert (config.min_insync_replicas, config.log.retention_ms) == (value, value)
+
+
 def test_unreadable_config_file(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("broker.id = = 1")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidewater.broker.log.config import LOG_CONFIG_NAMES, LogConfig
+from tidewater.broker.log.config import INT32_MAX, LOG_CONFIG_NAMES, LogConfig, parse_integer
 from tidewater.errors import InvalidConfig
 
 _BOOLEANS = {"true": True, "false": False}
@@ -27,14 +27,11 @@ class TopicConfig:
         log_props = dict(props)
         raw_min_isr = log_props.pop("min.insync.replicas", "1")
         raw_unclean = log_props.pop("unclean.leader.election.enable", "false")
-        try:
-            min_isr = int(raw_min_isr)
-        except ValueError:
+        min_isr = parse_integer("min.insync.replicas", raw_min_isr)
+        if not 1 <= min_isr <= INT32_MAX:
             raise InvalidConfig(
-                f"min.insync.replicas must be an integer, got {raw_min_isr!r}"
-            ) from None
-        if min_isr < 1:
-            raise InvalidConfig(f"min.insync.replicas must be at least 1, got {min_isr}")
+                f"min.insync.replicas must be between 1 and {INT32_MAX}, got {min_isr}"
+            )
         unclean = _BOOLEANS.get(str(raw_unclean).lower())
         if unclean is None:
             raise InvalidConfig(

@@ -13,7 +13,20 @@ from tidewater.records.header import HEADER_SIZE
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 _DAY_MS = 24 * 60 * 60 * 1000
-_INTEGER = re.compile(r"-?[0-9]+")
+# Kafka's ConfigDef reads an INT or LONG as Java does: the value trimmed of ASCII spaces and
+# control characters (String.trim), then an optional sign and ASCII digits (parseLong), so
+# "1_0", "1e3", "2.0" and non-ASCII digits are refused (Python's int() takes the first and
+# the last).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_JAVA_TRIM = "".join(map(chr, range(33)))
+
+
+def parse_integer(name: str, raw: object) -> int:
+    """A config value as Kafka parses an integer; InvalidConfig names the key."""
+    text = str(raw).strip(_JAVA_TRIM)
+    if not _INTEGER.fullmatch(text):
+        raise InvalidConfig(f"{name} must be an integer, got {raw!r}")
+    return int(text)
 
 
 class _Setting(NamedTuple):
@@ -82,10 +95,7 @@ class LogConfig:
             setting = _SETTINGS.get(name)
             if setting is None:
                 raise InvalidConfig(f"unknown log config: {name}")
-            text = str(raw).strip()
-            if not _INTEGER.fullmatch(text):
-                raise InvalidConfig(f"{name} must be an integer, got {raw!r}")
-            values[setting.attribute] = int(text)
+            values[setting.attribute] = parse_integer(name, raw)
         return cls(**values)
 
     def to_properties(self) -> dict[str, str]:

@@ -38,6 +38,29 @@ async def test_offsets_waiting_for_a_worker_thread_never_overwrite_a_later_write
     assert OffsetCheckpoint(tmp_path / writer.name).read() == {("t", 0): 25}
 
 
+async def test_offsets_the_file_already_holds_are_not_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The periodic checkpoints of idle logs: no fsync'd rewrite of the same offsets."""
+    written: list[dict[tuple[str, int], int]] = []
+    write = OffsetCheckpoint.write
+
+    def counted(checkpoint: OffsetCheckpoint, offsets: dict[tuple[str, int], int]) -> None:
+        written.append(dict(offsets))
+        write(checkpoint, offsets)
+
+    monkeypatch.setattr(OffsetCheckpoint, "write", counted)
+    writer = OffsetCheckpointWriter("log-start-offset-checkpoint")
+    (tmp_path / "other-dir").mkdir()
+    writer.write(tmp_path, {("t", 0): 5, ("t", 1): 0})
+    writer.write(tmp_path, {("t", 1): 0, ("t", 0): 5})
+    await writer.write_off_loop(tmp_path, {("t", 0): 5, ("t", 1): 0})
+    writer.write(tmp_path / "other-dir", {("u", 0): 5})  # another log dir's file
+    writer.write(tmp_path, {("t", 0): 6, ("t", 1): 0})
+    assert written == [{("t", 0): 5, ("t", 1): 0}, {("u", 0): 5}, {("t", 0): 6, ("t", 1): 0}]
+    assert OffsetCheckpoint(tmp_path / writer.name).read() == {("t", 0): 6, ("t", 1): 0}
+
+
 def test_missing_checkpoint_reads_empty(tmp_path: Path) -> None:
     assert OffsetCheckpoint(tmp_path / "recovery-point-offset-checkpoint").read() == {}
     assert LeaderEpochCheckpoint(tmp_path / "leader-epoch-checkpoint").read() == []

@@ -151,7 +151,8 @@ class OffsetCheckpointWriter:
     the event loop (at shutdown, after a truncation) or from a worker thread (the periodic
     ones). Each write ends with an fsync, which can wait hundreds of ms behind other writeback.
     Writes land in the order they were asked for: offsets handed to a worker thread never
-    overwrite those of a later write that got to the file first."""
+    overwrite those of a later write that got to the file first. Offsets the file already
+    holds are not written again."""
 
     def __init__(self, name: str, dir_failures: LogDirFailureChannel | None = None) -> None:
         self.name = name
@@ -159,6 +160,7 @@ class OffsetCheckpointWriter:
         self._lock = threading.Lock()
         self._asked = count()
         self._written: dict[Path, int] = {}  # per log dir, the latest write on disk
+        self._on_disk: dict[Path, dict[tuple[str, int], int]] = {}  # and its offsets
 
     def write(self, log_dir: Path, offsets: Mapping[tuple[str, int], int]) -> None:
         with guarded(self.dir_failures, log_dir):
@@ -180,5 +182,8 @@ class OffsetCheckpointWriter:
         with self._lock:
             if asked < self._written.get(log_dir, -1):
                 return
-            OffsetCheckpoint(log_dir / self.name).write(offsets)
+            # The offsets on disk already (idle logs): an fsync'd rewrite would only cost time.
+            if self._on_disk.get(log_dir) != offsets:
+                OffsetCheckpoint(log_dir / self.name).write(offsets)
+                self._on_disk[log_dir] = dict(offsets)
             self._written[log_dir] = asked

@@ -62,6 +62,14 @@ class UnknownTopicOrPartition(TidewaterError):
     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
+class UnknownTopicId(TidewaterError):
+    code = ErrorCode.UNKNOWN_TOPIC_ID
+
+
+class InconsistentTopicId(TidewaterError):
+    code = ErrorCode.INCONSISTENT_TOPIC_ID
+
+
 class NotLeaderOrFollower(TidewaterError):
     code = ErrorCode.NOT_LEADER_OR_FOLLOWER
 

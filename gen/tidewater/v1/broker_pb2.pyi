@@ -39,7 +39,7 @@ class ProduceRequest(_message.Message):
     def __init__(self, acks: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionProduceData, _Mapping]]] = ..., correlation_id: _Optional[int] = ...) -> None: ...
 
 class PartitionProduceData(_message.Message):
-    __slots__ = ("topic", "partition", "record_batch", "records", "trace_context")
+    __slots__ = ("topic", "partition", "record_batch", "records", "trace_context", "topic_id")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,12 +52,14 @@ class PartitionProduceData(_message.Message):
     RECORD_BATCH_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     record_batch: bytes
     records: _containers.RepeatedCompositeFieldContainer[_common_pb2.Record]
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., record_batch: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[_common_pb2.Record, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., record_batch: _Optional[bytes] = ..., records: _Optional[_Iterable[_Union[_common_pb2.Record, _Mapping]]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("partitions", "correlation_id")
@@ -129,7 +131,7 @@ class FetchSession(_message.Message):
     def __init__(self, id: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
-    __slots__ = ("topic", "partition", "fetch_offset", "current_leader_epoch", "last_fetched_epoch", "log_start_offset", "partition_max_bytes")
+    __slots__ = ("topic", "partition", "fetch_offset", "current_leader_epoch", "last_fetched_epoch", "log_start_offset", "partition_max_bytes", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +139,7 @@ class FetchPartition(_message.Message):
     LAST_FETCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     fetch_offset: int
@@ -144,7 +147,8 @@ class FetchPartition(_message.Message):
     last_fetched_epoch: int
     log_start_offset: int
     partition_max_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("partitions", "correlation_id", "error_code", "error_message", "session_id")
@@ -195,18 +199,20 @@ class ListOffsetsRequest(_message.Message):
     def __init__(self, replica_id: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[ListOffsetsPartition, _Mapping]]] = ...) -> None: ...
 
 class ListOffsetsPartition(_message.Message):
-    __slots__ = ("topic", "partition", "current_leader_epoch", "spec", "timestamp_ms")
+    __slots__ = ("topic", "partition", "current_leader_epoch", "spec", "timestamp_ms", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     current_leader_epoch: int
     spec: OffsetSpec
     timestamp_ms: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., spec: _Optional[_Union[OffsetSpec, str]] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., spec: _Optional[_Union[OffsetSpec, str]] = ..., timestamp_ms: _Optional[int] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class ListOffsetsResponse(_message.Message):
     __slots__ = ("partitions",)
@@ -241,16 +247,18 @@ class OffsetForLeaderEpochRequest(_message.Message):
     def __init__(self, replica_id: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[OffsetForLeaderEpochPartition, _Mapping]]] = ...) -> None: ...
 
 class OffsetForLeaderEpochPartition(_message.Message):
-    __slots__ = ("topic", "partition", "current_leader_epoch", "leader_epoch")
+    __slots__ = ("topic", "partition", "current_leader_epoch", "leader_epoch", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     current_leader_epoch: int
     leader_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., leader_epoch: _Optional[int] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class OffsetForLeaderEpochResponse(_message.Message):
     __slots__ = ("partitions",)
@@ -311,7 +319,7 @@ class LeaderAndIsrRequest(_message.Message):
     def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., partition_states: _Optional[_Iterable[_Union[LeaderAndIsrPartitionState, _Mapping]]] = ..., live_leaders: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ...) -> None: ...
 
 class LeaderAndIsrPartitionState(_message.Message):
-    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "adding_replicas", "removing_replicas", "is_new")
+    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "adding_replicas", "removing_replicas", "is_new", "topic_id")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +331,7 @@ class LeaderAndIsrPartitionState(_message.Message):
     ADDING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     REMOVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     IS_NEW_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     controller_epoch: int
@@ -334,7 +343,8 @@ class LeaderAndIsrPartitionState(_message.Message):
     adding_replicas: _containers.RepeatedScalarFieldContainer[int]
     removing_replicas: _containers.RepeatedScalarFieldContainer[int]
     is_new: bool
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ...) -> None: ...
+    topic_id: bytes
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class LeaderAndIsrResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "partition_errors")

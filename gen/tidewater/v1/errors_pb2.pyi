@@ -50,6 +50,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNSUPPORTED_VERSION: _ClassVar[ErrorCode]
     FETCH_SESSION_ID_NOT_FOUND: _ClassVar[ErrorCode]
     INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
+    UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
+    INCONSISTENT_TOPIC_ID: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
@@ -94,3 +96,5 @@ PRODUCER_ID_ALLOCATION_FAILED: ErrorCode
 UNSUPPORTED_VERSION: ErrorCode
 FETCH_SESSION_ID_NOT_FOUND: ErrorCode
 INVALID_FETCH_SESSION_EPOCH: ErrorCode
+UNKNOWN_TOPIC_ID: ErrorCode
+INCONSISTENT_TOPIC_ID: ErrorCode

@@ -938,10 +938,10 @@ def fail_for_topic(monkeypatch: pytest.MonkeyPatch, rm: Any, topic: str) -> None
     raised by the produce or fetch handler itself, outside the purgatory."""
     leader_partition = rm._leader_partition
 
-    def broken(tp: tuple[str, int]) -> Any:
+    def broken(tp: tuple[str, int], topic_id: bytes = b"") -> Any:
         if tp[0] == topic:
             raise RuntimeError(f"a bug in looking up {tp[0]}-{tp[1]}")
-        return leader_partition(tp)
+        return leader_partition(tp, topic_id)
 
     monkeypatch.setattr(rm, "_leader_partition", broken)
 

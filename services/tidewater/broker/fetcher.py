@@ -257,7 +257,7 @@ class ReplicaFetcher:
             hosted = self.lookup(tp)
             if state.failed or state.delayed_until > now or hosted is None:
                 continue
-            wanted[tp] = next_fetch(hosted.state)
+            wanted[tp] = next_fetch(hosted.state, hosted.log.topic_id)
         if not wanted:
             return None
         plan = self.session.build(wanted)
@@ -281,6 +281,7 @@ class ReplicaFetcher:
                 last_fetched_epoch=fetch.last_fetched_epoch,
                 log_start_offset=fetch.log_start_offset,
                 partition_max_bytes=self.config.replica_fetch_max_bytes,
+                topic_id=fetch.topic_id,
             )
         for tp in plan.forgotten:
             request.forgotten.add(topic=tp[0], partition=tp[1])
@@ -372,6 +373,7 @@ class ReplicaFetcher:
                     partition=partition,
                     current_leader_epoch=state.leader_epoch,
                     spec=spec,
+                    topic_id=hosted.log.topic_id,
                 )
                 for spec in (pb.OFFSET_SPEC_LATEST, pb.OFFSET_SPEC_EARLIEST)
             ],

@@ -27,14 +27,17 @@ from tidewater.broker.purgatory import Clock, DelayedOperation, Purgatory
 from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits, fetch_link
 from tidewater.broker.stray_logs import ClusterView, find_stray_logs
 from tidewater.broker.topic_config import TopicConfig
+from tidewater.broker.topic_ids import topic_id_text, topic_ids_match
 from tidewater.errors import (
     NO_ERROR,
+    InconsistentTopicId,
     InvalidFetchSessionEpoch,
     InvalidRequest,
     InvalidRequiredAcks,
     StaleBrokerEpoch,
     StaleControllerEpoch,
     TidewaterError,
+    UnknownTopicId,
     UnknownTopicOrPartition,
 )
 from tidewater.records.batch import Record, build_batch, decode_batches
@@ -188,6 +191,7 @@ class ReplicaManager:
                     f"broker {self.broker_id} is not a replica of {ps.topic}-{ps.partition} "
                     f"(replicas {list(ps.replicas)})"
                 )
+            self._check_topic_id(ps)
             hosted = self.partitions.get(tp)
             if hosted is not None and ps.leader_epoch <= hosted.state.leader_epoch:
                 return TidewaterError(
@@ -202,11 +206,14 @@ class ReplicaManager:
                     f"{ps.leader}"
                 )
             if hosted is None:
-                hosted = self._create_partition(tp, config)
+                hosted = self._create_partition(tp, config, ps.topic_id)
             else:
                 hosted.reconfigure(config, self.config.replica_lag_time_max_ms)
             if self._applied_topic_configs.get(ps.topic) != topic_props:
                 self._applied_topic_configs.pop(ps.topic, None)  # its partitions now differ
+            if ps.topic_id and not hosted.log.topic_id:
+                # A log written before topic ids adopts the first one it is told.
+                self.log_manager.assign_topic_id(hosted.log, ps.topic_id)
             # The new role starts at the LEO, which must include a batch still being written.
             hosted.log.take_in_pending_write()
             state = LeaderAndIsr(
@@ -245,8 +252,29 @@ class ReplicaManager:
             return e
         return None
 
-    def _create_partition(self, tp: TopicPartition, config: TopicConfig) -> HostedPartition:
-        log_ = self.log_manager.get_or_create_log(tp[0], tp[1], config.log)
+    def _check_topic_id(self, ps: pb.LeaderAndIsrPartitionState) -> None:
+        """Kafka's hasConsistentTopicId in becomeLeaderOrFollower: a log holding another topic
+        id is another topic's (deleted, its log still here); nothing changes for it."""
+        if not ps.topic_id:
+            return
+        if len(ps.topic_id) != 16:
+            raise InvalidRequest(
+                f"{ps.topic}-{ps.partition}: topic id of {len(ps.topic_id)} bytes, not 16"
+            )
+        existing = self.log_manager.get_log(ps.topic, ps.partition)
+        if existing is not None and not topic_ids_match(existing.topic_id, ps.topic_id):
+            error = InconsistentTopicId(
+                f"{ps.topic}-{ps.partition}: the log on broker {self.broker_id} holds topic id "
+                f"{topic_id_text(existing.topic_id)}, the request names "
+                f"{topic_id_text(ps.topic_id)}; not applied"
+            )
+            log.error("LeaderAndIsr refused: %s", error)
+            raise error
+
+    def _create_partition(
+        self, tp: TopicPartition, config: TopicConfig, topic_id: bytes
+    ) -> HostedPartition:
+        log_ = self.log_manager.get_or_create_log(tp[0], tp[1], config.log, topic_id)
         state = Partition(
             topic=tp[0],
             partition=tp[1],
@@ -488,7 +516,7 @@ class ReplicaManager:
         for i, data in enumerate(request.partitions):
             tp = (data.topic, data.partition)
             try:
-                partition = self._leader_partition(tp)
+                partition = self._leader_partition(tp, data.topic_id)
                 lifted = batches[i] if batches else None
                 batch, header = self._batch_of(data, partition.config.log.max_message_bytes, lifted)
                 if header.compression != Compression.NONE:
@@ -694,7 +722,7 @@ class ReplicaManager:
         for fp in partitions:
             tp = (fp.topic, fp.partition)
             try:
-                hosted = self._leader_partition(tp)
+                hosted = self._leader_partition(tp, fp.topic_id)
                 outcome = hosted.state.on_follower_fetch(
                     FollowerFetch(
                         replica_id=replica_id,
@@ -761,7 +789,7 @@ class ReplicaManager:
                 results.append((answered[tp], b""))
                 continue
             try:
-                partition = self._leader_partition(tp)
+                partition = self._leader_partition(tp, fp.topic_id)
                 partition.state.check_current_leader_epoch(fp.current_leader_epoch)
                 must_read = _must_read(partition, fp.fetch_offset, for_follower)
                 high_watermark = partition.state.high_watermark
@@ -800,7 +828,7 @@ class ReplicaManager:
         """Whether a read now would find records, or an error, in any of `partitions`."""
         for fp in partitions:
             try:
-                partition = self._leader_partition((fp.topic, fp.partition))
+                partition = self._leader_partition((fp.topic, fp.partition), fp.topic_id)
                 partition.state.check_current_leader_epoch(fp.current_leader_epoch)
             except TidewaterError:
                 return True
@@ -818,7 +846,7 @@ class ReplicaManager:
                 topic=lp.topic, partition=lp.partition, offset=-1, timestamp_ms=-1, leader_epoch=-1
             )
             try:
-                partition = self._leader_partition(tp)
+                partition = self._leader_partition(tp, lp.topic_id)
                 partition.state.check_current_leader_epoch(lp.current_leader_epoch)
                 self._find_offset(partition, lp, request.replica_id, result)
             except TidewaterError as e:
@@ -862,7 +890,7 @@ class ReplicaManager:
                 topic=ep.topic, partition=ep.partition, leader_epoch=-1, end_offset=-1
             )
             try:
-                partition = self._leader_partition((ep.topic, ep.partition))
+                partition = self._leader_partition((ep.topic, ep.partition), ep.topic_id)
                 partition.state.check_current_leader_epoch(ep.current_leader_epoch)
                 result.leader_epoch, result.end_offset = (
                     partition.log.leader_epoch_cache.end_offset_for(
@@ -877,12 +905,19 @@ class ReplicaManager:
 
     # -- shared --------------------------------------------------------------------------
 
-    def _leader_partition(self, tp: TopicPartition) -> HostedPartition:
+    def _leader_partition(self, tp: TopicPartition, topic_id: bytes = b"") -> HostedPartition:
+        """The partition, led here, of the topic `topic_id` names (empty: any)."""
         partition = self.partitions.get(tp)
         if partition is None:
             validate_topic_name(tp[0])  # hosted partitions have valid names
             raise UnknownTopicOrPartition(
                 f"broker {self.broker_id} has no partition {tp[0]}-{tp[1]}"
+            )
+        # One bytes compare, and only for a request that names an id.
+        if topic_id and not topic_ids_match(partition.log.topic_id, topic_id):
+            raise UnknownTopicId(
+                f"broker {self.broker_id} holds {tp[0]}-{tp[1]} of topic id "
+                f"{topic_id_text(partition.log.topic_id)}, not {topic_id_text(topic_id)}"
             )
         partition.state.require_leader()
         return partition
@@ -890,7 +925,10 @@ class ReplicaManager:
     def _fill_current_leader(
         self, result: pb.PartitionProduceResponse | pb.FetchPartitionResponse, tp: TopicPartition
     ) -> None:
-        state = self._partition_state(tp)
+        # UNKNOWN_TOPIC_ID: the partition held here is another topic's; its leader unknown.
+        state = (
+            self._partition_state(tp) if result.error_code != ErrorCode.UNKNOWN_TOPIC_ID else None
+        )
         result.current_leader.leader_id = state.leader if state else -1
         result.current_leader.leader_epoch = state.leader_epoch if state else -1
 

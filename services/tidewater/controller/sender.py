@@ -199,7 +199,6 @@ class BrokerSender:
             request.partition_states.add(
                 **self._partition_state(tp),
                 offline_replicas=[b for b in model.replicas(tp) if b not in usable],
-                topic_id=model.topics[tp[0]].topic_id.bytes,
             )
         return request
 
@@ -216,6 +215,8 @@ class BrokerSender:
             "isr": list(record.isr),
             "partition_epoch": record.partition_epoch,
             "replicas": list(model.replicas(tp)),
+            # Brokers keep it with the partition's log and check requests against it.
+            "topic_id": model.topics[tp[0]].topic_id.bytes,
         }
 
     def _for_broker(

@@ -28,9 +28,10 @@ def leader_and_isr_request(
     controller_epoch: int = 1,
     configs: dict[str, str] | None = None,
     leaders: dict[int, str] | None = None,
+    topic_id: bytes = b"",
 ) -> pb.LeaderAndIsrRequest:
     """LeaderAndIsr for one partition; `leaders` maps broker ids to addresses (host:port) so
-    followers can reach the leader."""
+    followers can reach the leader; `topic_id` empty: none (a controller without ids)."""
     return pb.LeaderAndIsrRequest(
         controller_id=0,
         controller_epoch=controller_epoch,
@@ -45,6 +46,7 @@ def leader_and_isr_request(
                 partition_epoch=leader_epoch,
                 replicas=list(replicas),
                 is_new=True,
+                topic_id=topic_id,
             )
         ],
         topic_configs=[common_pb2.TopicConfig(topic=topic, configs=configs or {})],

@@ -102,15 +102,17 @@ def on_offset_out_of_range(
     return None
 
 
-def next_fetch(partition: Partition) -> FollowerFetch:
+def next_fetch(partition: Partition, topic_id: bytes = b"") -> FollowerFetch:
     """What a follower asks its leader for: from its LEO, naming the epoch of its last batch
-    so the leader can spot a diverging history, and its view of the leader epoch (KIP-320)."""
+    so the leader can spot a diverging history, its view of the leader epoch (KIP-320), and
+    the topic id its log holds (KIP-516)."""
     return FollowerFetch(
         replica_id=partition.local_broker_id,
         fetch_offset=partition.log.log_end_offset,
         log_start_offset=partition.log.log_start_offset,
         last_fetched_epoch=partition.log.leader_epoch_cache.latest_epoch,
         current_leader_epoch=partition.leader_epoch,
+        topic_id=topic_id,
     )
 
 

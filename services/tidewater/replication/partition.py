@@ -147,6 +147,9 @@ class FollowerFetch(NamedTuple):
     current_leader_epoch: int
     # The follower's broker epoch, from the fetch request (KIP-903); 0 when it sent none.
     broker_epoch: int = 0
+    # The topic id the follower holds (KIP-516), empty when none: a fetch session sends the
+    # partition again when it changes, as when its position does.
+    topic_id: bytes = b""
 
 
 class FollowerFetchOutcome(NamedTuple):

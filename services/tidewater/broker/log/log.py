@@ -158,6 +158,9 @@ class Log:
         self._pending_write: _PendingWrite | None = None
         # Set by the LogManager: where an I/O error in this log is reported.
         self.dir_failures: LogDirFailureChannel | None = None
+        # Set by the LogManager: the topic's id (KIP-516) from the log's partition.metadata;
+        # empty when it has none (a log written before topic ids).
+        self.topic_id = b""
         self.leader_epoch_cache = LeaderEpochCache(
             LeaderEpochCheckpoint(directory / LEADER_EPOCH_CHECKPOINT),
             # Written also from outside the log (a new leader's epoch).

@@ -40,6 +40,11 @@ from tidewater.broker.log.log import (
     parse_partition_dir,
     wall_clock_ms,
 )
+from tidewater.broker.topic_ids import (
+    read_partition_metadata,
+    topic_id_text,
+    write_partition_metadata,
+)
 from tidewater.errors import StorageError, UnknownTopicOrPartition
 
 log = logging.getLogger(__name__)
@@ -144,16 +149,17 @@ class LogManager:
                 raise StorageError(
                     f"{tp[0]}-{tp[1]} is in two log dirs: {self._logs[tp].dir} and {child}"
                 )
-            self._add(
-                tp,
-                Log.open(
-                    child,
-                    self.default_config,
-                    recovery_points.get(tp, 0),
-                    self._time_ms,
-                    log_starts.get(tp, 0),
-                ),
+            loaded = Log.open(
+                child,
+                self.default_config,
+                recovery_points.get(tp, 0),
+                self._time_ms,
+                log_starts.get(tp, 0),
             )
+            self._add(tp, loaded)
+            # A corrupt file stops the start, as Kafka takes its log dir offline: the log
+            # could be a deleted topic's, and without its id would be taken for the new one.
+            loaded.topic_id = read_partition_metadata(child)
         log.info("%s: loaded %d logs", log_dir, len(self._partitions_in[log_dir]))
 
     def _add(self, tp: TopicPartition, lg: Log) -> None:
@@ -168,9 +174,12 @@ class LogManager:
     def get_log(self, topic: str, partition: int) -> Log | None:
         return self._logs.get((topic, partition))
 
-    def get_or_create_log(self, topic: str, partition: int, config: LogConfig) -> Log:
+    def get_or_create_log(
+        self, topic: str, partition: int, config: LogConfig, topic_id: bytes = b""
+    ) -> Log:
         """The partition's log, with `config` now in force; a new log goes to the log dir
-        holding the fewest partitions."""
+        holding the fewest partitions, with `topic_id` (if not empty) in its
+        partition.metadata."""
         if partition < 0:
             raise UnknownTopicOrPartition(f"partition {partition} of {topic} is negative")
         existing = self._logs.get((topic, partition))
@@ -181,8 +190,17 @@ class LogManager:
         with guarded(self.dir_failures, log_dir):
             created = Log.open(log_dir / f"{topic}-{partition}", config, 0, self._time_ms)
         self._add((topic, partition), created)
+        if topic_id:
+            self.assign_topic_id(created, topic_id)
         log.info("created log %s in %s", created.name, log_dir)
         return created
+
+    def assign_topic_id(self, lg: Log, topic_id: bytes) -> None:
+        """Give a log its topic id, on disk (partition.metadata, fsynced) before in memory."""
+        with guarded(self.dir_failures, lg.log_dir):
+            write_partition_metadata(lg.dir, topic_id)
+        lg.topic_id = topic_id
+        log.info("log %s has topic id %s", lg.name, topic_id_text(topic_id))
 
     def delete_log(self, topic: str, partition: int) -> None:
         doomed = self._require(topic, partition)

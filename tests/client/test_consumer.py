@@ -334,6 +334,54 @@ async def test_a_topic_created_again_under_its_name_resets_the_position(
     )
 
 
+class _RebornDuringReset:
+    """A leader's stub: the first ListOffsets is answered (offset 4, the old topic's end)
+    once `release` is set; later ones find the new topic's offset 0."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.topic_ids: list[bytes] = []
+
+    async def Fetch(self, request: pb.FetchRequest, **_: Any) -> pb.FetchResponse:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
+        self.topic_ids.append(request.partitions[0].topic_id)
+        offset = 4 if len(self.topic_ids) == 1 else 0
+        await self.release.wait()
+        result = pb.ListOffsetsPartitionResponse(
+            topic="t", partition=0, offset=offset, leader_epoch=0
+        )
+        return pb.ListOffsetsResponse(partitions=[result])
+
+
+async def test_a_reset_answered_after_the_topic_id_changed_is_asked_again() -> None:
+    """The topic was created again while the reset was in flight: its answer is the old
+    topic's offset, dropped; the reset is sent again under the new id. Before, the consumer
+    took the old topic's offset for the new topic's."""
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="latest")
+    leader = _RebornDuringReset()
+    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
+    consumer.metadata.request_refresh = lambda: None  # type: ignore[method-assign]
+    tp = ("t", 0)
+    consumer.assign([tp])
+    consumer.metadata.brokers = {1: "127.0.0.1:2"}
+    consumer.metadata.partitions[tp] = PartitionInfo(1, 0, (1,), (1,), ErrorCode.NONE)
+    consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"old-id")
+    try:
+        assert await consumer.poll(0) == []  # the reset is sent, under old-id
+        consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"new-id")
+        leader.release.set()
+        async with asyncio.timeout(DEADLINE_S):
+            while consumer.position(tp) is None:
+                assert await consumer.poll(10) == []
+        assert consumer.position(tp) == 0
+        assert leader.topic_ids == [b"old-id", b"new-id"]
+    finally:
+        await consumer.close()
+
+
 class _MovedLeader:
     """A leader's stub: ListOffsets answers NOT_LEADER_OR_FOLLOWER first (the metadata was
     stale), then finds offset 4; Fetch long-polls."""

@@ -1,6 +1,8 @@
 """Topic ids (KIP-516) on a real cluster: given at CreateTopics, stored in etcd, kept across a
 controller failover, served by the metadata service; and what they are for: an SDK client
-that outlives a topic writes to the topic created again under its name."""
+that outlives a topic writes to the topic created again under its name, and a consumer
+holding a position in the old topic reads the new one from its reset position, never on from
+the old position (its fetch names the old id, which the broker no longer holds)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
 from tidewater.controller.model import TopicState
 from tidewater.v1 import controller_pb2 as cpb
@@ -136,16 +139,67 @@ async def test_a_long_lived_producer_writes_to_a_topic_created_again_under_its_n
         leader = producer.metadata.leader(TP)
         assert leader is not None and leader[0] == 2 and leader[2] >= 1, leader
 
-        response = await cluster.call_controller(
-            "DeleteTopics", cpb.DeleteTopicsRequest(topic_names=["orders"])
-        )
-        assert response.topics[0].error_code == ErrorCode.NONE
-        await eventually(lambda: _no_deletions(cluster), 20)
-        assert (await create(cluster, "orders", 1, 2, 3)).error_code == ErrorCode.NONE
-        assert (await cluster.partitions("orders"))[0]["leader_epoch"] == 0
+        await create_again(cluster, eventually)
 
         assert await sent(producer, b"new-0") == 0
     assert await cluster.read(1, "orders", 0) == {b"new-0": 0}
+
+
+async def test_a_consumer_never_reads_a_topic_created_again_from_the_old_position(
+    make_cluster: MakeCluster, eventually: Eventually
+) -> None:
+    """The new topic has the old one's leader at the same epoch (0), and a record at the
+    consumer's position; the consumer's metadata still holds the old id (no refresh by age
+    in the test's time). Its next fetch names the old id: UNKNOWN_TOPIC_ID, new metadata,
+    the new id, its position reset by auto_offset_reset. Before, the fetch carried no id and
+    the broker served the new topic from the old position, skipping its first records."""
+    cluster = await make_cluster(metadata=True)
+    assert (await create(cluster, "orders", 1, 2, 3)).error_code == ErrorCode.NONE
+    async with (
+        Producer(cluster.bootstrap, acks=-1) as producer,
+        Consumer(
+            cluster.bootstrap,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=0,  # no fetch left waiting once a poll has returned records
+            metadata_max_age_ms=600_000,
+        ) as consumer,
+    ):
+        for value in (b"old-0", b"old-1"):
+            await sent(producer, value)
+        consumer.assign([TP])
+        assert await polled(consumer) == [b"old-0", b"old-1"]
+        old_id = consumer.metadata.topics["orders"].topic_id
+
+        await create_again(cluster, eventually)
+        for value in (b"new-0", b"new-1", b"new-2"):
+            await sent(producer, value)
+
+        assert consumer.metadata.topics["orders"].topic_id == old_id
+        values = await polled(consumer)
+        assert values[0] == b"new-0", values  # before: b"new-2", read from the old position
+        while len(values) < 3:
+            values += await polled(consumer)
+        assert values == [b"new-0", b"new-1", b"new-2"]
+        assert consumer.metadata.topics["orders"].topic_id != old_id
+
+
+async def create_again(cluster: Cluster, eventually: Eventually) -> None:
+    """Delete "orders" and create it again on brokers 1, 2, 3: broker 1 leads at epoch 0."""
+    response = await cluster.call_controller(
+        "DeleteTopics", cpb.DeleteTopicsRequest(topic_names=["orders"])
+    )
+    assert response.topics[0].error_code == ErrorCode.NONE
+    await eventually(lambda: _no_deletions(cluster), 20)
+    assert (await create(cluster, "orders", 1, 2, 3)).error_code == ErrorCode.NONE
+    assert (await cluster.partitions("orders"))[0]["leader_epoch"] == 0
+
+
+async def polled(consumer: Consumer) -> list[bytes | None]:
+    """The values of the next poll that returns records."""
+    while True:
+        records = await consumer.poll(1000)
+        if records:
+            return [record.value for record in records]
 
 
 async def sent(producer: Producer, value: bytes) -> int:

@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
@@ -323,7 +323,7 @@ class Consumer:
 
     def _send_reset(
         self, address: str, partitions: list[TopicPartition]
-    ) -> _InFlight[LeaderAndEpoch, pb.ListOffsetsResponse]:
+    ) -> _InFlight[_Reset, pb.ListOffsetsResponse]:
         """A ListOffsets by auto_offset_reset of partitions without a position, led from
         `address`; a later poll applies the answer (_apply_reset)."""
         spec = (
@@ -335,14 +335,14 @@ class Consumer:
         for tp in partitions:
             leader = self.metadata.leader(tp)
             assert leader is not None  # _follow_leaders found it
-            sent[tp] = (leader[0], leader[2])
+            sent[tp] = _Reset((leader[0], leader[2]), self._topic_ids.get(tp, b""))
         request = _list_offsets_request(sent, spec)
         return self._ask(
             address, sent, lambda stub: stub.ListOffsets(request, timeout=self.request_timeout_s)
         )
 
     def _apply_reset(
-        self, sent: dict[TopicPartition, LeaderAndEpoch], response: pb.ListOffsetsResponse | None
+        self, sent: dict[TopicPartition, _Reset], response: pb.ListOffsetsResponse | None
     ) -> None:
         """The positions found by a reset's answer (logged when one was out of range)."""
         if response is None:
@@ -352,11 +352,18 @@ class Consumer:
             # Sought or reassigned meanwhile: the answer is stale.
             if tp not in sent or tp not in self._positions or self._positions[tp] is not None:
                 continue
+            # The topic's id changed since (created again): that offset is the old topic's.
+            if self.metadata.topic_id(tp[0]) != sent[tp].topic_id:
+                continue
             if result.error_code != ErrorCode.NONE:
                 self._failed(tp, result.error_code, result.error_message)
                 continue
             out_of_range = self._out_of_range.get(tp)
-            self._set_position(tp, FetchPosition(result.offset, result.leader_epoch, sent[tp]))
+            self._set_position(
+                tp, FetchPosition(result.offset, result.leader_epoch, sent[tp].leader)
+            )
+            if sent[tp].topic_id:  # taken under that id, whatever the metadata says later
+                self._topic_ids[tp] = sent[tp].topic_id
             if out_of_range is not None:
                 log.warning(
                     "%s-%d: fetch position %d out of range, reset (%s) to offset %d",
@@ -380,6 +387,7 @@ class Consumer:
                     partition=partition,
                     current_leader_epoch=position.current_leader_epoch,
                     leader_epoch=position.offset_epoch,
+                    topic_id=self._topic_ids.get((topic, partition), b""),
                 )
                 for (topic, partition), position in sent.items()
             ],
@@ -494,7 +502,9 @@ class Consumer:
         change, as Kafka's reset positions are)."""
         leader_id, address, epoch = await self._leader(tp)
         response = await self._stub(address).ListOffsets(
-            _list_offsets_request({tp: (leader_id, epoch)}, spec, timestamp_ms),
+            _list_offsets_request(
+                {tp: _Reset((leader_id, epoch), self.metadata.topic_id(tp[0]))}, spec, timestamp_ms
+            ),
             timeout=self.request_timeout_s,
         )
         result = response.partitions[0]
@@ -524,6 +534,9 @@ class Consumer:
                     # positions with OffsetForLeaderEpoch instead).
                     last_fetched_epoch=-1,
                     log_start_offset=-1,
+                    # The id the position was taken under: a broker holding another topic of
+                    # this name answers UNKNOWN_TOPIC_ID, never the other topic's records.
+                    topic_id=self._topic_ids.get(tp, b""),
                 )
                 for tp, position in positions.items()
             ],
@@ -637,8 +650,15 @@ class _PerLeader(Generic[_Sent, _Answer]):
             self.in_flight[address] = self.make(address, sending)
 
 
+class _Reset(NamedTuple):
+    """A partition's ListOffsets: the leader asked, and the topic id it was asked under."""
+
+    leader: LeaderAndEpoch
+    topic_id: bytes
+
+
 def _list_offsets_request(
-    leaders: dict[TopicPartition, LeaderAndEpoch], spec: int, timestamp_ms: int = -1
+    resets: dict[TopicPartition, _Reset], spec: int, timestamp_ms: int = -1
 ) -> pb.ListOffsetsRequest:
     """ListOffsets by `spec` of partitions, each fenced at its leader's epoch."""
     return pb.ListOffsetsRequest(
@@ -647,10 +667,11 @@ def _list_offsets_request(
             pb.ListOffsetsPartition(
                 topic=tp[0],
                 partition=tp[1],
-                current_leader_epoch=epoch,
+                current_leader_epoch=reset.leader[1],
                 spec=spec,  # type: ignore[arg-type]
                 timestamp_ms=timestamp_ms,
+                topic_id=reset.topic_id,
             )
-            for tp, (_, epoch) in leaders.items()
+            for tp, reset in resets.items()
         ],
     )

@@ -80,6 +80,7 @@ RETRIABLE = frozenset(
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.STORAGE_ERROR,
         ErrorCode.PRODUCER_ID_ALLOCATION_FAILED,
+        ErrorCode.UNKNOWN_TOPIC_ID,
     }
 )
 # Errors that mean the client's view of the leaders is stale.
@@ -91,6 +92,7 @@ REFRESH_METADATA = frozenset(
         ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.STORAGE_ERROR,
+        ErrorCode.UNKNOWN_TOPIC_ID,
     }
 )
 

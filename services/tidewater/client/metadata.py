@@ -201,6 +201,11 @@ class ClusterMetadata:
                 leader, leader_epoch, known.replicas, known.isr, ErrorCode.NONE
             )
 
+    def topic_id(self, topic: str) -> bytes:
+        """The topic's id as last known, for requests to name (empty: not known)."""
+        info = self.topics.get(topic)
+        return info.topic_id if info is not None else b""
+
     def leader(self, tp: TopicPartition) -> tuple[int, str, int] | None:
         """(broker id, address, leader epoch) of the partition's leader, None when unknown."""
         info = self.partitions.get(tp)

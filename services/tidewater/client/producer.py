@@ -689,7 +689,12 @@ class _BrokerLink:
             # add() and field assignment: passing built messages to a constructor makes upb
             # copy the batch bytes again, slowly for MiB batches.
             data = request.partitions.add(
-                topic=batch.tp[0], partition=batch.tp[1], record_batch=batch.data
+                topic=batch.tp[0],
+                partition=batch.tp[1],
+                record_batch=batch.data,
+                # A topic created again under its name answers UNKNOWN_TOPIC_ID: retried
+                # with new metadata, to the new topic.
+                topic_id=self.producer.metadata.topic_id(batch.tp[0]),
             )
             if batch.trace is not None:
                 data.trace_context.update(batch.trace.carrier)

@@ -51,6 +51,7 @@ REFUSED_BEFORE_APPEND = frozenset(
         ErrorCode.INVALID_REQUIRED_ACKS,
         ErrorCode.NOT_ENOUGH_REPLICAS,
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.UNKNOWN_TOPIC_ID,
         ErrorCode.UNKNOWN_PRODUCER_ID,
         ErrorCode.INVALID_PRODUCER_EPOCH,
         ErrorCode.OUT_OF_ORDER_SEQUENCE,

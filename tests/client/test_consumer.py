@@ -356,18 +356,25 @@ class _RebornDuringReset:
         return pb.ListOffsetsResponse(partitions=[result])
 
 
+def _assign_one(consumer: Consumer, leader: object, leader_epoch: int) -> tuple[str, int]:
+    """t-0 assigned to `consumer`, led by broker 1 in `leader_epoch` (`leader`: its stub);
+    metadata refreshes do nothing (the test sets the metadata)."""
+    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
+    consumer.metadata.request_refresh = lambda: None  # type: ignore[method-assign]
+    tp = ("t", 0)
+    consumer.assign([tp])
+    consumer.metadata.brokers = {1: "127.0.0.1:2"}
+    consumer.metadata.partitions[tp] = PartitionInfo(1, leader_epoch, (1,), (1,), ErrorCode.NONE)
+    return tp
+
+
 async def test_a_reset_answered_after_the_topic_id_changed_is_asked_again() -> None:
     """The topic was created again while the reset was in flight: its answer is the old
     topic's offset, dropped; the reset is sent again under the new id. Before, the consumer
     took the old topic's offset for the new topic's."""
     consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="latest")
     leader = _RebornDuringReset()
-    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
-    consumer.metadata.request_refresh = lambda: None  # type: ignore[method-assign]
-    tp = ("t", 0)
-    consumer.assign([tp])
-    consumer.metadata.brokers = {1: "127.0.0.1:2"}
-    consumer.metadata.partitions[tp] = PartitionInfo(1, 0, (1,), (1,), ErrorCode.NONE)
+    tp = _assign_one(consumer, leader, 0)
     consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"old-id")
     try:
         assert await consumer.poll(0) == []  # the reset is sent, under old-id
@@ -411,13 +418,9 @@ async def test_a_reset_answered_not_leader_refreshes_the_metadata_and_is_retried
     again after retry_backoff_ms; before, poll() raised NotLeaderOrFollower."""
     consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="earliest", retry_backoff_ms=10)
     leader = _MovedLeader()
-    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
+    tp = _assign_one(consumer, leader, 1)
     refreshes = []
     consumer.metadata.request_refresh = lambda: refreshes.append(1)  # type: ignore[method-assign]
-    tp = ("t", 0)
-    consumer.assign([tp])
-    consumer.metadata.brokers = {1: "127.0.0.1:2"}
-    consumer.metadata.partitions[tp] = PartitionInfo(1, 1, (1,), (1,), ErrorCode.NONE)
     try:
         async with asyncio.timeout(DEADLINE_S):
             while consumer.position(tp) is None:
@@ -465,3 +468,62 @@ async def test_a_reset_the_leader_does_not_answer_holds_up_its_partition_alone(
             proxy.set_mode(LinkMode.PASS)
             assert await poll_until(consumer, 1) == [(0, b"s0")]
             assert consumer.position(silent) == 1
+
+
+class _LateResetLeader:
+    """A leader's stub whose log ends at offset 1200: the first ListOffsets answers once
+    `release` is set, with the end the log had when it was sent (40); later ones at once.
+    Fetch from 1000 is out of range, from anywhere else long-polls."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.list_offsets = 0
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
+        self.list_offsets += 1
+        if self.list_offsets == 1:
+            await self.release.wait()
+        offset = 40 if self.list_offsets == 1 else 1200
+        return pb.ListOffsetsResponse(
+            partitions=[
+                pb.ListOffsetsPartitionResponse(
+                    topic="t", partition=0, offset=offset, leader_epoch=1
+                )
+            ]
+        )
+
+    async def Fetch(self, request: pb.FetchRequest, **_: Any) -> pb.FetchResponse:
+        [p] = request.partitions
+        if p.fetch_offset != 1000:
+            await asyncio.Event().wait()
+        return pb.FetchResponse(
+            partitions=[
+                pb.FetchPartitionResponse(
+                    topic="t", partition=0, error_code=ErrorCode.OFFSET_OUT_OF_RANGE
+                )
+            ]
+        )
+
+
+async def test_a_reset_sent_before_a_seek_is_not_applied_after_it() -> None:
+    """A reset (ListOffsets "latest") is in flight when the application seeks, and a fetch
+    from the sought offset is out of range: the position is lost again. The reset's answer,
+    the end of the log before the seek (40), is stale (the position changed since it was
+    sent): a new reset finds the end now (1200). Before, the only check was that the position
+    was None, so the consumer applied 40 and read from an older end of the log."""
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="latest", retry_backoff_ms=10)
+    leader = _LateResetLeader()
+    tp = _assign_one(consumer, leader, 1)
+    try:
+        assert await consumer.poll(0) == []  # the reset is sent, not answered
+        consumer.seek(tp, 1000)
+        async with asyncio.timeout(DEADLINE_S):
+            while consumer.position(tp) is not None:  # the fetch from 1000: out of range
+                assert await consumer.poll(10) == []
+            leader.release.set()
+            while consumer.position(tp) is None:
+                assert await consumer.poll(10) == []
+        assert consumer.position(tp) == 1200
+        assert leader.list_offsets == 2
+    finally:
+        await consumer.close()

@@ -12,9 +12,10 @@ partition is fetched again, so a log truncated under the consumer is detected.""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Generic, NamedTuple, TypeVar
 
 import grpc
@@ -79,6 +80,13 @@ class Consumer:
             max_age_s=metadata_max_age_ms / 1000,
         )
         self._positions: dict[TopicPartition, FetchPosition | None] = {}
+        # The generation of each position: a number of its own at every change, by the
+        # application or the consumer. An answer to a request is applied to a partition only
+        # while the generation it was sent under holds (Kafka's consumer checks that the
+        # position is still the one asked about): a reset sent before a seek() and answered
+        # after it is not, even once the sought position is lost again (out of range).
+        self._generations: dict[TopicPartition, int] = {}
+        self._changes = itertools.count()
         # KIP-320: partitions whose leader changed under a position with an epoch, not
         # fetched until the new leader confirmed or corrected the position.
         self._awaiting_validation: set[TopicPartition] = set()
@@ -92,9 +100,11 @@ class Consumer:
         # consumer sends them: resets by auto_offset_reset (ListOffsets), KIP-320 validations
         # (OffsetForLeaderEpoch) and fetches. A leader that does not answer holds up its own
         # partitions, not poll() nor the records of other leaders.
-        self._resetting = _PerLeader(self._send_reset, self._apply_reset)
-        self._validating = _PerLeader(self._send_validation, self._apply_validation)
-        self._fetching = _PerLeader(self._send_fetch, self._apply)
+        self._resetting = _PerLeader(self._send_reset, self._apply_reset, self._generation)
+        self._validating = _PerLeader(
+            self._send_validation, self._apply_validation, self._generation
+        )
+        self._fetching = _PerLeader(self._send_fetch, self._apply, self._generation)
         # Partitions whose reset or validation failed, not asked again before this loop time
         # (Kafka's SubscriptionState.requestFailed: retry_backoff_ms).
         self._retry_at: dict[TopicPartition, float] = {}
@@ -111,6 +121,11 @@ class Consumer:
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (replacing any earlier assignment)."""
         wanted = [(topic, int(p)) for topic, p in partitions]
+        # A partition assigned again has a new generation: no answer sent before counts.
+        self._generations = {
+            tp: self._generations[tp] if tp in self._positions else next(self._changes)
+            for tp in wanted
+        }
         self._positions = {tp: self._positions.get(tp) for tp in wanted}
         self._awaiting_validation &= set(wanted)
         self._out_of_range = {tp: o for tp, o in self._out_of_range.items() if tp in wanted}
@@ -199,12 +214,9 @@ class Consumer:
             )
             failed = False
             for kind in kinds:
-                for address, call in list(kind.in_flight.items()):
-                    if call.answer.done():
-                        del kind.in_flight[address]
-                        answer = call.answer.result()
-                        fetched.update(kind.apply(call.sent, answer) or {})
-                        failed |= answer is None or any(r.error_code for r in answer.partitions)
+                for sent, answer in kind.answered():
+                    fetched.update(kind.apply(sent, answer) or {})
+                    failed |= answer is None or any(r.error_code for r in answer.partitions)
             if any(fetched.values()):
                 return fetched
             self._raise_error()
@@ -252,8 +264,9 @@ class Consumer:
                 continue
             position = self._positions[tp]
             if position is not None:
-                position, validate = for_current_leader(position, (leader[0], leader[2]))
-                self._positions[tp] = position
+                moved, validate = for_current_leader(position, (leader[0], leader[2]))
+                if moved != position:
+                    self._move(tp, moved)
                 if validate:
                     self._awaiting_validation.add(tp)
             leaders[tp] = leader[1]
@@ -308,9 +321,19 @@ class Consumer:
         """The positions of partitions that have one (all those validated or fetched)."""
         return {tp: p for tp in partitions if (p := self._positions[tp]) is not None}
 
+    def _generation(self, tp: TopicPartition) -> int | None:
+        """That of the partition's position; None once it is no longer assigned."""
+        return self._generations.get(tp)
+
+    def _move(self, tp: TopicPartition, position: FetchPosition | None) -> None:
+        """Every change of a position, under a new generation: answers to requests sent
+        before it are stale."""
+        self._positions[tp] = position
+        self._generations[tp] = next(self._changes)
+
     def _set_position(self, tp: TopicPartition, position: FetchPosition | None) -> None:
         """Taken under the topic id the metadata holds when it is first followed."""
-        self._positions[tp] = position
+        self._move(tp, position)
         self._awaiting_validation.discard(tp)
         self._out_of_range.pop(tp, None)
         self._topic_ids.pop(tp, None)
@@ -349,8 +372,7 @@ class Consumer:
             self._retry_later(sent)
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
-            # Sought or reassigned meanwhile: the answer is stale.
-            if tp not in sent or tp not in self._positions or self._positions[tp] is not None:
+            if tp not in sent:  # its position changed meanwhile (_PerLeader.answered)
                 continue
             # The topic's id changed since (created again): that offset is the old topic's.
             if self.metadata.topic_id(tp[0]) != sent[tp].topic_id:
@@ -447,8 +469,7 @@ class Consumer:
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
             position = sent.get(tp)
-            # Sought, reassigned or moved to another leader meanwhile: the answer is stale.
-            if position is None or self._positions.get(tp) != position:
+            if position is None:  # its position changed meanwhile (_PerLeader.answered)
                 continue
             if result.error_code != ErrorCode.NONE:
                 self._failed(tp, result.error_code, result.error_message)
@@ -473,7 +494,7 @@ class Consumer:
                     found.offset,
                 )
             self._awaiting_validation.discard(tp)
-            self._positions[tp] = found
+            self._move(tp, found)
 
     def _keep_error(self, tp: TopicPartition, code: int, reason: str) -> None:
         """A partition's error, for the next poll to raise (the first one kept wins)."""
@@ -563,8 +584,8 @@ class Consumer:
         fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
-            position = self._positions.get(tp)
-            if position is None or position != sent.get(tp):
+            position = sent.get(tp)
+            if position is None:  # its position changed meanwhile (_PerLeader.answered)
                 continue
             if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 self._fetch_out_of_range(tp, position.offset, result.error_message)
@@ -595,7 +616,7 @@ class Consumer:
                 self._error = self._error or type(e)(message, e.code)
             if records:  # the position's epoch: that of the last record's batch
                 position = FetchPosition(offset, records[-1].leader_epoch, position.current_leader)
-                self._positions[tp] = position
+                self._move(tp, position)
         return fetched
 
     def _fetch_out_of_range(self, tp: TopicPartition, offset: int, reason: str) -> None:
@@ -605,7 +626,7 @@ class Consumer:
             message = f"{tp[0]}-{tp[1]}: fetch position {offset} is out of range: {reason}"
             self._error = self._error or OffsetOutOfRange(message)
             return
-        self._positions[tp] = None
+        self._move(tp, None)
         self._out_of_range[tp] = offset
 
 
@@ -618,10 +639,12 @@ _Answer = TypeVar(
 @dataclass(frozen=True)
 class _InFlight(Generic[_Sent, _Answer]):
     """A request sent to a leader about the partitions of `sent` (what it said of each): its
-    answer is None when the call failed."""
+    answer is None when the call failed. `generations`: those of the partitions' positions
+    when it was sent (recorded by _PerLeader.send)."""
 
     sent: dict[TopicPartition, _Sent]
     answer: asyncio.Task[_Answer | None]
+    generations: dict[TopicPartition, int | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -634,6 +657,8 @@ class _PerLeader(Generic[_Sent, _Answer]):
         [dict[TopicPartition, _Sent], _Answer | None],
         dict[TopicPartition, list[ConsumerRecord]] | None,
     ]
+    # The generation of a partition's position now (Consumer._generation).
+    generation: Callable[[TopicPartition], int | None]
     in_flight: dict[str, _InFlight[_Sent, _Answer]] = field(default_factory=dict)  # by leader
 
     def send(self, leaders: dict[TopicPartition, str], partitions: list[TopicPartition]) -> None:
@@ -647,7 +672,26 @@ class _PerLeader(Generic[_Sent, _Answer]):
             if address not in self.in_flight and tp not in busy:
                 by_leader.setdefault(address, []).append(tp)
         for address, sending in by_leader.items():
-            self.in_flight[address] = self.make(address, sending)
+            call = self.make(address, sending)
+            generations = {tp: self.generation(tp) for tp in call.sent}
+            self.in_flight[address] = replace(call, generations=generations)
+
+    def answered(
+        self,
+    ) -> Iterator[tuple[dict[TopicPartition, _Sent], _Answer | None]]:
+        """The answers come in, taken out of flight one at a time, each with what was sent
+        of the partitions whose position is still of the generation it was sent under: any
+        other (sought, reset, moved, or unassigned meanwhile) is left out of `sent`, and the
+        answer about it is stale."""
+        for address, call in list(self.in_flight.items()):
+            if call.answer.done():
+                del self.in_flight[address]
+                current = {
+                    tp: sent
+                    for tp, sent in call.sent.items()
+                    if self.generation(tp) == call.generations[tp]
+                }
+                yield current, call.answer.result()
 
 
 class _Reset(NamedTuple):

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidewater.errors import CorruptMessage, UnsupportedCompressionType
+from tidewater.records import compression
 from tidewater.records.compression import compress, decompress
 from tidewater.records.header import Compression
 
@@ -96,3 +97,26 @@ def test_threads_decompress_at_once(codec: Compression) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(decompress_all, range(4)))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_decompressed_records_are_not_copied_into_bytes(codec: Compression) -> None:
+    """The output is returned as built (up to 64 MiB for the broker), not copied once more."""
+    assert type(decompress(codec, compress(codec, b"records"), 100)) is bytearray
+
+
+def test_a_zstd_context_grown_by_a_large_output_is_not_kept() -> None:
+    """A thread keeps its zstd decompressor across small outputs, and takes a new one after an
+    output of more than 8 MiB, finished or refused: the old one's buffers (up to a 128 MiB
+    window) would stay resident with the thread. Before, every context was kept."""
+    small = compress(Compression.ZSTD, bytes(1 << 20))
+    large = compress(Compression.ZSTD, bytes(9 << 20))
+    kept = compression._zstd.decompressor
+    decompress(Compression.ZSTD, small, 1 << 20)
+    assert compression._zstd.decompressor is kept
+    decompress(Compression.ZSTD, large, 9 << 20)
+    replaced = compression._zstd.decompressor
+    assert replaced is not kept
+    with pytest.raises(CorruptMessage, match="more than"):
+        decompress(Compression.ZSTD, large, (8 << 20) + 1)
+    assert compression._zstd.decompressor is not replaced

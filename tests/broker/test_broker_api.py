@@ -7,6 +7,7 @@ import logging
 import struct
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -818,6 +819,129 @@ async def test_a_compressed_batch_whose_records_do_not_decode_is_refused(
     assert [r.value for r in result.records] == [b"kept"] * count + [b"after"]
 
 
+class HeldChecks:
+    """check_compressed_records stood in for: each check records the thread it ran in and how
+    many ran at once, and the first waits until release() (the others do not wait)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.threads: list[str] = []
+        self.most_at_once = 0
+        self._running = 0
+        self._lock = threading.Lock()
+        self._go = threading.Event()
+        self._check = replica_manager.check_compressed_records
+        monkeypatch.setattr(replica_manager, "check_compressed_records", self._held)
+
+    def _held(self, *args: Any) -> None:
+        with self._lock:
+            self.threads.append(threading.current_thread().name)
+            self._running += 1
+            self.most_at_once = max(self.most_at_once, self._running)
+            first = len(self.threads) == 1
+        try:
+            if first:
+                self._go.wait(WAIT_S)
+            self._check(*args)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def appends_entered(monkeypatch: pytest.MonkeyPatch, partition: Any) -> list[int]:
+    """The record counts of the batches that reached the partition's append_as_leader, in
+    order (appended or waiting for their turn)."""
+    entered: list[int] = []
+    append_as_leader = partition.append_as_leader
+
+    async def counted(batch: bytearray, *args: Any) -> Any:
+        entered.append(read_header(batch).record_count)
+        return await append_as_leader(batch, *args)
+
+    monkeypatch.setattr(partition, "append_as_leader", counted)
+    return entered
+
+
+@pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
+async def test_unary_produces_append_in_arrival_order_while_a_compressed_one_is_checked(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, idempotent: bool
+) -> None:
+    """Unary produce A, a compressed batch checked in a worker thread, then B, a small
+    uncompressed batch, to one partition: B waits for A's turn, as before the leader checked
+    compressed records. Before, B was appended while A's records were checked (B at offset
+    0, A after it; with one idempotent producer B, sequence 2,000, was refused, the
+    partition not having A's sequences 0..1,999 yet)."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    ids: dict[str, Any] = {}
+    if idempotent:
+        init = await client.service.InitProducerId(pb.InitProducerIdRequest())
+        ids = {"producer_id": init.producer_id, "producer_epoch": init.producer_epoch}
+    checks = HeldChecks(monkeypatch)
+    entered = appends_entered(monkeypatch, server.replica_manager.partitions[(TOPIC, 0)])
+    a = batch_of([b"A"] * 2000, compression=Compression.ZSTD, base_sequence=0, **ids)
+    call_a = asyncio.ensure_future(client.service.Produce(produce_request(a)))
+    await eventually(lambda: len(checks.threads) == 1, WAIT_S, 0.01)
+    b = batch_of([b"B"], base_sequence=2000, **ids)
+    call_b = asyncio.ensure_future(client.service.Produce(produce_request(b)))
+    # B reached the partition: appended, or waiting for its turn.
+    await eventually(lambda: 1 in entered, WAIT_S, 0.01)
+    checks.release()
+    answers = [(await call).partitions[0] for call in (call_a, call_b)]
+    assert [(p.error_code, p.base_offset) for p in answers] == [(0, 0), (0, 2000)]
+    assert entered == [2000, 1]
+    response = await client.service.Fetch(fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS))
+    assert [r.value for r in response.partitions[0].records] == [b"A"] * 2000 + [b"B"]
+
+
+async def test_compressed_batches_are_checked_one_at_a_time_off_the_default_executor(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three large compressed batches to three partitions at once are checked in the
+    broker's own checking thread, one at a time, and the checkpoints (on the default
+    executor, here of one thread) do not wait behind them. Before, the checks ran on the
+    default executor: with the first one held, the recovery-point and log-start checkpoint
+    waited for it."""
+    loop = asyncio.get_running_loop()
+    default = ThreadPoolExecutor(max_workers=1)
+    loop.set_default_executor(default)
+    server, client = await start_broker(1)
+    rm = server.replica_manager
+    for partition in range(3):
+        await make_leader(client.channel, TOPIC, partition, leader=1, leader_epoch=1, replicas=[1])
+    checks = HeldChecks(monkeypatch)
+    batch = batch_of([b"v"] * 2000, compression=Compression.LZ4)
+    calls = [
+        asyncio.ensure_future(client.service.Produce(produce_request(batch, partition=p)))
+        for p in range(3)
+    ]
+    try:
+        await eventually(lambda: len(checks.threads) == 1, WAIT_S, 0.01)
+        async with asyncio.timeout(WAIT_S):
+            await rm.log_manager._checkpoint_offsets_off_loop()
+            await rm.checkpoint_high_watermarks_off_loop()
+    finally:
+        checks.release()
+    answers = [(await call).partitions[0] for call in calls]
+    assert [(p.error_code, p.base_offset) for p in answers] == [(0, 0)] * 3
+    assert len(checks.threads) == 3 and checks.most_at_once == 1
+    assert all(name.startswith("batch-check") for name in checks.threads), checks.threads
+
+
+async def test_a_batch_whose_records_decompress_past_the_bound_is_refused_saying_so(
+    leader: Any,
+) -> None:
+    """A 2 KiB zstd batch whose record decompresses to 64 MiB and more is refused
+    CORRUPT_MESSAGE, the answer naming the broker's 64 MiB bound rather than a bare size."""
+    bomb = build_batch([Record(key=None, value=bytes(64 << 20))], compression=Compression.ZSTD)
+    assert len(bomb) < 16 * 1024
+    code, message = await produce_error(leader, produce_request(bomb))
+    assert code == ErrorCode.CORRUPT_MESSAGE
+    assert "decompress to more than 64 MiB, the most the broker decompresses" in message
+
+
 async def test_a_batch_that_does_not_decode_fails_only_its_partition_of_a_records_fetch(
     start_broker: Callable[..., Any],
 ) -> None:
@@ -946,13 +1070,15 @@ def fail_for_topic(monkeypatch: pytest.MonkeyPatch, rm: Any, topic: str) -> None
     monkeypatch.setattr(rm, "_leader_partition", broken)
 
 
-async def test_a_produce_whose_handler_raises_answers_alone_on_its_stream(
+async def test_a_partition_whose_append_raises_answers_alone_on_its_stream(
     start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, logged: Logged
 ) -> None:
-    """Request 2 of three on one ProduceStream raises in its handler (a bug). It answers
-    UNKNOWN_SERVER_ERROR for each of its partitions; requests 1 and 3 are answered as usual
-    and the stream ends cleanly. Before, the error ended the stream with gRPC UNKNOWN and
-    request 3 went unanswered."""
+    """Request 2 of three on one ProduceStream raises in its handler (a bug) for its first
+    partition. That partition answers UNKNOWN_SERVER_ERROR; its other partition is appended
+    and answered as usual, as Kafka's appendToLocalLog fails only the partition that threw;
+    requests 1 and 3 are answered as usual and the stream ends cleanly. Before, the whole
+    request answered UNKNOWN_SERVER_ERROR, its appended batch included (a retry would have
+    stored it twice)."""
     server, client = await start_broker(1)
     await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
     fail_for_topic(monkeypatch, server.replica_manager, "broken")
@@ -962,7 +1088,9 @@ async def test_a_produce_whose_handler_raises_answers_alone_on_its_stream(
             acks=1,
             correlation_id=correlation_id,
             partitions=[
-                pb.PartitionProduceData(topic=topic, partition=0, record_batch=batch_of([b"v"]))
+                pb.PartitionProduceData(
+                    topic=topic, partition=0, record_batch=batch_of([b"v%d" % correlation_id])
+                )
                 for topic in topics
             ],
         )
@@ -974,10 +1102,49 @@ async def test_a_produce_whose_handler_raises_answers_alone_on_its_stream(
     assert [(p.error_code, p.base_offset) for p in answers[1]] == [(ErrorCode.NONE, 0)]
     assert [(p.topic, p.error_code, p.base_offset) for p in answers[2]] == [
         ("broken", ErrorCode.UNKNOWN_SERVER_ERROR, -1),
-        (TOPIC, ErrorCode.UNKNOWN_SERVER_ERROR, -1),
+        (TOPIC, ErrorCode.NONE, 1),
     ]
-    assert all("a bug in looking up broken-0" in p.error_message for p in answers[2])
-    assert [(p.error_code, p.base_offset) for p in answers[3]] == [(ErrorCode.NONE, 1)]
+    assert "a bug in looking up broken-0" in answers[2][0].error_message
+    assert [(p.error_code, p.base_offset) for p in answers[3]] == [(ErrorCode.NONE, 2)]
+    response = await client.service.Fetch(fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS))
+    assert [r.value for r in response.partitions[0].records] == [b"v1", b"v2", b"v3"]
+    assert logged(logging.ERROR, "produce to broken-0 failed")
+
+
+async def test_a_produce_whose_handler_raises_answers_alone_on_its_stream(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, logged: Logged
+) -> None:
+    """Request 2 of three on one ProduceStream raises in its handler outside the appends (a
+    bug). It answers UNKNOWN_SERVER_ERROR for each of its partitions, saying its batches may
+    be in the log; requests 1 and 3 are answered as usual and the stream ends cleanly.
+    Before, the error ended the stream with gRPC UNKNOWN and request 3 went unanswered."""
+    server, client = await start_broker(1)
+    rm = server.replica_manager
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    append_all = rm._append_all
+
+    async def broken(request: pb.ProduceRequest, *args: Any) -> Any:
+        answer = await append_all(request, *args)
+        if request.correlation_id == 2:
+            raise RuntimeError("a bug after appending")
+        return answer
+
+    monkeypatch.setattr(rm, "_append_all", broken)
+    call = client.service.ProduceStream()
+    for correlation_id in (1, 2, 3):
+        request = produce_request(batch_of([b"v"]))
+        request.correlation_id = correlation_id
+        await call.write(request)
+    await call.done_writing()
+    async with asyncio.timeout(WAIT_S):
+        answers = {answer.correlation_id: list(answer.partitions) async for answer in call}
+        assert await call.code() == grpc.StatusCode.OK
+    assert [(p.error_code, p.base_offset) for p in answers[1]] == [(ErrorCode.NONE, 0)]
+    [failed] = answers[2]
+    assert (failed.error_code, failed.base_offset) == (ErrorCode.UNKNOWN_SERVER_ERROR, -1)
+    assert "a bug after appending" in failed.error_message
+    assert "may be in the log" in failed.error_message
+    assert [(p.error_code, p.base_offset) for p in answers[3]] == [(ErrorCode.NONE, 2)]
     assert logged(logging.ERROR, "stream request failed")
 
 

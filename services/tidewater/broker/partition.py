@@ -5,7 +5,7 @@ log (the fetcher appends and truncates through this class for that reason)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -88,14 +88,23 @@ class HostedPartition:
         self.state.config = replication_config(config, replica_lag_time_max_ms)
 
     async def append_as_leader(
-        self, batch: bytearray, acks: int, now_ms: int
+        self,
+        batch: bytearray,
+        acks: int,
+        now_ms: int,
+        check: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[AppendInfo, int]:
         """Append a validated batch as leader; returns the append and the leader epoch it was
         made under (an acks=all ack must not outlive that epoch). A retry of an idempotent
         batch already in the log is not appended again: the answer carries the original
-        offsets (Kafka's, with no timestamp). Appends wait their turn: each checks leadership
-        and duplicates only after the one before it is in the log."""
+        offsets (Kafka's, with no timestamp). Appends wait their turn, taken at the call
+        (first come, first served): each checks leadership and duplicates only after the one
+        before it is in the log. `check`, the rest of the batch's validation, runs in the
+        turn, as Kafka validates in the log's lock: a slow check does not let a later batch
+        overtake this one."""
         async with self._leader_appends:
+            if check is not None:
+                await check()
             if self.stopped:
                 raise NotLeaderOrFollower(f"{self.state.name} is no longer hosted here")
             self.state.check_append(acks)

@@ -9,6 +9,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,6 +46,7 @@ from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.records.compression import DecompressedTooLarge
 from tidewater.records.header import BatchHeader, Compression
 from tidewater.records.validate import (
+    MAX_RECORDS_SECTION_BYTES,
     check_compressed_records,
     validate_batch_short_of_compressed_records,
 )
@@ -519,14 +522,26 @@ class ReplicaManager:
                 partition = self._leader_partition(tp, data.topic_id)
                 lifted = batches[i] if batches else None
                 batch, header = self._batch_of(data, partition.config.log.max_message_bytes, lifted)
-                if header.compression != Compression.NONE:
-                    await _check_compressed_records(batch, header)
                 start_ns = time.time_ns() if traces is not None else 0
+                # No await before append_as_leader: it takes the partition's turn at the
+                # call, so produces append in arrival order; the check waits in the turn.
                 info, leader_epoch = await partition.append_as_leader(
-                    batch, request.acks, self.time_ms()
+                    batch,
+                    request.acks,
+                    self.time_ms(),
+                    None
+                    if header.compression == Compression.NONE
+                    else partial(_check_compressed_records, batch, header),
                 )
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
+                continue
+            except Exception as e:
+                # A bug, not an answer. As Kafka's appendToLocalLog, only this partition
+                # answers UNKNOWN_SERVER_ERROR: the others' batches are appended, or not,
+                # as their answers say (a retry of an appended one would duplicate it).
+                log.exception("produce to %s-%d failed", *tp)
+                response.partitions.append(_partition_produce_error(data, _unknown_server_error(e)))
                 continue
             appended += info.size_bytes
             produce_trace = traces[i] if traces is not None else None
@@ -1029,6 +1044,11 @@ class ReplicaManager:
 _INLINE_BATCH_BYTES = 16 * 1024
 _INLINE_RECORDS = 1024
 _INLINE_SECTION_BYTES = 256 * 1024
+# The workers' checks have a thread of their own, one check at a time: the walk holds the
+# GIL, so more threads would only contend with each other and the loop, and on the default
+# executor 8 large batches at once starved the HW, recovery-point and log-start checkpoints
+# and the removal of deleted logs (20 s behind them). A check waits its turn here instead.
+_CHECKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-check")
 
 
 async def _check_compressed_records(batch: bytearray, header: BatchHeader) -> None:
@@ -1038,7 +1058,18 @@ async def _check_compressed_records(batch: bytearray, header: BatchHeader) -> No
             return
         except DecompressedTooLarge:
             pass  # started again in the worker, with the readers' bound
-    await asyncio.to_thread(check_compressed_records, batch, header)
+    try:
+        await asyncio.get_running_loop().run_in_executor(
+            _CHECKER, check_compressed_records, batch, header
+        )
+    except DecompressedTooLarge as e:
+        # Not corrupt, maybe, but more than the broker reads: Kafka would take it if
+        # max.message.bytes allowed its compressed size.
+        raise DecompressedTooLarge(
+            f"the {len(batch)}-byte batch's records decompress to more than "
+            f"{MAX_RECORDS_SECTION_BYTES >> 20} MiB, the most the broker decompresses of one "
+            "batch (a bound on zip bombs): send smaller batches"
+        ) from e
 
 
 async def _waited(purgatory: Purgatory, op: DelayedOperation, done: asyncio.Future[T]) -> T:
@@ -1056,8 +1087,12 @@ def produce_failed(request: pb.ProduceRequest, error: Exception) -> pb.ProduceRe
     """The answer to a produce whose handling raised (a bug, not an answer):
     UNKNOWN_SERVER_ERROR for each partition, as Kafka answers an unexpected exception with the
     request's error response. Built from the request alone, since the broker's state may be
-    what failed (the current leader unknown). A batch may or may not be in the log."""
-    unknown = _unknown_server_error(error)
+    what failed (the current leader unknown). A partition's failed append answers alone
+    (_append_all): this is for a raise outside the appends, after which batches may be in
+    the log, as the message says."""
+    unknown = TidewaterError(
+        f"the broker failed handling the request: {error!r}; its batches may be in the log"
+    )
     return pb.ProduceResponse(
         correlation_id=request.correlation_id,
         partitions=[_partition_produce_error(data, unknown) for data in request.partitions],

@@ -1070,6 +1070,15 @@ def fail_for_topic(monkeypatch: pytest.MonkeyPatch, rm: Any, topic: str) -> None
     monkeypatch.setattr(rm, "_leader_partition", broken)
 
 
+async def stream_answers(call: Any) -> dict[int, list[pb.PartitionProduceResponse]]:
+    """Each answer's partitions by correlation id, once the written ProduceStream ends (OK)."""
+    await call.done_writing()
+    async with asyncio.timeout(WAIT_S):
+        answers = {answer.correlation_id: list(answer.partitions) async for answer in call}
+        assert await call.code() == grpc.StatusCode.OK
+    return answers
+
+
 async def test_a_partition_whose_append_raises_answers_alone_on_its_stream(
     start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, logged: Logged
 ) -> None:
@@ -1095,10 +1104,7 @@ async def test_a_partition_whose_append_raises_answers_alone_on_its_stream(
             ],
         )
         await call.write(request)
-    await call.done_writing()
-    async with asyncio.timeout(WAIT_S):
-        answers = {answer.correlation_id: list(answer.partitions) async for answer in call}
-        assert await call.code() == grpc.StatusCode.OK
+    answers = await stream_answers(call)
     assert [(p.error_code, p.base_offset) for p in answers[1]] == [(ErrorCode.NONE, 0)]
     assert [(p.topic, p.error_code, p.base_offset) for p in answers[2]] == [
         ("broken", ErrorCode.UNKNOWN_SERVER_ERROR, -1),
@@ -1135,10 +1141,7 @@ async def test_a_produce_whose_handler_raises_answers_alone_on_its_stream(
         request = produce_request(batch_of([b"v"]))
         request.correlation_id = correlation_id
         await call.write(request)
-    await call.done_writing()
-    async with asyncio.timeout(WAIT_S):
-        answers = {answer.correlation_id: list(answer.partitions) async for answer in call}
-        assert await call.code() == grpc.StatusCode.OK
+    answers = await stream_answers(call)
     assert [(p.error_code, p.base_offset) for p in answers[1]] == [(ErrorCode.NONE, 0)]
     [failed] = answers[2]
     assert (failed.error_code, failed.base_offset) == (ErrorCode.UNKNOWN_SERVER_ERROR, -1)

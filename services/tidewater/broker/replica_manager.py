@@ -134,7 +134,6 @@ class ReplicaManager:
         # UpdateMetadata: a FULL view (each unfence, each controller failover) names every
         # topic, and only those whose configs changed are parsed and applied again.
         self._applied_topic_configs: dict[str, dict[str, str]] = {}
-        self._written_hws: dict[Path, dict[TopicPartition, int]] = {}
         for log_dir in config.log_dirs:
             self._checkpointed_hws.update(
                 OffsetCheckpoint(log_dir / HIGH_WATERMARK_CHECKPOINT).read()
@@ -966,20 +965,18 @@ class ReplicaManager:
         """Write every partition's HW to its log dir's replication-offset-checkpoint."""
         for log_dir, hws in self._hws_to_checkpoint():
             self._hw_writer.write(log_dir, hws)
-            self._written_hws[log_dir] = hws
 
     async def checkpoint_high_watermarks_off_loop(self) -> None:
         """checkpoint_high_watermarks with the writes on a worker thread."""
         for log_dir, hws in self._hws_to_checkpoint():
             await self._hw_writer.write_off_loop(log_dir, hws)
-            self._written_hws[log_dir] = hws
 
     def _hws_to_checkpoint(self) -> list[tuple[Path, dict[TopicPartition, int]]]:
         by_dir: dict[Path, dict[TopicPartition, int]] = {d: {} for d in self.config.log_dirs}
         for tp, partition in self.partitions.items():
             by_dir.setdefault(partition.log.dir.parent, {})[tp] = partition.state.high_watermark
-        # An fsync'd rewrite of the same HWs (idle partitions) would only cost time.
-        return [(d, hws) for d, hws in by_dir.items() if self._written_hws.get(d) != hws]
+        # The writer skips HWs its file already holds (idle partitions).
+        return list(by_dir.items())
 
     # -- ISR ---------------------------------------------------------------------------------
 

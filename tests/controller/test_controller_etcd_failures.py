@@ -1,7 +1,8 @@
 """When etcd fails the active controller: a write whose answer is lost, a controller epoch that
 moved on. The controller resigns and campaigns again instead of dying, callers waiting on its
 queue get NOT_CONTROLLER at once, and an admin request etcd failed part-way is healed by the
-failover. (A write etcd applied without answering, found by the next write: test_alter_isr.py.)
+failover, and the SDK's Admin retries it at the new controller. (A write etcd applied without
+answering, found by the next write: test_alter_isr.py.)
 
 The controller runs in the test's process on a real etcd, through a TcpProxy where the link
 fails."""
@@ -15,17 +16,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import aetcd
+import grpc
 import pytest
 
+from tidewater.client.admin import Admin
 from tidewater.controller.controller import Controller, ControllerConfig, NotActive
 from tidewater.controller.model import PartitionRecord, TopicState
 from tidewater.controller.server import wall_clock_ms
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
-from tidewater.errors import StoreUnavailable
+from tidewater.errors import StoreUnavailable, TidewaterError
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
@@ -69,13 +73,13 @@ async def run_controller() -> AsyncIterator[RunController]:
     running: list[tuple[Controller, asyncio.Task[None]]] = []
 
     def run(
-        store: ControllerStore, session_timeout_ms: int = SESSION_TIMEOUT_MS
+        store: ControllerStore, session_timeout_ms: int = SESSION_TIMEOUT_MS, port: int = 1
     ) -> tuple[Controller, asyncio.Task[None]]:
         controller = Controller(
             ControllerConfig(
                 controller_id=1,
                 host="127.0.0.1",
-                port=1,
+                port=port,
                 lease_ttl_s=LEASE_TTL_S,
                 broker_session_timeout_ms=session_timeout_ms,
                 session_check_interval_ms=50,
@@ -248,10 +252,13 @@ async def failed_over(controller: Controller, epoch: int, eventually: Eventually
 
 
 async def leading(
-    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+    connect_store: ConnectStore,
+    run_controller: RunController,
+    eventually: Eventually,
+    port: int = 1,
 ) -> tuple[ControllerStore, Controller, ControllerService]:
     store = await connect_store()
-    controller, _ = run_controller(store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS)
+    controller, _ = run_controller(store, LONG_SESSION_TIMEOUT_MS, port)
     await eventually(lambda: controller.active, 10)
     await heartbeat(controller, *controller.model.brokers)
     return store, controller, ControllerService(controller)
@@ -388,3 +395,60 @@ async def test_alter_configs_that_etcd_fails_part_way_answers_what_was_committed
     await failed_over(controller, epoch, eventually)
     configs = {name: t.configs for name, t in controller.model.topics.items()}
     assert configs == {"a": {"retention.ms": "1000"}, "b": {}, "c": {}}
+
+
+# -- the SDK's Admin retries what etcd failed ------------------------------------------------
+
+
+@pytest.fixture
+async def served(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> AsyncIterator[tuple[ControllerStore, Controller, str]]:
+    """A leading controller (broker 1 and topic t seeded) served on gRPC: its store, itself,
+    and its address (the one it names itself by when active)."""
+    await seed(connect_store)
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    store, controller, service = await leading(connect_store, run_controller, eventually, port)
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(service, server)
+    await server.start()
+    yield store, controller, f"127.0.0.1:{port}"
+    await server.stop(0)
+
+
+async def test_admin_retries_at_the_new_controller_only_what_etcd_did_not_commit(
+    served: tuple[ControllerStore, Controller, str],
+) -> None:
+    store, controller, address = served
+    async with Admin([address]) as admin:
+        for name in ("a", "b", "c"):
+            await admin.create_topic(name, assignments=[[1]])
+        epoch = controller.epoch
+        # a is deleted; etcd fails b's deletion; c is never tried. The controller resigns.
+        fail_once(store, "delete_topic", when=lambda epoch, name, deletion: name == "b")
+        # Before, this raised REQUEST_TIMED_OUT. a is not sent again (it would be answered
+        # UNKNOWN_TOPIC_OR_PARTITION); b and c are, once the controller leads again.
+        await admin.delete_topics(["a", "b", "c"])
+    assert controller.epoch > epoch
+    assert sorted(controller.model.topics) == ["t"]
+    assert sorted(await store.load_deletions()) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("applied", [False, True], ids=["not-applied", "answer-lost"])
+async def test_admin_retries_a_create_etcd_failed_and_an_ambiguous_one_may_exist_already(
+    served: tuple[ControllerStore, Controller, str], applied: bool
+) -> None:
+    store, controller, address = served
+    epoch = controller.epoch
+    fail_once(store, "put_topic", applied)
+    async with Admin([address]) as admin:
+        if applied:
+            # etcd stored u but its answer was lost: the retry finds u, as Kafka's would.
+            with pytest.raises(TidewaterError) as info:
+                await admin.create_topic("u", assignments=[[1]])
+            assert info.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
+        else:  # before, REQUEST_TIMED_OUT
+            topic_id = await admin.create_topic("u", assignments=[[1]])
+            assert topic_id == controller.model.topics["u"].topic_id
+    assert controller.epoch > epoch
+    assert "u" in (await store.load_topics())

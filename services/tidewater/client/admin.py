@@ -1,12 +1,24 @@
 """Admin client: topics, partitions, reassignments and leader elections through the active
 controller (ControllerService, following NOT_CONTROLLER), and topic descriptions from a
 metadata service. Given only metadata addresses, it asks them where the active controller is,
-as a Kafka admin client needs only bootstrap servers."""
+as a Kafka admin client needs only bootstrap servers.
+
+As Kafka's AdminClient retries a retriable error until default.api.timeout.ms, a request the
+controller cut short when etcd failed (REQUEST_TIMED_OUT at the top level: it resigned) is sent
+again, after retry_backoff, to whichever controller is active then, with only the items that
+were not answered: those answered before the failure keep their answers, so an item committed
+is never sent twice. An item whose etcd write was ambiguous (perhaps applied) may be answered
+TOPIC_ALREADY_EXISTS (or INVALID_PARTITIONS, UNKNOWN_TOPIC_OR_PARTITION) by the retry, as in
+Kafka."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.client.errors import error_for
@@ -17,6 +29,7 @@ from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
+log = logging.getLogger(__name__)
 
 
 class Admin:
@@ -25,7 +38,11 @@ class Admin:
         controllers: Sequence[str],
         bootstrap: Sequence[str] = (),
         request_timeout_s: float = 10.0,
+        default_api_timeout_s: float = 60.0,
+        retry_backoff_s: float = 0.1,
     ) -> None:
+        """`default_api_timeout_s` (Kafka's default.api.timeout.ms) bounds a call's retries
+        of a controller's REQUEST_TIMED_OUT; `retry_backoff_s` is the wait before each."""
         if not controllers and not bootstrap:
             raise ValueError("Admin needs controller or metadata service addresses")
         self._controller = ControllerClient(controllers)
@@ -35,6 +52,8 @@ class Admin:
             else None
         )
         self._timeout_s = request_timeout_s
+        self._api_timeout_s = default_api_timeout_s
+        self._retry_backoff_s = retry_backoff_s
 
     async def __aenter__(self) -> Admin:
         return self
@@ -53,6 +72,54 @@ class Admin:
         response = await self._controller.call(method, request, timeout_s=self._timeout_s)
         _raise_if(response.error_code, response.error_message)
         return response
+
+    async def _call_each(self, method: str, request: Any, items: str, results: str) -> list[Any]:
+        """An RPC the controller answers per item (`results` of the response, one for each of
+        `items` of the request, in order), retried as the module's docstring says. The
+        results, one per item."""
+        if not self._controller.configured:
+            await self._find_controller()
+        deadline = time.monotonic() + self._api_timeout_s
+        every = list(getattr(request, items))
+        answers: list[Any] = [None] * len(every)
+        pending = list(range(len(every)))
+        retrying = False
+        while True:
+            attempt = type(request)()
+            attempt.CopyFrom(request)
+            del getattr(attempt, items)[:]
+            getattr(attempt, items).extend(every[i] for i in pending)
+            timeout_s = min(self._timeout_s, max(deadline - time.monotonic(), 0.001))
+            try:
+                response = await self._controller.call(method, attempt, timeout_s=timeout_s)
+            except ControllerUnavailable:
+                # The controller that resigned answers NOT_CONTROLLER until one is elected.
+                if not retrying or time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(self._retry_backoff_s)
+                continue
+            for i, result in zip(pending, getattr(response, results), strict=False):
+                answers[i] = result
+            # The item etcd failed and those never tried carry its code; the others are final.
+            pending = [
+                i
+                for i in pending
+                if answers[i] is None or answers[i].error_code == ErrorCode.REQUEST_TIMED_OUT
+            ]
+            retrying = response.error_code == ErrorCode.REQUEST_TIMED_OUT
+            if retrying and not pending:
+                return answers
+            if not retrying or time.monotonic() >= deadline:
+                _raise_if(response.error_code, response.error_message)
+                return answers
+            log.info(
+                "%s: %s; retrying %d of %d items at the active controller",
+                method,
+                response.error_message,
+                len(pending),
+                len(every),
+            )
+            await asyncio.sleep(self._retry_backoff_s)
 
     async def create_topic(
         self,
@@ -81,25 +148,28 @@ class Admin:
         )
         for partition, replicas in enumerate(assignments):
             topic.assignments.add(partition=partition, broker_ids=list(replicas))
-        response = await self._call(
-            "CreateTopics", cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
+        [result] = await self._call_each(
+            "CreateTopics",
+            cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only),
+            "topics",
+            "topics",
         )
-        result = response.topics[0]  # type: ignore[attr-defined]
         _raise_if(result.error_code, result.error_message)
         return uuid.UUID(bytes=result.topic_id) if result.topic_id else None
 
     async def delete_topics(self, names: Sequence[str]) -> None:
-        response = await self._call("DeleteTopics", cpb.DeleteTopicsRequest(topic_names=names))
-        for result in response.topics:  # type: ignore[attr-defined]
+        request = cpb.DeleteTopicsRequest(topic_names=names)
+        for result in await self._call_each("DeleteTopics", request, "topic_names", "topics"):
             _raise_if(result.error_code, result.error_message)
 
     async def create_partitions(self, name: str, count: int) -> None:
         """Grow a topic to `count` partitions."""
-        response = await self._call(
+        [result] = await self._call_each(
             "CreatePartitions",
             cpb.CreatePartitionsRequest(topics=[cpb.CreatePartitionsTopic(name=name, count=count)]),
+            "topics",
+            "topics",
         )
-        result = response.topics[0]  # type: ignore[attr-defined]
         _raise_if(result.error_code, result.error_message)
 
     async def reassign(self, targets: Mapping[TopicPartition, Sequence[int] | None]) -> None:
@@ -112,8 +182,9 @@ class Admin:
                 replicas=list(replicas or ()),
                 cancel=replicas is None,
             )
-        response = await self._call("AlterPartitionReassignments", request)
-        for result in response.partitions:  # type: ignore[attr-defined]
+        for result in await self._call_each(
+            "AlterPartitionReassignments", request, "partitions", "partitions"
+        ):
             _raise_if(result.error_code, result.error_message)
 
     async def elect_leaders(
@@ -163,14 +234,15 @@ class Admin:
             cpb.AlterableConfig(name=k, operation=cpb.CONFIG_OPERATION_DELETE)
             for k in delete_configs
         ]
-        response = await self._call(
+        [result] = await self._call_each(
             "IncrementalAlterConfigs",
             cpb.IncrementalAlterConfigsRequest(
                 topics=[cpb.AlterConfigsTopic(topic=topic, configs=changes)],
                 validate_only=validate_only,
             ),
+            "topics",
+            "topics",
         )
-        result = response.topics[0]  # type: ignore[attr-defined]
         _raise_if(result.error_code, result.error_message)
 
     async def describe_topics(self, names: Sequence[str] = ()) -> metadata_pb2.GetMetadataResponse:

@@ -16,6 +16,7 @@ from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -525,5 +526,77 @@ async def test_a_reset_sent_before_a_seek_is_not_applied_after_it() -> None:
                 assert await consumer.poll(10) == []
         assert consumer.position(tp) == 1200
         assert leader.list_offsets == 2
+    finally:
+        await consumer.close()
+
+
+class _HeldListOffsets:
+    """A leader's stub answering each ListOffsets once the event of its spec is set: the
+    log starts at 0, ends at 40, and its first record at or after any time is at 20."""
+
+    def __init__(self) -> None:
+        self.offsets = {
+            pb.OFFSET_SPEC_EARLIEST: 0,
+            pb.OFFSET_SPEC_LATEST: 40,
+            pb.OFFSET_SPEC_TIMESTAMP: 20,
+        }
+        self.asked: list[int] = []
+        self.release = {spec: asyncio.Event() for spec in self.offsets}
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
+        [p] = request.partitions
+        self.asked.append(p.spec)
+        await self.release[p.spec].wait()
+        return pb.ListOffsetsResponse(
+            partitions=[
+                pb.ListOffsetsPartitionResponse(
+                    topic="t", partition=0, offset=self.offsets[p.spec], leader_epoch=1
+                )
+            ]
+        )
+
+
+@pytest.mark.parametrize("seek_to", ["beginning", "end", "timestamp"])
+async def test_a_seek_made_while_a_seek_to_waits_for_its_answer_wins(seek_to: str) -> None:
+    """The application's last positioning call wins, as in Kafka: the answer of a
+    seek_to_*() still in flight when the application seeks is dropped. Before, it
+    overwrote the sought position."""
+    consumer = Consumer(["127.0.0.1:1"])
+    leader = _HeldListOffsets()
+    tp = _assign_one(consumer, leader, 1)
+    calls = {
+        "beginning": lambda: consumer.seek_to_beginning(tp),
+        "end": lambda: consumer.seek_to_end(tp),
+        "timestamp": lambda: consumer.seek_to_timestamp(tp, 0),
+    }
+    try:
+        seeking = asyncio.create_task(calls[seek_to]())
+        await eventually(lambda: leader.asked, DEADLINE_S)
+        consumer.seek(tp, 1000)
+        for release in leader.release.values():
+            release.set()
+        async with asyncio.timeout(DEADLINE_S):
+            await seeking
+        assert consumer.position(tp) == 1000
+    finally:
+        await consumer.close()
+
+
+async def test_a_seek_to_end_wins_over_an_earlier_seek_to_beginning_answered_after_it() -> None:
+    """Two seek_to_*() calls in flight, the later answered first: the later call wins."""
+    consumer = Consumer(["127.0.0.1:1"])
+    leader = _HeldListOffsets()
+    tp = _assign_one(consumer, leader, 1)
+    try:
+        to_beginning = asyncio.create_task(consumer.seek_to_beginning(tp))
+        to_end = asyncio.create_task(consumer.seek_to_end(tp))
+        await eventually(lambda: len(leader.asked) == 2, DEADLINE_S)
+        leader.release[pb.OFFSET_SPEC_LATEST].set()
+        async with asyncio.timeout(DEADLINE_S):
+            await to_end
+            assert consumer.position(tp) == 40
+            leader.release[pb.OFFSET_SPEC_EARLIEST].set()
+            await to_beginning
+        assert consumer.position(tp) == 40  # before: 0, the earlier call's answer
     finally:
         await consumer.close()

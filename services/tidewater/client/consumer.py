@@ -87,6 +87,10 @@ class Consumer:
         # after it is not, even once the sought position is lost again (out of range).
         self._generations: dict[TopicPartition, int] = {}
         self._changes = itertools.count()
+        # The application's latest positioning call (seek() or seek_to_*()) per partition: a
+        # seek_to_*()'s answer is applied only while its call is still the latest, as in
+        # Kafka the last positioning call wins.
+        self._sought: dict[TopicPartition, int] = {}
         # KIP-320: partitions whose leader changed under a position with an epoch, not
         # fetched until the new leader confirmed or corrected the position.
         self._awaiting_validation: set[TopicPartition] = set()
@@ -131,6 +135,7 @@ class Consumer:
         self._out_of_range = {tp: o for tp, o in self._out_of_range.items() if tp in wanted}
         self._topic_ids = {tp: i for tp, i in self._topic_ids.items() if tp in wanted}
         self._retry_at = {tp: t for tp, t in self._retry_at.items() if tp in wanted}
+        self._sought = {tp: call for tp, call in self._sought.items() if tp in wanted}
         self.metadata.add_topics(topic for topic, _ in wanted)
 
     def assignment(self) -> list[TopicPartition]:
@@ -139,7 +144,7 @@ class Consumer:
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Read from `offset` next; with no epoch known, the position is not validated
         after a leader change (as Kafka's seek(offset))."""
-        self._check_assigned(tp)
+        self._seek_started(tp)
         self._set_position(tp, FetchPosition(offset))
 
     def position(self, tp: TopicPartition) -> int | None:
@@ -155,10 +160,11 @@ class Consumer:
 
     async def seek_to_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> None:
         """The first record at or after timestamp_ms; the end of the log when none is."""
+        call = self._seek_started(tp)
         position = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
         if position.offset < 0:
             position = await self._list_offset(tp, pb.OFFSET_SPEC_LATEST)
-        self._set_position(tp, position)
+        self._seek_found(tp, call, position)
 
     def lag(self, tp: TopicPartition) -> int | None:
         """HW - position, as of the last fetch (None before one)."""
@@ -340,9 +346,21 @@ class Consumer:
         self._retry_at.pop(tp, None)
 
     async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
-        for tp in partitions or list(self._positions):
-            self._check_assigned(tp)
-            self._set_position(tp, await self._list_offset(tp, spec))
+        calls = {tp: self._seek_started(tp) for tp in partitions or list(self._positions)}
+        for tp, call in calls.items():
+            self._seek_found(tp, call, await self._list_offset(tp, spec))
+
+    def _seek_started(self, tp: TopicPartition) -> int:
+        """A positioning call by the application: the latest of the partition from now."""
+        self._check_assigned(tp)
+        call = self._sought[tp] = next(self._changes)
+        return call
+
+    def _seek_found(self, tp: TopicPartition, call: int, position: FetchPosition) -> None:
+        """The answer of a seek_to_*() call, dropped when a later seek*() (or assign()) came
+        while it was asked."""
+        if self._sought.get(tp) == call:
+            self._set_position(tp, position)
 
     def _send_reset(
         self, address: str, partitions: list[TopicPartition]

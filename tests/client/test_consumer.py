@@ -390,6 +390,28 @@ async def test_a_reset_answered_after_the_topic_id_changed_is_asked_again() -> N
         await consumer.close()
 
 
+async def test_a_seek_to_position_is_held_under_the_topic_id_it_was_found_under() -> None:
+    """seek_to_end() found offset 4 in the topic old-id names; the topic is created again
+    (new-id) before the next poll. The position is the old topic's: dropped and reset by
+    auto_offset_reset under the new id, never fetched from 4 of the new topic. Before, it took
+    the id the metadata held at the next poll, and the fetch from 4 named the new one."""
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="earliest")
+    leader = _RebornDuringReset()
+    leader.release.set()
+    tp = _assign_one(consumer, leader, 0)
+    consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"old-id")
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            await consumer.seek_to_end(tp)
+            assert consumer.position(tp) == 4
+            consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"new-id")
+            while consumer.position(tp) != 0:
+                assert await consumer.poll(10) == []
+        assert leader.topic_ids == [b"old-id", b"new-id"]
+    finally:
+        await consumer.close()
+
+
 class _MovedLeader:
     """A leader's stub: ListOffsets answers NOT_LEADER_OR_FOLLOWER first (the metadata was
     stale), then finds offset 4; Fetch long-polls."""

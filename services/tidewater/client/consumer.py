@@ -161,10 +161,10 @@ class Consumer:
     async def seek_to_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> None:
         """The first record at or after timestamp_ms; the end of the log when none is."""
         call = self._seek_started(tp)
-        position = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
-        if position.offset < 0:
-            position = await self._list_offset(tp, pb.OFFSET_SPEC_LATEST)
-        self._seek_found(tp, call, position)
+        found = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
+        if found[0].offset < 0:
+            found = await self._list_offset(tp, pb.OFFSET_SPEC_LATEST)
+        self._seek_found(tp, call, *found)
 
     def lag(self, tp: TopicPartition) -> int | None:
         """HW - position, as of the last fetch (None before one)."""
@@ -337,18 +337,25 @@ class Consumer:
         self._positions[tp] = position
         self._generations[tp] = next(self._changes)
 
-    def _set_position(self, tp: TopicPartition, position: FetchPosition | None) -> None:
-        """Taken under the topic id the metadata holds when it is first followed."""
+    def _set_position(
+        self, tp: TopicPartition, position: FetchPosition | None, topic_id: bytes = b""
+    ) -> None:
+        """Taken under `topic_id`, the one its ListOffsets named, whatever the metadata says
+        later; without one (seek(), a position dropped), under the id the metadata holds
+        when it is first followed."""
         self._move(tp, position)
         self._awaiting_validation.discard(tp)
         self._out_of_range.pop(tp, None)
-        self._topic_ids.pop(tp, None)
+        if topic_id:
+            self._topic_ids[tp] = topic_id
+        else:
+            self._topic_ids.pop(tp, None)
         self._retry_at.pop(tp, None)
 
     async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
         calls = {tp: self._seek_started(tp) for tp in partitions or list(self._positions)}
         for tp, call in calls.items():
-            self._seek_found(tp, call, await self._list_offset(tp, spec))
+            self._seek_found(tp, call, *await self._list_offset(tp, spec))
 
     def _seek_started(self, tp: TopicPartition) -> int:
         """A positioning call by the application: the latest of the partition from now."""
@@ -356,11 +363,13 @@ class Consumer:
         call = self._sought[tp] = next(self._changes)
         return call
 
-    def _seek_found(self, tp: TopicPartition, call: int, position: FetchPosition) -> None:
+    def _seek_found(
+        self, tp: TopicPartition, call: int, position: FetchPosition, topic_id: bytes
+    ) -> None:
         """The answer of a seek_to_*() call, dropped when a later seek*() (or assign()) came
         while it was asked."""
         if self._sought.get(tp) == call:
-            self._set_position(tp, position)
+            self._set_position(tp, position, topic_id)
 
     def _send_reset(
         self, address: str, partitions: list[TopicPartition]
@@ -400,10 +409,10 @@ class Consumer:
                 continue
             out_of_range = self._out_of_range.get(tp)
             self._set_position(
-                tp, FetchPosition(result.offset, result.leader_epoch, sent[tp].leader)
+                tp,
+                FetchPosition(result.offset, result.leader_epoch, sent[tp].leader),
+                sent[tp].topic_id,
             )
-            if sent[tp].topic_id:  # taken under that id, whatever the metadata says later
-                self._topic_ids[tp] = sent[tp].topic_id
             if out_of_range is not None:
                 log.warning(
                     "%s-%d: fetch position %d out of range, reset (%s) to offset %d",
@@ -536,14 +545,13 @@ class Consumer:
 
     async def _list_offset(
         self, tp: TopicPartition, spec: int, timestamp_ms: int = -1
-    ) -> FetchPosition:
+    ) -> tuple[FetchPosition, bytes]:
         """The offset found, with the leader epoch of its batch (validated after a leader
-        change, as Kafka's reset positions are)."""
+        change, as Kafka's reset positions are), and the topic id it was asked under."""
         leader_id, address, epoch = await self._leader(tp)
+        topic_id = self.metadata.topic_id(tp[0])
         response = await self._stub(address).ListOffsets(
-            _list_offsets_request(
-                {tp: _Reset((leader_id, epoch), self.metadata.topic_id(tp[0]))}, spec, timestamp_ms
-            ),
+            _list_offsets_request({tp: _Reset((leader_id, epoch), topic_id)}, spec, timestamp_ms),
             timeout=self.request_timeout_s,
         )
         result = response.partitions[0]
@@ -551,7 +559,7 @@ class Consumer:
             if result.error_code in REFRESH_METADATA:
                 self.metadata.request_refresh()
             raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
-        return FetchPosition(result.offset, result.leader_epoch, (leader_id, epoch))
+        return FetchPosition(result.offset, result.leader_epoch, (leader_id, epoch)), topic_id
 
     def _send_fetch(
         self, address: str, partitions: list[TopicPartition]

@@ -268,6 +268,40 @@ def test_compressed_records_are_checked(
         validate_batch(batch, LIMIT)
 
 
+def record_with_headers(headers: bytes) -> bytes:
+    """Record 0 with a null key, the value b"v" and `headers` (count and headers) as given."""
+    body = b"\x00" + encode_varlong(0) + encode_varint(0) + b"\x01" + b"\x02v" + headers
+    return encode_varint(len(body)) + body
+
+
+@pytest.mark.parametrize("codec", COMPRESSED, ids=CODEC_NAMES)
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        pytest.param(encode_varint(-1), "record 0 has header count -1", id="negative-count"),
+        pytest.param(
+            encode_varint(1) + encode_varint(-1) + encode_varint(-1),
+            "record 0 has a header key of length -1",
+            id="null-key",
+        ),
+        pytest.param(
+            encode_varint(1) + encode_varint(1) + b"h" + encode_varint(-2),
+            "record 0 has a field of length -2",
+            id="negative-value-length",
+        ),
+    ],
+)
+def test_header_defects_name_their_record(
+    codec: Compression, headers: bytes, message: str, rewrite: Callable[..., bytes]
+) -> None:
+    """A header's defect is refused naming its record, as a key's or value's is (before, it
+    named a byte position in the decompressed records, which the producer never sees)."""
+    body = compress(codec, record_with_headers(headers))
+    batch = rewrite(three_records(codec), section=body, record_count=1, last_offset_delta=0)
+    with pytest.raises(CorruptMessage, match=message):
+        validate_batch(batch, LIMIT)
+
+
 @pytest.mark.parametrize("codec", COMPRESSED, ids=CODEC_NAMES)
 def test_a_compressed_batch_decompressing_past_the_bound_is_refused(
     codec: Compression, rewrite: Callable[..., bytes]

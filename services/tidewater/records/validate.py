@@ -201,11 +201,18 @@ def check_records(section: Buffer, record_count: int) -> None:
                     pos += 2
                 else:
                     _, pos = decode_varlong(section, pos - 1)
-            zz = expected << 1  # the offset delta's zigzag form, in one or two bytes
+            zz = expected << 1  # the offset delta's zigzag form, in one to three bytes
             if zz < 0x80 and section[pos] == zz:
                 pos += 1
             elif zz < 0x4000 and section[pos] == zz & 0x7F | 0x80 and section[pos + 1] == zz >> 7:
                 pos += 2
+            elif (
+                zz < 0x200000
+                and section[pos] == zz & 0x7F | 0x80
+                and section[pos + 1] == (zz >> 7) & 0x7F | 0x80
+                and section[pos + 2] == zz >> 14
+            ):
+                pos += 3
             else:
                 offset_delta, pos = decode_varint(section, pos)
                 if offset_delta != expected:

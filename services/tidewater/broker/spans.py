@@ -17,6 +17,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from tidewater.broker.fetch_answer import FetchAnswer
+from tidewater.errors import NO_ERROR
 from tidewater.records.header import read_header
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -38,7 +39,7 @@ def messaging_attributes(topic: str, partition: int, operation: str) -> dict[str
 
 def outcome(code: int, message: str) -> tuple[dict[str, Any], Status]:
     """A span's attributes and status for a response's error code (none for NONE)."""
-    if code == ErrorCode.NONE:
+    if code == NO_ERROR:
         return {}, tracing.UNSET
     return {"tidewater.error_code": ErrorCode.Name(code)}, Status(StatusCode.ERROR, message)
 

@@ -346,7 +346,7 @@ def encode_fields(
         text += f'"startTimeUnixNano":"{start}",'
     if end:
         text += f'"endTimeUnixNano":"{end}",'
-    text += f'"flags":{flags},"kind":{_KINDS[kind]}'
+    text += f'"flags":{flags},"kind":{_KINDS[id(kind)]}'
     if attributes:
         text += f",{_attributes_text(attributes)}"
     dropped_attributes, dropped_events, dropped_links = dropped
@@ -360,13 +360,15 @@ def encode_fields(
         text += f',"links":[{",".join([_link(link) for link in links])}]'
     if dropped_links:
         text += f',"droppedLinksCount":{dropped_links}'
-    if status.description or status.status_code is not StatusCode.UNSET:
+    # UNSET, Tidewater's spans' status unless they failed, spares two property reads (0.7 us).
+    if status is not UNSET and (status.description or status.status_code is not StatusCode.UNSET):
         return f'{text},"status":{_json(_status(status))}}}'
     return text + ',"status":{}}'
 
 
-# The API's INTERNAL is 0, OTLP's is 1.
-_KINDS = {kind: str(kind.value + 1) for kind in SpanKind}
+# The API's INTERNAL is 0, OTLP's is 1. Keyed by identity (the members are singletons): an
+# Enum hashes through a Python method, 0.4 us per span.
+_KINDS = {id(kind): str(kind.value + 1) for kind in SpanKind}
 
 
 def _ids(trace_id: int, span_id: int) -> list[str]:
@@ -405,7 +407,12 @@ def _event(event: Event) -> str:
 def _link(link: Link) -> str:
     context = link.context
     fields = _ids(context.trace_id, context.span_id)
-    fields += _attributes_field(link.attributes, link.dropped_attributes)
+    attributes = link.attributes
+    if attributes:
+        fields.append(_attributes_text(attributes))
+    # Tidewater's links have plain dicts, whose dropped count (an isinstance check) is 0.
+    if type(attributes) is not dict and link.dropped_attributes:
+        fields.append(f'"droppedAttributesCount":{link.dropped_attributes}')
     fields.append(f'"flags":{_flags(context)}')
     return _object(fields)
 
@@ -433,7 +440,17 @@ def _attributes_text(attributes: Mapping[str, Any]) -> str:
     # copy(): a plain dict of the SDK's BoundedAttributes (or of the proxy around them),
     # whose own items() go key by key through Python.
     plain = attributes.copy()  # type: ignore[attr-defined]
-    return f'"attributes":[{",".join([_key_value(k, v) for k, v in plain.items()])}]'
+    # The common kinds inline, not through _key_value: a call per attribute was a third of it.
+    encoded = []
+    for key, value in plain.items():
+        kind = type(value)
+        if kind is int:
+            encoded.append(f'{_KEYS.get(key) or _key(key)}{{"intValue":"{value}"}}}}')
+        elif kind is str:
+            encoded.append(_STRINGS.get((key, value)) or _key_value(key, value))
+        else:
+            encoded.append(_key_value(key, value))
+    return f'"attributes":[{",".join(encoded)}]'
 
 
 # Encoded text by key, by (key, string value) and by span name; emptied when full.

@@ -34,6 +34,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceState
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.util.types import Attributes
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,8 @@ def encode_fields(
         )
     else:
         text = "{" + "".join(f"{field}," for field in _ids(trace_id, span_id))
-    if trace_state:
+    # Most spans have the API's one empty state: known without TraceState's Python __len__.
+    if trace_state is not DEFAULT_TRACE_STATE and trace_state:
         state = ",".join(f"{k}={v}" for k, v in trace_state.items())
         text += f'"traceState":{_json(state)},'
     if parent is not None and parent.span_id:

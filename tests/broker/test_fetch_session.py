@@ -79,11 +79,12 @@ def test_a_full_fetch_at_epoch_0_opens_a_session() -> None:
     assert c.sessions[101].epoch == 1
 
 
-def test_incremental_fetch_processes_the_whole_session_and_answers_only_news() -> None:
+def test_incremental_fetch_processes_the_session_and_answers_only_news() -> None:
     c = cache()
     session_id = open_session(c, 0, 1, 2)
     context = c.context(request(fp(1, offset=5), session=(session_id, 1)), 10)
-    # Every session partition is processed, the named one with its new position.
+    # Every session partition is processed (none is quiet yet), the named one with its new
+    # position.
     assert [(p.partition, p.fetch_offset) for p in context.partitions] == [(0, 0), (1, 5), (2, 0)]
     assert not context.unchanged(("t", 1), False, 0, 0)  # named: always answered
     assert context.unchanged(("t", 0), False, 0, 0)  # nothing new
@@ -182,21 +183,21 @@ def test_epochs_wrap_to_1() -> None:
 
 def test_handler_sends_only_changed_positions_and_forgotten_partitions() -> None:
     handler: FetchSessionHandler[int, int] = FetchSessionHandler()
-    plan = handler.build({0: 10, 1: 20})
+    plan = handler.build({0: 10, 1: 20}, {0, 1})
     assert (plan.session_id, plan.epoch, plan.send, plan.forgotten) == (0, 0, [0, 1], [])
     handler.on_response(plan, ErrorCode.NONE, session_id=7)
-    plan = handler.build({0: 10, 1: 20})
+    plan = handler.build({0: 10, 1: 20}, {0, 1})
     assert (plan.session_id, plan.epoch, plan.send, plan.forgotten) == (7, 1, [], [])
     handler.on_response(plan, ErrorCode.NONE, session_id=7)
-    plan = handler.build({0: 11, 2: 5})
+    plan = handler.build({0: 11, 2: 5}, {0, 1, 2})
     assert (plan.epoch, plan.send, plan.forgotten) == (2, [0, 2], [1])
 
 
 def test_handler_falls_back_to_a_full_fetch() -> None:
     handler: FetchSessionHandler[int, int] = FetchSessionHandler()
-    plan = handler.build({0: 10})
+    plan = handler.build({0: 10}, {0})
     handler.on_response(plan, ErrorCode.NONE, session_id=0)  # the leader had no room
-    assert handler.build({0: 10}).full
+    assert handler.build({0: 10}, {0}).full
     # The full fetch names the session to close (Kafka's nextCloseExistingAttemptNew),
     # unless the leader has no such session.
     for error, session_id, closes in (
@@ -205,11 +206,11 @@ def test_handler_falls_back_to_a_full_fetch() -> None:
         (ErrorCode.NOT_LEADER_OR_FOLLOWER, 0, 7),
         (ErrorCode.NONE, 8, 7),  # an answer from another session
     ):
-        handler.on_response(handler.build({0: 10}), ErrorCode.NONE, session_id=7)
-        plan = handler.build({0: 10})
+        handler.on_response(handler.build({0: 10}, {0}), ErrorCode.NONE, session_id=7)
+        plan = handler.build({0: 10}, {0})
         assert not plan.full
         handler.on_response(plan, error, session_id)
-        plan = handler.build({0: 10})
+        plan = handler.build({0: 10}, {0})
         assert (plan.full, plan.session_id, plan.send) == (True, closes, [0])
 
 
@@ -218,7 +219,7 @@ def test_a_session_given_up_is_closed_on_the_leader() -> None:
     handler: FetchSessionHandler[tuple[str, int], int] = FetchSessionHandler()
     wanted = {("t", p): 0 for p in range(50)}
     for _ in range(10):
-        plan = handler.build(wanted)
+        plan = handler.build(wanted, wanted)
         req = request(*(fp(tp[1]) for tp in plan.send), session=(plan.session_id, plan.epoch))
         handler.on_response(plan, ErrorCode.NONE, c.context(req, 0).session_id)
         handler.reset()  # the stream broke: the answer to the next fetch would be lost
@@ -233,7 +234,7 @@ def test_both_ends_together_leave_idle_partitions_out() -> None:
     hw = dict.fromkeys(positions, 0)
 
     def fetch() -> list[int]:
-        plan = handler.build(positions)
+        plan = handler.build(positions, positions)
         req = request(
             *(fp(tp[1], positions[tp]) for tp in plan.send),
             session=(plan.session_id, plan.epoch),
@@ -255,3 +256,46 @@ def test_both_ends_together_leave_idle_partitions_out() -> None:
     positions[("t", 7)] = 1
     assert fetch() == [7]
     assert fetch() == []
+
+
+def test_quiet_partitions_are_processed_again_only_once_named_or_changed() -> None:
+    c = cache()
+    session_id = open_session(c, 0, 1, 2, 3)
+    context = c.context(request(session=(session_id, 1)), 0)
+    assert names(context.partitions) == [0, 1, 2, 3]
+    for p in (0, 1, 3):
+        context.settle(("t", p))  # the leader found nothing to do in them
+    assert [key for key in context.watch_keys if key != c.sessions[session_id].watch_key] == [
+        ("t", 2)
+    ]
+    assert names(c.context(request(session=(session_id, 2)), 0).partitions) == [2]
+    # Named again, or changed (the broker marks it when its data, HW or role moves).
+    named = c.context(request(fp(3, offset=4), session=(session_id, 3)), 0)
+    assert names(named.partitions) == [2, 3]
+    (session,) = c.holding(("t", 0))
+    session.clock.unsettled.add(("t", 0))
+    assert names(named.partitions) == [0, 2, 3], "read again while the fetch waits"
+    # A fetch of another incarnation of the follower (KIP-903) processes every partition.
+    again = request(session=(session_id, 4))
+    again.replica_broker_epoch = 9
+    assert names(c.context(again, 0).partitions) == [0, 1, 2, 3]
+
+
+def test_the_sessions_holding_a_partition_are_known_until_it_leaves_them() -> None:
+    c = cache()
+    first, second = open_session(c, 0, 1), open_session(c, 1)
+    assert [s.id for s in c.holding(("t", 1))] == [first, second]
+    c.context(request(session=(first, 1), forgotten=(1,)), 0)
+    assert [s.id for s in c.holding(("t", 1))] == [second]
+    c.context(request(session=(second, -1)), 0)  # closed
+    assert list(c.holding(("t", 1))) == []
+    assert [s.id for s in c.holding(("t", 0))] == [first]
+
+
+def test_handler_looks_only_at_the_changed_positions() -> None:
+    handler: FetchSessionHandler[int, int] = FetchSessionHandler()
+    handler.on_response(handler.build({0: 10, 1: 20}, {0, 1}), ErrorCode.NONE, session_id=7)
+    plan = handler.build({0: 11, 1: 21}, {1})
+    assert (plan.send, plan.forgotten) == ([1], []), "0 was not said to have changed"
+    handler.on_response(plan, ErrorCode.NONE, session_id=7)
+    assert handler.build({0: 11}, {0, 1}).send == [0]

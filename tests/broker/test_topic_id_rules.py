@@ -114,6 +114,6 @@ def test_a_follower_names_a_partition_again_in_its_session_when_its_id_changes()
     handler: FetchSessionHandler[tuple[str, int], FollowerFetch] = FetchSessionHandler()
     tp = ("events", 0)
     first = FollowerFetch(2, 0, 0, -1, 0, topic_id=OLD)
-    handler.on_response(handler.build({tp: first}), 0, session_id=7)
-    assert handler.build({tp: first}).send == []
-    assert handler.build({tp: first._replace(topic_id=NEW)}).send == [tp]
+    handler.on_response(handler.build({tp: first}, [tp]), 0, session_id=7)
+    assert handler.build({tp: first}, [tp]).send == []
+    assert handler.build({tp: first._replace(topic_id=NEW)}, [tp]).send == [tp]

@@ -38,7 +38,7 @@ from tidewater.replication.partition import (
     ReplicationConfig,
     UsableBrokerEpoch,
 )
-from tidewater.replication.replica import UNKNOWN_OFFSET
+from tidewater.replication.replica import UNKNOWN_OFFSET, FetchClock, Replica
 from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
@@ -101,10 +101,11 @@ def fetch(
     last_fetched_epoch: int = NO_EPOCH,
     current_leader_epoch: int | None = None,
     broker_epoch: int = 0,
+    clock: FetchClock | None = None,
 ) -> FollowerFetchOutcome:
     epoch = partition.leader_epoch if current_leader_epoch is None else current_leader_epoch
     request = FollowerFetch(replica_id, offset, 0, last_fetched_epoch, epoch, broker_epoch)
-    return partition.on_follower_fetch(request, now)
+    return partition.on_follower_fetch(request, now, clock)
 
 
 def append(partition: Partition, count: int, now: int = T0) -> bool:
@@ -369,6 +370,78 @@ def test_follower_at_the_leader_leo_stays_in_the_isr_however_long_it_is_quiet(
     fetch(partition, 2, 10)
     fetch(partition, 3, 10)
     assert partition.maybe_shrink_isr(T0 + 100 * LAG) is None
+
+
+# -- quiet followers (a fetch session's partitions left alone while nothing changes) ---------
+
+
+def times(replica: Replica) -> tuple[int, int, int, int]:
+    return (
+        replica.log_end_offset,
+        replica.last_fetch_leader_log_end_offset,
+        replica.last_fetch_time_ms,
+        replica.last_caught_up_time_ms,
+    )
+
+
+def test_a_quiet_followers_fetches_count_as_if_each_were_processed(
+    memory_log: type[MemoryLog],
+) -> None:
+    """Follower 2 fetches at the LEO at T0, T0+500, T0+1000; the leader appends at T0+1200;
+    2 fetches from the old LEO at T0+1500. Processed one by one (as Kafka does), or in a
+    session where only the first is processed and the others only move the session's clock:
+    the leader's view of 2 is the same at every step, and so is every ISR shrink decision."""
+    processed = new_leader(log_with(memory_log, *[0] * 10))
+    quiet = new_leader(log_with(memory_log, *[0] * 10))
+    clock = FetchClock()
+    for now in (T0, T0 + 500, T0 + 1000):
+        fetch(processed, 2, 10, now)
+        fetch(processed, 3, 10, now)
+        clock.now_ms = now
+        if now == T0:
+            fetch(quiet, 2, 10, now, clock=clock)
+            fetch(quiet, 3, 10, now, clock=clock)  # the HW moves: 2 is woken
+            fetch(quiet, 2, 10, now, clock=clock)
+            clock.unsettled.clear()  # the session settles them (ReplicaManager)
+        assert quiet.quiet_in(2, clock) and quiet.quiet_in(3, clock)
+    assert quiet.remote_replicas[2].last_fetch_time_ms == T0  # not told of each fetch...
+    for partition in (processed, quiet):
+        append(partition, 1, T0 + 1200)
+    # ...but the append wakes it with the session's time: the last fetch that found it caught up.
+    assert times(quiet.remote_replicas[2]) == times(processed.remote_replicas[2])
+    assert times(quiet.remote_replicas[2]) == (10, 10, T0 + 1000, T0 + 1000)
+    assert not quiet.quiet_in(2, clock)
+    assert clock.unsettled == {(TOPIC, 0)}  # processed at the session's next fetch
+    for partition in (processed, quiet):
+        fetch(partition, 2, 10, T0 + 1500, clock=clock if partition is quiet else None)
+    assert times(quiet.remote_replicas[2]) == times(processed.remote_replicas[2])
+    assert not quiet.quiet_in(2, clock), "behind the LEO: processed at every fetch"
+    for now in (T0 + 1000 + LAG, T0 + 1000 + LAG + 1):
+        assert quiet.maybe_shrink_isr(now) == processed.maybe_shrink_isr(now)
+    shrink = quiet.maybe_shrink_isr(T0 + 1001 + LAG)
+    assert shrink is None, "one in flight already"
+
+
+def test_an_isr_or_leader_change_wakes_quiet_followers(log: MemoryLog) -> None:
+    partition = new_leader(log)
+    clock = FetchClock()
+    clock.now_ms = T0 + 700
+    for follower in (2, 3, 2):  # 3's fetch moves the HW, which wakes 2
+        fetch(partition, follower, 10, clock=clock)
+    assert partition.quiet_in(2, clock) and partition.quiet_in(3, clock)
+    clock.unsettled.clear()
+    partition.wake_follower(3)  # its session forgot the partition
+    assert not partition.quiet_in(3, clock) and clock.unsettled == {(TOPIC, 0)}
+    assert partition.remote_replicas[3].last_fetch_time_ms == T0 + 700
+    # A new epoch (the controller's ISR change): every follower is processed again.
+    clock.unsettled.clear()
+    partition.make_leader(leader_and_isr(1, 1, (1, 2)), T0 + 800)
+    assert not partition.quiet_in(2, clock) and clock.unsettled == {(TOPIC, 0)}
+    fetch(partition, 2, 10, T0 + 900, clock=clock)
+    assert partition.quiet_in(2, clock)
+    # 3, outside the ISR, is proposed in: not quiet, and the ISR change wakes 2.
+    assert fetch(partition, 3, 10, T0 + 900, clock=clock).isr_proposal is not None
+    assert not partition.quiet_in(3, clock) and not partition.quiet_in(2, clock)
 
 
 def test_an_isr_member_that_is_not_a_replica_is_proposed_out_of_the_isr(log: MemoryLog) -> None:

@@ -5,6 +5,10 @@ long-polling fetch at a time on a long-lived FetchStream; partitions are spread 
 `num.replica.fetchers` fetchers per source broker by Kafka's hash. The rules of what to do
 with a response are in tidewater.replication.follower; this module moves bytes and handles
 errors: per-partition backoff, a fenced partition waits for the next LeaderAndIsr.
+
+A fetcher keeps each partition's fetch position between rounds and works out again only
+those of partitions that changed: answered, added, removed, backed off or back from a
+backoff, or whose log start retention moved. An idle round costs O(1), not O(partitions).
 """
 
 from __future__ import annotations
@@ -150,12 +154,22 @@ class ReplicaFetcher:
     session: FetchSessionHandler[TopicPartition, FollowerFetch] = field(
         default_factory=FetchSessionHandler
     )
+    # The position of every partition that can be fetched now, as last worked out; the
+    # partitions whose position or state may have changed since; those backing off.
+    _wanted: dict[TopicPartition, FollowerFetch] = field(default_factory=dict)
+    _changed: set[TopicPartition] = field(default_factory=set)
+    _backing_off: set[TopicPartition] = field(default_factory=set)
     # Its fetches' traces; sampled out, they carry its constant context.
     new_traces: tracing.NewTraces = field(default_factory=tracing.NewTraces)
 
     def start(self) -> None:
         name = f"fetcher-{self.source.broker_id}-{self.fetcher_id}"
         self.task = asyncio.create_task(self._run(), name=name)
+
+    def mark_changed(self, tp: TopicPartition) -> None:
+        """The partition's position, or whether it can be fetched, may have changed."""
+        self._changed.add(tp)
+        self.changed.set()
 
     @property
     def alive(self) -> bool:
@@ -242,7 +256,11 @@ class ReplicaFetcher:
     async def _wait_for_work(self) -> None:
         self.changed.clear()
         now = time.monotonic()
-        delays = [s.delayed_until - now for s in self.partitions.values() if not s.failed]
+        delays = [
+            state.delayed_until - now
+            for tp in self._backing_off
+            if (state := self.partitions.get(tp)) is not None and not state.failed
+        ]
         timeout = max(min(delays), 0.0) if delays else None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
@@ -252,15 +270,26 @@ class ReplicaFetcher:
         """The next fetch of the session, or None when every partition waits; with the plan
         and every partition's position (named in the request or not)."""
         now = time.monotonic()
-        wanted: dict[TopicPartition, FollowerFetch] = {}
-        for tp, state in self.partitions.items():
+        changed, wanted = self._changed, self._wanted
+        if self._backing_off:
+            for tp in list(self._backing_off):
+                state = self.partitions.get(tp)
+                if state is None or state.failed or state.delayed_until <= now:
+                    self._backing_off.discard(tp)
+                    changed.add(tp)
+        for tp in changed:
+            state = self.partitions.get(tp)
             hosted = self.lookup(tp)
-            if state.failed or state.delayed_until > now or hosted is None:
+            if state is None or state.failed or state.delayed_until > now or hosted is None:
+                wanted.pop(tp, None)
+                if state is not None and not state.failed and state.delayed_until > now:
+                    self._backing_off.add(tp)
                 continue
             wanted[tp] = next_fetch(hosted.state, hosted.log.topic_id)
+        self._changed = set()
         if not wanted:
             return None
-        plan = self.session.build(wanted)
+        plan = self.session.build(wanted, changed)
         request = pb.FetchRequest(
             replica_id=self.config.broker_id,
             replica_broker_epoch=self.broker_epoch(),
@@ -297,6 +326,8 @@ class ReplicaFetcher:
         backoff_s = self.config.replica_fetch_backoff_ms / 1000
         for result, lifted in zip(answer.message.partitions, answer.views, strict=True):
             tp = (result.topic, result.partition)
+            # Whatever the answer does to the partition, its next position is worked out anew.
+            self._changed.add(tp)
             state = self.partitions.get(tp)
             hosted = self.lookup(tp)
             sent = wanted.get(tp)
@@ -411,6 +442,7 @@ class ReplicaFetcher:
             state = self.partitions.get(tp)
             if state is not None:  # else removed while the fetch was in flight
                 state.delayed_until = until
+                self._changed.add(tp)
 
 
 class ReplicaFetcherManager:
@@ -440,7 +472,7 @@ class ReplicaFetcherManager:
             # partitions.
             fetcher = self._replace(key, fetcher, source)
         fetcher.partitions[tp] = PartitionFetchState(leader_epoch)
-        fetcher.changed.set()
+        fetcher.mark_changed(tp)
 
     def _replace(
         self, key: tuple[int, int], old: ReplicaFetcher | None, source: SourceBroker
@@ -448,6 +480,8 @@ class ReplicaFetcherManager:
         fetcher = ReplicaFetcher(source, key[1], self.config, self.lookup, self.broker_epoch)
         if old is not None:
             fetcher.partitions.update(old.partitions)
+            for tp in old.partitions:
+                fetcher.mark_changed(tp)
             if old.source == source:  # the same leader: close the old fetcher's session
                 fetcher.session = old.session.successor()
             self._stop_later(old)
@@ -481,10 +515,17 @@ class ReplicaFetcherManager:
         """Stop the fetchers left without partitions, but `keep`'s, about to get one."""
         for key, fetcher in list(self.fetchers.items()):
             for tp in tps:
-                fetcher.partitions.pop(tp, None)
+                if fetcher.partitions.pop(tp, None) is not None:
+                    fetcher.mark_changed(tp)  # forgotten in its session
             if not fetcher.partitions and key != keep:
                 del self.fetchers[key]
                 self._stop_later(fetcher)
+
+    def log_start_moved(self, tp: TopicPartition) -> None:
+        """Retention moved a followed partition's log start: its fetches say so."""
+        for fetcher in self.fetchers.values():
+            if tp in fetcher.partitions:
+                fetcher.mark_changed(tp)
 
     def _stop_later(self, fetcher: ReplicaFetcher) -> None:
         task = asyncio.ensure_future(fetcher.stop())

@@ -58,6 +58,7 @@ from tidewater.replication.partition import (
     LeaderAndIsr,
     Partition,
 )
+from tidewater.replication.replica import FetchClock
 from tidewater.telemetry import tracing
 from tidewater.topic_names import validate_topic_name
 from tidewater.v1 import broker_pb2 as pb
@@ -89,6 +90,7 @@ class ReplicaManager:
         self.broker_id = config.broker_id
         self.log_manager = log_manager
         log_manager.high_watermark = self._high_watermark
+        log_manager.log_start_moved = self._log_start_moved
         self.time_ms = time_ms
         self.partitions: dict[TopicPartition, HostedPartition] = {}
         self.controller_epoch = 0
@@ -638,6 +640,8 @@ class ReplicaManager:
             if follower:
                 # Before the session: a refused fetch must not move the session's epoch.
                 self._check_replica_broker_epoch(request)
+                if request.forgotten:
+                    self._wake_followers(request.replica_id, request.forgotten)
             context = self.fetch_sessions.context(request, self.time_ms())
         except TidewaterError as e:
             return _refused(request, e)
@@ -648,6 +652,7 @@ class ReplicaManager:
                 request.replica_broker_epoch,
                 context.partitions,
                 fetch_link(request, fetch_trace) if tracing.ENABLED else None,
+                context.clock,
             )
             if completed:
                 # The produces this fetch committed answer first; reading or parking the
@@ -686,7 +691,7 @@ class ReplicaManager:
                 request.max_wait_ms, request.min_bytes, read, readable, failed
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
-            self.fetch_purgatory.watch(op, [(fp.topic, fp.partition) for fp in context.partitions])
+            self.fetch_purgatory.watch(op, context.watch_keys)
             results = await _waited(self.fetch_purgatory, op, op.done)
             if fetch_trace is not None:
                 fetch_trace.waited(start_ns)
@@ -719,20 +724,33 @@ class ReplicaManager:
     def _from_follower(request: pb.FetchRequest) -> bool:
         return request.replica_id != CONSUMER_REPLICA_ID
 
+    def _wake_followers(
+        self, replica_id: int, forgotten: Iterable[common_pb2.TopicPartition]
+    ) -> None:
+        """A follower's session forgets these partitions: its fetches no longer count there."""
+        for fp in forgotten:
+            hosted = self.partitions.get((fp.topic, fp.partition))
+            if hosted is not None:
+                hosted.state.wake_follower(replica_id)
+
     def _record_follower_fetches(
         self,
         replica_id: int,
         broker_epoch: int,
         partitions: list[pb.FetchPartition],
         link: Callable[[], SpanContext] | None,
+        clock: FetchClock | None,
     ) -> tuple[dict[TopicPartition, pb.FetchPartitionResponse], int]:
         """The leader's side of a follower fetch: fencing, divergence, the follower's LEO,
         ISR expansion, HW. Returns the partitions answered without data (errors, diverging
         epochs), and how many waiting operations the HW moves completed. `link`: the fetch's
-        span context for the replication.wait spans it completes, while tracing."""
+        span context for the replication.wait spans it completes, while tracing. `clock`:
+        the fetch's session's; the fetch counts for the followers quiet in it at once."""
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         moved: list[TopicPartition] = []
         now = self.time_ms()
+        if clock is not None:
+            clock.now_ms = now
         for fp in partitions:
             tp = (fp.topic, fp.partition)
             try:
@@ -747,6 +765,7 @@ class ReplicaManager:
                         broker_epoch=broker_epoch,
                     ),
                     now,
+                    clock,
                 )
             except TidewaterError as e:
                 answered[tp] = self._fetch_error(fp, e)
@@ -808,7 +827,14 @@ class ReplicaManager:
                 must_read = _must_read(partition, fp.fetch_offset, for_follower)
                 high_watermark = partition.state.high_watermark
                 if context.unchanged(tp, must_read, high_watermark, partition.log.log_start_offset):
-                    continue  # an incremental answer leaves out partitions with no news
+                    # An incremental answer leaves out partitions with no news; until one
+                    # comes, it processes them no more, once their follower is quiet too.
+                    clock = context.clock
+                    if not for_follower or (
+                        clock is not None and partition.state.quiet_in(request.replica_id, clock)
+                    ):
+                        context.settle(tp)
+                    continue
                 limit = budget - total
                 if fp.partition_max_bytes > 0:
                     limit = min(limit, fp.partition_max_bytes)
@@ -955,11 +981,23 @@ class ReplicaManager:
         return hosted.state if hosted else None
 
     def _partition_changed(self, tp: TopicPartition) -> int:
-        """Data, HW or role of a partition moved: let waiting operations re-check. Returns
-        how many completed."""
-        return self.produce_purgatory.check_and_complete(tp) + (
+        """Data, HW, log start or role of a partition moved: let waiting operations re-check,
+        and fetch sessions where it was quiet process it again. Returns how many completed."""
+        sessions = self.fetch_sessions.holding(tp)
+        for session in sessions:
+            session.clock.unsettled.add(tp)
+        completed = self.produce_purgatory.check_and_complete(tp) + (
             self.fetch_purgatory.check_and_complete(tp)
         )
+        for session in sessions:
+            completed += self.fetch_purgatory.check_and_complete(session.watch_key)
+        return completed
+
+    def _log_start_moved(self, tp: TopicPartition) -> None:
+        """Retention moved the partition's log start: fetch answers (as leader) and fetches
+        (as follower) carry it."""
+        self._partition_changed(tp)
+        self.fetcher_manager.log_start_moved(tp)
 
     def checkpoint_high_watermarks(self) -> None:
         """Write every partition's HW to its log dir's replication-offset-checkpoint."""

@@ -29,7 +29,7 @@ from tidewater.errors import (
     TidewaterError,
     UnknownLeaderEpoch,
 )
-from tidewater.replication.replica import UNKNOWN_OFFSET, Replica
+from tidewater.replication.replica import UNKNOWN_OFFSET, FetchClock, Replica
 from tidewater.v1.errors_pb2 import ErrorCode
 
 NO_LEADER = -1
@@ -173,6 +173,7 @@ class Partition:
     ) -> None:
         self.topic = topic
         self.partition = partition
+        self.key = (topic, partition)
         self.local_broker_id = local_broker_id
         self.log = log
         self.config = config
@@ -184,8 +185,8 @@ class Partition:
         self.leader_epoch_start_offset = UNKNOWN_OFFSET
         self.controller_epoch = 0
         self.replicas: tuple[int, ...] = ()
-        self.isr_state = IsrState(frozenset(), -1)
         self.remote_replicas: dict[int, Replica] = {}
+        self._isr_state = IsrState(frozenset(), -1)
         # After a restart the checkpoint may be past the LEO (an unflushed tail is gone) or
         # before the log start (retention or a full truncation passed it).
         self.high_watermark = self._within_log(checkpointed_high_watermark)
@@ -197,6 +198,15 @@ class Partition:
     @property
     def is_leader(self) -> bool:
         return self.leader == self.local_broker_id
+
+    @property
+    def isr_state(self) -> IsrState:
+        return self._isr_state
+
+    @isr_state.setter
+    def isr_state(self, state: IsrState) -> None:
+        self._wake_followers()  # an ISR change may change what a follower's fetch does
+        self._isr_state = state
 
     @property
     def isr(self) -> frozenset[int]:
@@ -211,6 +221,7 @@ class Partition:
     def make_leader(self, state: LeaderAndIsr, now_ms: int) -> bool:
         """Kafka's makeLeader. Returns whether the HW moved."""
         is_new_leader = not self.is_leader
+        self._wake_followers()
         self._apply(state)
         leader_end_offset = self.log.log_end_offset
         self.leader_epoch_start_offset = leader_end_offset
@@ -227,6 +238,7 @@ class Partition:
         """Kafka's makeFollower. Returns whether the fetcher must (re)start: the leader or its
         epoch changed, even when the leader id is the same (an update we missed)."""
         changed = state.leader != self.leader or state.leader_epoch != self.leader_epoch
+        self._wake_followers()
         self._apply(state)
         self.isr_state = IsrState(frozenset(), state.partition_epoch)
         self.remote_replicas = {}
@@ -275,6 +287,8 @@ class Partition:
 
     def after_leader_append(self, now_ms: int) -> bool:
         """The leader's LEO moved. Returns whether the HW moved (an ISR of one)."""
+        # Fetches from here on no longer find the followers caught up.
+        self._wake_followers()
         return self._maybe_increment_high_watermark(now_ms)
 
     def holds_append(self, leader_epoch: int, required_offset: int) -> bool:
@@ -300,9 +314,13 @@ class Partition:
 
     # -- the leader's side of a follower fetch -----------------------------------------------
 
-    def on_follower_fetch(self, fetch: FollowerFetch, now_ms: int) -> FollowerFetchOutcome:
+    def on_follower_fetch(
+        self, fetch: FollowerFetch, now_ms: int, clock: FetchClock | None = None
+    ) -> FollowerFetchOutcome:
         """Validate a follower's fetch and record its progress. On a normal outcome the caller
-        serves data from fetch.fetch_offset up to the LEO."""
+        serves data from fetch.fetch_offset up to the LEO. `clock`: the fetch's session, if
+        any; a follower this fetch finds caught up, in the ISR and with nothing left to do
+        stays quiet in it (FetchClock) until the partition changes."""
         self.require_leader()
         self.check_current_leader_epoch(fetch.current_leader_epoch)
         replica = self.remote_replicas.get(fetch.replica_id)
@@ -311,6 +329,7 @@ class Partition:
                 f"broker {fetch.replica_id} is not a replica of {self.name} "
                 f"(replicas {list(self.replicas)})"
             )
+        replica.wake(self.key)
         leader_end_offset = self.log.log_end_offset
         if fetch.last_fetched_epoch != NO_EPOCH:
             epoch, end_offset = self.log.leader_epoch_cache.end_offset_for(
@@ -337,7 +356,30 @@ class Partition:
         hw_changed = False
         if replica.log_end_offset != previous_end_offset or proposal is not None:
             hw_changed = self._maybe_increment_high_watermark(now_ms)
+        if (
+            clock is not None
+            and replica.log_end_offset == leader_end_offset
+            and replica.broker_id in self.isr_state.isr
+            and not self.isr_state.in_flight
+        ):
+            # The same fetch again would only find it caught up again.
+            replica.clock = clock
         return FollowerFetchOutcome(high_watermark_changed=hw_changed, isr_proposal=proposal)
+
+    def wake_follower(self, replica_id: int) -> None:
+        """The follower's session no longer fetches the partition: it is quiet no more."""
+        replica = self.remote_replicas.get(replica_id)
+        if replica is not None:
+            replica.wake(self.key)
+
+    def quiet_in(self, replica_id: int, clock: FetchClock) -> bool:
+        """Whether the follower is quiet in the fetch session of `clock`."""
+        replica = self.remote_replicas.get(replica_id)
+        return replica is not None and replica.clock is clock
+
+    def _wake_followers(self) -> None:
+        for replica in self.remote_replicas.values():
+            replica.wake(self.key)
 
     # -- ISR ---------------------------------------------------------------------------------
 
@@ -456,6 +498,7 @@ class Partition:
             ):
                 new_hw = replica.log_end_offset
         if new_hw > self.high_watermark:
+            self._wake_followers()
             self.high_watermark = new_hw
             return True
         return False

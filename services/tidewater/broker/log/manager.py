@@ -84,6 +84,8 @@ class LogManager:
         # Set by the ReplicaManager: a hosted partition's HW, else -1. Retention deletes only
         # segments the HW has passed: none of a log whose HW is not known yet.
         self.high_watermark: Callable[[TopicPartition], int] = lambda _: -1
+        # Told when retention moves a log's start: fetch answers carry it.
+        self.log_start_moved: Callable[[TopicPartition], object] = lambda _: None
         # The partitions in each log dir, for placement and per-dir checkpoints.
         self._partitions_in: dict[Path, set[TopicPartition]] = {d: set() for d in self.log_dirs}
         self._lock_fds: list[int] = []
@@ -400,7 +402,8 @@ class LogManager:
     def _apply_retention(self) -> None:
         now = self._time_ms()
         for tp, lg in list(self._logs.items()):
-            lg.delete_retention_segments(now, self.high_watermark(tp))
+            if lg.delete_retention_segments(now, self.high_watermark(tp)):
+                self.log_start_moved(tp)
 
     def _flush_due_logs(self) -> None:
         now = self._time_ms()

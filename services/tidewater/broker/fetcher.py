@@ -286,9 +286,10 @@ class ReplicaFetcher:
                     self._backing_off.add(tp)
                 continue
             wanted[tp] = next_fetch(hosted.state, hosted.log.topic_id)
-        self._changed = set()
         if not wanted:
+            # Kept for the next fetch built: a partition removed now must be forgotten then.
             return None
+        self._changed = set()
         plan = self.session.build(wanted, changed)
         request = pb.FetchRequest(
             replica_id=self.config.broker_id,

@@ -2,9 +2,10 @@
 partition's answer, its manager replaces a fetcher whose task ended, a truncation decided on
 the leader's offsets applies only in the epoch it was decided in, and the leader's retention
 keeps what a follower has not fetched yet; a follower that led an epoch without writing
-catches up in its fetch session. Two in-process brokers
-(real gRPC on 127.0.0.1, real files); the test plays the controller (StandinController). Broker 2
-follows every partition from broker 1 with one fetcher (num.replica.fetchers=1)."""
+catches up in its fetch session, and a partition stopped while the others back off leaves
+it. Two in-process brokers (real gRPC on 127.0.0.1, real files); the test plays the controller
+(StandinController). Broker 2 follows every partition from broker 1 with one fetcher
+(num.replica.fetchers=1)."""
 
 from __future__ import annotations
 
@@ -365,3 +366,42 @@ async def test_a_fetcher_replaced_after_it_died_closes_its_fetch_session(
     await pair.produce(STEADY, 3, acks=-1)
     await pair.caught_up(STEADY)
     assert _sessions_on(pair, 1) == {replacement.session.session_id}
+
+
+async def test_a_partition_stopped_while_the_others_back_off_leaves_the_fetch_session(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Broker 2 fetches STEADY and `other` in one session. `other`'s append fails, so it backs
+    off; meanwhile a StopReplica takes STEADY off the fetcher, in a round that fetches
+    nothing. The fetch once `other` is back forgets STEADY on the leader: kept there, it
+    would stay quiet in the session, credited as caught up by every fetch of `other`."""
+    pair = await make_pair(backoff_ms=3000)  # ample time for the StopReplica
+    other = (STEADY[0], 1)
+    for tp in (STEADY, other):
+        await pair.controller.elect(*tp, leader=1, replicas=[1, 2])
+    sessions = pair.servers[1].replica_manager.fetch_sessions
+    await eventually(lambda: all(list(sessions.holding(tp)) for tp in (STEADY, other)), WAIT_S)
+    (fetcher,) = pair.fetchers()
+    session_id = fetcher.session.session_id
+    follower = pair.hosted(2, other)
+    failed: list[int] = []
+
+    async def append_failing(batches: Any) -> Any:
+        failed.append(len(batches))
+        raise OSError(5, "injected I/O error")
+
+    follower.append_as_follower = append_failing
+    await pair.produce(other, 1)
+    await eventually(lambda: failed, WAIT_S)
+    stopped = await pair.clients[2].control.StopReplica(
+        pb.StopReplicaRequest(
+            controller_epoch=1,
+            partitions=[pb.StopReplicaPartition(topic=STEADY[0], partition=0, leader_epoch=1)],
+        )
+    )
+    assert stopped.error_code == ErrorCode.NONE, stopped.error_message
+    await eventually(lambda: len(failed) > 1, WAIT_S)  # `other` is fetched again
+    await eventually(lambda: not list(sessions.holding(STEADY)), WAIT_S)
+    # Forgotten in the session, not dropped with it.
+    assert pair.fetchers() == [fetcher] and fetcher.session.session_id == session_id
+    assert [s.id for s in sessions.holding(other)] == [session_id]

@@ -749,8 +749,6 @@ class ReplicaManager:
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         moved: list[TopicPartition] = []
         now = self.time_ms()
-        if clock is not None:
-            clock.now_ms = now
         for fp in partitions:
             tp = (fp.topic, fp.partition)
             try:
@@ -788,6 +786,10 @@ class ReplicaManager:
                     outcome.diverging_epoch
                 )
                 answered[tp] = result
+        if clock is not None:
+            # After the partitions, not before (FetchClock): one named behind the LEO woke
+            # with the session's previous fetch's time. Nothing else in the session woke.
+            clock.now_ms = now
         completed = 0
         for tp in moved:
             completed += self._partition_changed(tp)

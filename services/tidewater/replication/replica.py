@@ -19,7 +19,11 @@ class FetchClock:
     caught up, so its fetch and caught-up times are the clock's. Any change to the partition
     (an append, an ISR or role change, a fetch of it processed again) detaches it: it takes
     the clock's time then, and its partition goes back to `unsettled`. So an idle session's
-    fetch costs the same for ten partitions as for ten thousand."""
+    fetch costs the same for ten partitions as for ten thousand.
+
+    `now_ms` takes a fetch's time only once the partitions it processes are: one of them it
+    names, behind the LEO, wakes with the previous fetch's time, the last that found it
+    caught up."""
 
     now_ms: int = 0
     unsettled: set[TopicPartition] = field(default_factory=set)

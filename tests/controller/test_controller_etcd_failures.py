@@ -25,7 +25,7 @@ from tidewater.controller.model import PartitionRecord, TopicState
 from tidewater.controller.server import wall_clock_ms
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
-from tidewater.errors import StoreUnavailable, TidewaterError
+from tidewater.errors import NotController, StoreUnavailable, TidewaterError
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.v1 import controller_pb2 as cpb
@@ -216,9 +216,10 @@ def fail_once(
     method: str,
     applied: bool = False,
     when: Callable[..., bool] = lambda *args: True,
+    error: type[TidewaterError] = StoreUnavailable,
 ) -> None:
-    """The store's next `method` call (for which `when` holds) raises StoreUnavailable, after
-    etcd applied it if `applied` (its answer lost); the others go through."""
+    """The store's next `method` call (for which `when` holds) raises `error`, after etcd
+    applied it if `applied` (its answer lost); the others go through."""
     real = getattr(store, method)
 
     async def failing(*args: Any) -> Any:
@@ -227,7 +228,7 @@ def fail_once(
         delattr(store, method)
         if applied:
             await real(*args)
-        raise StoreUnavailable("etcd request timed out (simulated)")
+        raise error("etcd failed the write (simulated)")
 
     setattr(store, method, failing)
 
@@ -416,21 +417,60 @@ async def served(
     await server.stop(0)
 
 
+@pytest.mark.parametrize(
+    "error",
+    [StoreUnavailable, NotController],
+    ids=["timed-out", "not-controller"],
+)
 async def test_admin_retries_at_the_new_controller_only_what_etcd_did_not_commit(
-    served: tuple[ControllerStore, Controller, str],
+    served: tuple[ControllerStore, Controller, str], error: type[TidewaterError]
 ) -> None:
     store, controller, address = served
     async with Admin([address]) as admin:
         for name in ("a", "b", "c"):
             await admin.create_topic(name, assignments=[[1]])
         epoch = controller.epoch
-        # a is deleted; etcd fails b's deletion; c is never tried. The controller resigns.
-        fail_once(store, "delete_topic", when=lambda epoch, name, deletion: name == "b")
-        # Before, this raised REQUEST_TIMED_OUT. a is not sent again (it would be answered
-        # UNKNOWN_TOPIC_OR_PARTITION); b and c are, once the controller leads again.
+        # a is deleted; etcd fails b's deletion; c is never tried. The controller resigns,
+        # answering REQUEST_TIMED_OUT or NOT_CONTROLLER at the top level.
+        fail_once(
+            store, "delete_topic", when=lambda epoch, name, deletion: name == "b", error=error
+        )
+        # Before, this raised REQUEST_TIMED_OUT, or (NOT_CONTROLLER) the whole request was
+        # sent again. a is not sent again (it would be answered UNKNOWN_TOPIC_OR_PARTITION);
+        # b and c are, once the controller leads again.
         await admin.delete_topics(["a", "b", "c"])
     assert controller.epoch > epoch
     assert sorted(controller.model.topics) == ["t"]
+    assert sorted(await store.load_deletions()) == ["a", "b", "c"]
+
+
+async def test_admin_resends_the_item_in_flight_when_the_controller_stepped_down(
+    served: tuple[ControllerStore, Controller, str],
+) -> None:
+    store, controller, address = served
+    real = store.delete_topic
+    in_flight = asyncio.Event()
+
+    async def hanging(epoch: int, name: str, deletion: Any) -> None:
+        if name != "b":
+            return await real(epoch, name, deletion)
+        store.delete_topic = real  # type: ignore[method-assign]
+        in_flight.set()
+        await asyncio.Event().wait()  # cancelled when the controller steps down
+
+    async with Admin([address]) as admin:
+        for name in ("a", "b", "c"):
+            await admin.create_topic(name, assignments=[[1]])
+        epoch = controller.epoch
+        store.delete_topic = hanging  # type: ignore[method-assign]
+        deleting = asyncio.create_task(admin.delete_topics(["a", "b", "c"]))
+        await asyncio.wait_for(in_flight.wait(), 10)
+        # It loses its lease with b's deletion in flight and answers NOT_CONTROLLER: a done,
+        # b ambiguous, c never tried (before, b and c were answered NONE, or all three resent).
+        await store.resign()
+        await asyncio.wait_for(deleting, 30)
+    assert sorted(controller.model.topics) == ["t"]
+    assert controller.epoch > epoch
     assert sorted(await store.load_deletions()) == ["a", "b", "c"]
 
 

@@ -4,7 +4,8 @@ the configured controllers in turn when one does not answer."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -19,7 +20,13 @@ RPC_TIMEOUT_S = 10.0
 
 
 class ControllerUnavailable(Exception):
-    pass
+    """No controller answered as active. `answers`, from the Admin client: the results of a
+    per-item request's items answered before it gave up (one per item, None where none came),
+    so that an item applied is not reported as lost."""
+
+    def __init__(self, message: str, answers: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.answers = list(answers)
 
 
 class ControllerClient:
@@ -32,16 +39,32 @@ class ControllerClient:
     def configured(self) -> bool:
         return bool(self.addresses)
 
-    async def call(self, method: str, request: Any, timeout_s: float = RPC_TIMEOUT_S) -> Any:
+    async def call(
+        self,
+        method: str,
+        request: Any,
+        timeout_s: float = RPC_TIMEOUT_S,
+        deadline: float | None = None,
+        partial: Callable[[Any], bool] = lambda response: False,
+    ) -> Any:
         """Send to the active controller; ControllerUnavailable when no controller answers
-        as active after trying each known one."""
+        as active after trying each known one, or by `deadline` (time.monotonic()); each
+        attempt waits at most `timeout_s`. A NOT_CONTROLLER answer for which `partial` holds
+        (it carries results of items applied before the controller stepped down) is returned,
+        not resent whole: the caller resends what is left, and the next call goes to the
+        controller it names."""
         if not self.addresses:
             raise ControllerUnavailable("no controller configured (broker config `controllers`)")
         last_error = "no answer"
         for _ in range(len(self.addresses) + 2):
+            attempt_s = timeout_s
+            if deadline is not None:
+                attempt_s = min(timeout_s, deadline - time.monotonic())
+                if attempt_s <= 0:
+                    break
             address = self.addresses[self._active]
             try:
-                response = await getattr(self._stub(address), method)(request, timeout=timeout_s)
+                response = await getattr(self._stub(address), method)(request, timeout=attempt_s)
             except grpc.aio.AioRpcError as e:
                 last_error = f"{address}: {e.code().name} {e.details()}"
                 self._active = (self._active + 1) % len(self.addresses)
@@ -57,6 +80,8 @@ class ControllerClient:
                 self._active = self.addresses.index(active)
             else:
                 self._active = (self._active + 1) % len(self.addresses)
+            if partial(response):
+                return response
         raise ControllerUnavailable(f"{method}: {last_error}")
 
     def _stub(self, address: str) -> controller_pb2_grpc.ControllerServiceStub:

@@ -4,12 +4,14 @@ metadata service. Given only metadata addresses, it asks them where the active c
 as a Kafka admin client needs only bootstrap servers.
 
 As Kafka's AdminClient retries a retriable error until default.api.timeout.ms, a request the
-controller cut short when etcd failed (REQUEST_TIMED_OUT at the top level: it resigned) is sent
-again, after retry_backoff, to whichever controller is active then, with only the items that
-were not answered: those answered before the failure keep their answers, so an item committed
-is never sent twice. An item whose etcd write was ambiguous (perhaps applied) may be answered
+controller cut short (REQUEST_TIMED_OUT or NOT_CONTROLLER at the top level, with per-item
+results: etcd failed or it stepped down part-way, and it resigned) is sent again, after
+retry_backoff, to whichever controller is active then, with only the items that were not
+answered: those answered before the failure keep their answers, so an item committed is never
+sent twice. An item whose write was ambiguous (perhaps applied) may be answered
 TOPIC_ALREADY_EXISTS (or INVALID_PARTITIONS, UNKNOWN_TOPIC_OR_PARTITION) by the retry, as in
-Kafka."""
+Kafka. When no controller answers by the deadline, ControllerUnavailable carries the answers
+already gathered (`answers`)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
+# A request (or item) cut short by the controller's resignation: sent again.
+RETRY = (ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_CONTROLLER)
 log = logging.getLogger(__name__)
 
 
@@ -41,8 +45,9 @@ class Admin:
         default_api_timeout_s: float = 60.0,
         retry_backoff_s: float = 0.1,
     ) -> None:
-        """`default_api_timeout_s` (Kafka's default.api.timeout.ms) bounds a call's retries
-        of a controller's REQUEST_TIMED_OUT; `retry_backoff_s` is the wait before each."""
+        """`default_api_timeout_s` (Kafka's default.api.timeout.ms) bounds a per-item call
+        in all (its attempts, at most `request_timeout_s` each, and the waits between them);
+        `retry_backoff_s` is the wait before each retry."""
         if not controllers and not bootstrap:
             raise ValueError("Admin needs controller or metadata service addresses")
         self._controller = ControllerClient(controllers)
@@ -84,29 +89,39 @@ class Admin:
         answers: list[Any] = [None] * len(every)
         pending = list(range(len(every)))
         retrying = False
+
+        def partial(response: Any) -> bool:
+            # A controller that stepped down part-way answers NOT_CONTROLLER with the items
+            # it had committed: resending all of them would apply those twice.
+            return len(getattr(response, results)) > 0
+
         while True:
             attempt = type(request)()
             attempt.CopyFrom(request)
             del getattr(attempt, items)[:]
             getattr(attempt, items).extend(every[i] for i in pending)
-            timeout_s = min(self._timeout_s, max(deadline - time.monotonic(), 0.001))
             try:
-                response = await self._controller.call(method, attempt, timeout_s=timeout_s)
-            except ControllerUnavailable:
+                response = await self._controller.call(
+                    method, attempt, self._timeout_s, deadline, partial
+                )
+            except ControllerUnavailable as e:
                 # The controller that resigned answers NOT_CONTROLLER until one is elected.
                 if not retrying or time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(self._retry_backoff_s)
+                    answered = len(every) - len(pending)
+                    if not answered:
+                        raise
+                    raise ControllerUnavailable(
+                        f"{e} ({answered} of {len(every)} items answered before: see answers)",
+                        answers,
+                    ) from e
+                await self._backoff(deadline)
                 continue
             for i, result in zip(pending, getattr(response, results), strict=False):
                 answers[i] = result
-            # The item etcd failed and those never tried carry its code; the others are final.
-            pending = [
-                i
-                for i in pending
-                if answers[i] is None or answers[i].error_code == ErrorCode.REQUEST_TIMED_OUT
-            ]
-            retrying = response.error_code == ErrorCode.REQUEST_TIMED_OUT
+            # The item etcd failed (or in flight when the controller stepped down) and those
+            # never tried carry its code; the others are final.
+            pending = [i for i in pending if answers[i] is None or answers[i].error_code in RETRY]
+            retrying = response.error_code in RETRY
             if retrying and not pending:
                 return answers
             if not retrying or time.monotonic() >= deadline:
@@ -119,7 +134,10 @@ class Admin:
                 len(pending),
                 len(every),
             )
-            await asyncio.sleep(self._retry_backoff_s)
+            await self._backoff(deadline)
+
+    async def _backoff(self, deadline: float) -> None:
+        await asyncio.sleep(min(self._retry_backoff_s, max(deadline - time.monotonic(), 0)))
 
     async def create_topic(
         self,

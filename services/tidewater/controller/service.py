@@ -6,6 +6,7 @@ admin clients follow it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -83,13 +84,24 @@ async def answer_each(
         try:
             await apply(item, result)
         except (StoreUnavailable, NotController) as e:
-            result.error_code, result.error_message = e.code, e.message
-            for _, untried in items[i + 1 :]:
-                untried.error_code = e.code
-                untried.error_message = f"not tried: an earlier item failed ({e.message})"
+            _cut_short(items[i:], e.code, e.message)
+            raise
+        except asyncio.CancelledError:
+            # The controller stepped down in the middle (it answers NOT_CONTROLLER): the item
+            # in flight may be written, so the client resends it as it would a timed-out one.
+            _cut_short(items[i:], ErrorCode.NOT_CONTROLLER, "the controller stepped down")
             raise
         except TidewaterError as e:
             result.error_code, result.error_message = e.code, e.message
+
+
+def _cut_short(items: Sequence[tuple[Item, Result]], code: int, message: str) -> None:
+    """The first of `items` was hit by `code` (perhaps applied, perhaps not); the rest were
+    never tried."""
+    items[0][1].error_code, items[0][1].error_message = code, message
+    for _, untried in items[1:]:
+        untried.error_code = code
+        untried.error_message = f"not tried: an earlier item failed ({message})"
 
 
 class ControllerService(controller_pb2_grpc.ControllerServiceServicer):

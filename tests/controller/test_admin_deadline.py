@@ -1,0 +1,74 @@
+"""The Admin client's default_api_timeout_s bounds a per-item call in all, across controllers
+that do not answer: the attempts and the waits between them. Stub controllers stand in for
+the network: the first answers part of a request and resigns, the rest never answer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from tidewater.broker.controller_client import ControllerUnavailable
+from tidewater.client.admin import Admin
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+CONTROLLERS = ["c1:1", "c2:1", "c3:1"]
+
+
+class Resigning:
+    """Controllers reached through one channel each: the first call deletes a, is cut short
+    at b (REQUEST_TIMED_OUT) and resigns; every later call goes unanswered until its deadline.
+    `timeouts` holds each attempt's."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def stub(self, address: str) -> Resigning:
+        return self
+
+    async def DeleteTopics(self, request: cpb.DeleteTopicsRequest, timeout: float) -> Any:
+        self.timeouts.append(timeout)
+        if len(self.timeouts) == 1:
+            response = cpb.DeleteTopicsResponse(error_code=ErrorCode.REQUEST_TIMED_OUT)
+            response.topics.add(topic="a", error_code=ErrorCode.NONE)
+            response.topics.add(topic="b", error_code=ErrorCode.REQUEST_TIMED_OUT)
+            return response
+        await asyncio.sleep(timeout)
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata()
+        )
+
+
+def admin_of(controllers: Resigning, **timeouts: float) -> Admin:
+    admin = Admin(CONTROLLERS, **timeouts)
+    admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
+    return admin
+
+
+async def test_the_attempts_fit_in_the_api_timeout_and_the_answers_gathered_are_kept() -> None:
+    controllers = Resigning()
+    admin = admin_of(
+        controllers, request_timeout_s=0.2, default_api_timeout_s=0.5, retry_backoff_s=0.01
+    )
+    with pytest.raises(ControllerUnavailable) as info:
+        await admin.delete_topics(["a", "b"])
+    # The unanswered attempts, one after another, wait no longer than the call may (before,
+    # each of up to five per retry waited the whole request timeout).
+    assert sum(controllers.timeouts[1:]) <= 0.5, controllers.timeouts
+    # a was deleted: the error says so (before, its answer was dropped).
+    assert [r.error_code for r in info.value.answers] == [
+        ErrorCode.NONE,
+        ErrorCode.REQUEST_TIMED_OUT,
+    ]
+    await admin.close()
+
+
+async def test_the_wait_before_a_retry_ends_at_the_api_timeout() -> None:
+    admin = admin_of(Resigning(), default_api_timeout_s=0.3, retry_backoff_s=3600)
+    # Before, the call slept the whole backoff.
+    with pytest.raises(ControllerUnavailable):
+        await asyncio.wait_for(admin.delete_topics(["a", "b"]), 30)
+    await admin.close()

@@ -14,7 +14,7 @@ from tidewater.client.errors import NoOffsetForPartition
 from tidewater.client.metadata import PartitionInfo, TopicInfo
 from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
-from tidewater.errors import CorruptMessage, OffsetOutOfRange
+from tidewater.errors import CorruptMessage, OffsetOutOfRange, TidewaterError
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch
@@ -262,12 +262,8 @@ async def test_a_validation_the_leader_does_not_answer_holds_up_its_partition_al
     the test may take), and a later poll applies its answer."""
     consumer = Consumer(["127.0.0.1:1"], request_timeout_ms=LONG_POLL_MS)
     leader = _SlowValidationLeader()
-    consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
     fetched, moved = ("t", 0), ("t", 1)
-    consumer.assign([fetched, moved])
-    consumer.metadata.brokers = {1: "127.0.0.1:2"}
-    for tp in (fetched, moved):
-        consumer.metadata.partitions[tp] = PartitionInfo(1, 3, (1,), (1,), ErrorCode.NONE)
+    _assign(consumer, leader, 3, [fetched, moved])
     consumer._positions[fetched] = FetchPosition(0, 3, (1, 3))
     # Read from leader 1 in epoch 2; leader 1 is now in epoch 3: due for validation.
     consumer._positions[moved] = FetchPosition(5, 2, (1, 2))
@@ -357,16 +353,25 @@ class _RebornDuringReset:
         return pb.ListOffsetsResponse(partitions=[result])
 
 
-def _assign_one(consumer: Consumer, leader: object, leader_epoch: int) -> tuple[str, int]:
-    """t-0 assigned to `consumer`, led by broker 1 in `leader_epoch` (`leader`: its stub);
-    metadata refreshes do nothing (the test sets the metadata)."""
+def _assign(
+    consumer: Consumer, leader: object, leader_epoch: int, partitions: list[tuple[str, int]]
+) -> None:
+    """`partitions` assigned to `consumer`, led by broker 1 in `leader_epoch` (`leader`: its
+    stub); metadata refreshes do nothing (the test sets the metadata)."""
     consumer._stub = lambda address: leader  # type: ignore[assignment,method-assign,return-value]
     consumer.metadata.request_refresh = lambda: None  # type: ignore[method-assign]
-    tp = ("t", 0)
-    consumer.assign([tp])
+    consumer.assign(partitions)
     consumer.metadata.brokers = {1: "127.0.0.1:2"}
-    consumer.metadata.partitions[tp] = PartitionInfo(1, leader_epoch, (1,), (1,), ErrorCode.NONE)
-    return tp
+    for tp in partitions:
+        consumer.metadata.partitions[tp] = PartitionInfo(
+            1, leader_epoch, (1,), (1,), ErrorCode.NONE
+        )
+
+
+def _assign_one(consumer: Consumer, leader: object, leader_epoch: int) -> tuple[str, int]:
+    """t-0, as _assign."""
+    _assign(consumer, leader, leader_epoch, [("t", 0)])
+    return ("t", 0)
 
 
 async def test_a_reset_answered_after_the_topic_id_changed_is_asked_again() -> None:
@@ -620,5 +625,47 @@ async def test_a_seek_to_end_wins_over_an_earlier_seek_to_beginning_answered_aft
             leader.release[pb.OFFSET_SPEC_EARLIEST].set()
             await to_beginning
         assert consumer.position(tp) == 40  # before: 0, the earlier call's answer
+    finally:
+        await consumer.close()
+
+
+class _RefusingPartition0:
+    """A leader's stub: ListOffsets of t-0 is refused at once; of t-1 answered (the log
+    starts at 0) once `release` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.asked: list[int] = []
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
+        [p] = request.partitions
+        self.asked.append(p.partition)
+        if p.partition == 0:
+            answer = pb.ListOffsetsPartitionResponse(
+                topic="t", partition=0, error_code=ErrorCode.UNKNOWN_SERVER_ERROR
+            )
+        else:
+            await self.release.wait()
+            answer = pb.ListOffsetsPartitionResponse(topic="t", partition=1, offset=0)
+        return pb.ListOffsetsResponse(partitions=[answer])
+
+
+async def test_a_seek_to_that_fails_leaves_an_earlier_one_in_flight_to_be_answered() -> None:
+    """seek_to_end(t-0, t-1) fails at t-0 while a seek_to_beginning(t-1) waits for its
+    answer: that answer positions t-1, as the failed call never did. Before, the failed call
+    held t-1's latest call, so the earlier answer was dropped."""
+    consumer = Consumer(["127.0.0.1:1"])
+    leader = _RefusingPartition0()
+    t0, t1 = ("t", 0), ("t", 1)
+    _assign(consumer, leader, 0, [t0, t1])
+    try:
+        to_beginning = asyncio.create_task(consumer.seek_to_beginning(t1))
+        await eventually(lambda: leader.asked == [1], DEADLINE_S)
+        with pytest.raises(TidewaterError):
+            await consumer.seek_to_end(t0, t1)
+        leader.release.set()
+        async with asyncio.timeout(DEADLINE_S):
+            await to_beginning
+        assert consumer.position(t1) == 0
     finally:
         await consumer.close()

@@ -353,9 +353,25 @@ class Consumer:
         self._retry_at.pop(tp, None)
 
     async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
-        calls = {tp: self._seek_started(tp) for tp in partitions or list(self._positions)}
-        for tp, call in calls.items():
-            self._seek_found(tp, call, *await self._list_offset(tp, spec))
+        targets = list(partitions or self._positions)
+        # Every partition is claimed at once, so a seek made while one is asked wins. Those
+        # the call does not get to (it failed first) go back to the seek_to_*() in flight for
+        # them before it, whose answer would otherwise be dropped.
+        earlier = {tp: self._sought.get(tp) for tp in targets}
+        calls: dict[TopicPartition, int] = {}
+        try:
+            for tp in targets:
+                calls[tp] = self._seek_started(tp)
+            for tp, call in calls.items():
+                self._seek_found(tp, call, *await self._list_offset(tp, spec))
+                del earlier[tp]
+        finally:
+            for tp, token in earlier.items():
+                if tp in calls and self._sought.get(tp) == calls[tp]:
+                    if token is None:
+                        del self._sought[tp]
+                    else:
+                        self._sought[tp] = token
 
     def _seek_started(self, tp: TopicPartition) -> int:
         """A positioning call by the application: the latest of the partition from now."""

@@ -4,8 +4,10 @@ picks its links."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import random
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -741,3 +743,16 @@ def test_a_parent_is_read_as_the_propagators_read_it(headers: dict[str, str]) ->
     assert ours is not None
     assert parent_of(ours) == parent_of(theirs)
     assert baggage.get_all(ours) == baggage.get_all(theirs)
+
+
+def test_the_last_tracer_asked_about_is_not_kept_alive_by_the_cache() -> None:
+    """A tracer (and its provider) no longer used goes: the cache of the last tracer's facts
+    holds it weakly, as the table of every tracer's does. Before, it held it strongly."""
+    provider = TracerProvider()
+    tracer = provider.get_tracer("short-lived")
+    tracing._facts(tracer)
+    gone = weakref.ref(tracer)
+    provider.shutdown()
+    del tracer, provider
+    gc.collect()
+    assert gone() is None

@@ -1,6 +1,7 @@
-"""The Admin client's default_api_timeout_s bounds a per-item call in all, across controllers
-that do not answer: the attempts and the waits between them. Stub controllers stand in for
-the network: the first answers part of a request and resigns, the rest never answer."""
+"""The Admin client's default_api_timeout_s bounds every call in all, across controllers that
+do not answer: the attempts and the waits between them. Stub controllers stand in for the
+network: the first answers part of a request and resigns, the rest never answer (or none
+answers at all)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,25 @@ class Resigning:
         )
 
 
-def admin_of(controllers: Resigning, **timeouts: float) -> Admin:
+class Hanging:
+    """Controllers none of which answers a DescribeCluster before its deadline. `timeouts`
+    holds each attempt's."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+
+    def stub(self, address: str) -> Hanging:
+        return self
+
+    async def DescribeCluster(self, request: cpb.DescribeClusterRequest, timeout: float) -> Any:
+        self.timeouts.append(timeout)
+        await asyncio.sleep(timeout)
+        raise grpc.aio.AioRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata()
+        )
+
+
+def admin_of(controllers: Resigning | Hanging, **timeouts: float) -> Admin:
     admin = Admin(CONTROLLERS, **timeouts)
     admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
     return admin
@@ -71,4 +90,15 @@ async def test_the_wait_before_a_retry_ends_at_the_api_timeout() -> None:
     # Before, the call slept the whole backoff.
     with pytest.raises(ControllerUnavailable):
         await asyncio.wait_for(admin.delete_topics(["a", "b"]), 30)
+    await admin.close()
+
+
+async def test_a_call_not_per_item_fits_in_the_api_timeout_too() -> None:
+    controllers = Hanging()
+    admin = admin_of(controllers, request_timeout_s=0.2, default_api_timeout_s=0.5)
+    with pytest.raises(ControllerUnavailable):
+        await admin.describe_cluster()
+    # Before, each of the five attempts (one per controller, and two more) waited the whole
+    # request timeout: 1 s in all.
+    assert sum(controllers.timeouts) <= 0.5, controllers.timeouts
     await admin.close()

@@ -45,9 +45,9 @@ class Admin:
         default_api_timeout_s: float = 60.0,
         retry_backoff_s: float = 0.1,
     ) -> None:
-        """`default_api_timeout_s` (Kafka's default.api.timeout.ms) bounds a per-item call
-        in all (its attempts, at most `request_timeout_s` each, and the waits between them);
-        `retry_backoff_s` is the wait before each retry."""
+        """`default_api_timeout_s` (Kafka's default.api.timeout.ms) bounds every call in all
+        (its attempts, at most `request_timeout_s` each, across the controllers it tries, and
+        the waits between them); `retry_backoff_s` is the wait before each retry."""
         if not controllers and not bootstrap:
             raise ValueError("Admin needs controller or metadata service addresses")
         self._controller = ControllerClient(controllers)
@@ -74,7 +74,7 @@ class Admin:
     async def _call(self, method: str, request: object) -> object:
         if not self._controller.configured:
             await self._find_controller()
-        response = await self._controller.call(method, request, timeout_s=self._timeout_s)
+        response = await self._controller.call(method, request, self._timeout_s, self._deadline())
         _raise_if(response.error_code, response.error_message)
         return response
 
@@ -84,7 +84,7 @@ class Admin:
         results, one per item."""
         if not self._controller.configured:
             await self._find_controller()
-        deadline = time.monotonic() + self._api_timeout_s
+        deadline = self._deadline()
         every = list(getattr(request, items))
         answers: list[Any] = [None] * len(every)
         pending = list(range(len(every)))
@@ -135,6 +135,10 @@ class Admin:
                 len(every),
             )
             await self._backoff(deadline)
+
+    def _deadline(self) -> float:
+        """When a call starting now must end (time.monotonic())."""
+        return time.monotonic() + self._api_timeout_s
 
     async def _backoff(self, deadline: float) -> None:
         await asyncio.sleep(min(self._retry_backoff_s, max(deadline - time.monotonic(), 0)))

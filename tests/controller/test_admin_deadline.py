@@ -1,7 +1,6 @@
 """The Admin client's default_api_timeout_s bounds every call in all, across controllers that
 do not answer: the attempts and the waits between them. Stub controllers stand in for the
-network: the first answers part of a request and resigns, the rest never answer (or none
-answers at all)."""
+network: the first answers part of a request and resigns, the rest never answer."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ CONTROLLERS = ["c1:1", "c2:1", "c3:1"]
 
 class Resigning:
     """Controllers reached through one channel each: the first call deletes a, is cut short
-    at b (REQUEST_TIMED_OUT) and resigns; every later call goes unanswered until its deadline.
-    `timeouts` holds each attempt's."""
+    at b (REQUEST_TIMED_OUT) and resigns; every later call, and every DescribeCluster, goes
+    unanswered until its deadline. `timeouts` holds each attempt's."""
 
     def __init__(self) -> None:
         self.timeouts: list[float] = []
@@ -37,31 +36,20 @@ class Resigning:
             response.topics.add(topic="a", error_code=ErrorCode.NONE)
             response.topics.add(topic="b", error_code=ErrorCode.REQUEST_TIMED_OUT)
             return response
-        await asyncio.sleep(timeout)
-        raise grpc.aio.AioRpcError(
-            grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata()
-        )
-
-
-class Hanging:
-    """Controllers none of which answers a DescribeCluster before its deadline. `timeouts`
-    holds each attempt's."""
-
-    def __init__(self) -> None:
-        self.timeouts: list[float] = []
-
-    def stub(self, address: str) -> Hanging:
-        return self
+        return await self._unanswered(timeout)
 
     async def DescribeCluster(self, request: cpb.DescribeClusterRequest, timeout: float) -> Any:
         self.timeouts.append(timeout)
+        return await self._unanswered(timeout)
+
+    async def _unanswered(self, timeout: float) -> Any:
         await asyncio.sleep(timeout)
         raise grpc.aio.AioRpcError(
             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata()
         )
 
 
-def admin_of(controllers: Resigning | Hanging, **timeouts: float) -> Admin:
+def admin_of(controllers: Resigning, **timeouts: float) -> Admin:
     admin = Admin(CONTROLLERS, **timeouts)
     admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
     return admin
@@ -94,7 +82,7 @@ async def test_the_wait_before_a_retry_ends_at_the_api_timeout() -> None:
 
 
 async def test_a_call_not_per_item_fits_in_the_api_timeout_too() -> None:
-    controllers = Hanging()
+    controllers = Resigning()
     admin = admin_of(controllers, request_timeout_s=0.2, default_api_timeout_s=0.5)
     with pytest.raises(ControllerUnavailable):
         await admin.describe_cluster()

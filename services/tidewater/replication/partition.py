@@ -221,7 +221,6 @@ class Partition:
     def make_leader(self, state: LeaderAndIsr, now_ms: int) -> bool:
         """Kafka's makeLeader. Returns whether the HW moved."""
         is_new_leader = not self.is_leader
-        self._wake_followers()
         self._apply(state)
         leader_end_offset = self.log.log_end_offset
         self.leader_epoch_start_offset = leader_end_offset
@@ -238,7 +237,6 @@ class Partition:
         """Kafka's makeFollower. Returns whether the fetcher must (re)start: the leader or its
         epoch changed, even when the leader id is the same (an update we missed)."""
         changed = state.leader != self.leader or state.leader_epoch != self.leader_epoch
-        self._wake_followers()
         self._apply(state)
         self.isr_state = IsrState(frozenset(), state.partition_epoch)
         self.remote_replicas = {}
@@ -246,6 +244,7 @@ class Partition:
         return changed
 
     def _apply(self, state: LeaderAndIsr) -> None:
+        # Setting isr_state wakes the quiet followers: a role change reaches every session.
         self.leader = state.leader
         self.leader_epoch = state.leader_epoch
         self.controller_epoch = state.controller_epoch

@@ -1,6 +1,7 @@
 """The Admin client's default_api_timeout_s bounds every call in all, across controllers that
-do not answer: the attempts and the waits between them. Stub controllers stand in for the
-network: the first answers part of a request and resigns, the rest never answer."""
+do not answer: finding the controller, the attempts and the waits between them. Stub
+controllers stand in for the network: the first answers part of a request and resigns, the
+rest never answer; a stub metadata service answers slowly or never."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import grpc
 import pytest
 
 from tidewater.broker.controller_client import ControllerUnavailable
+from tidewater.client import metadata
 from tidewater.client.admin import Admin
 from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1 import metadata_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 CONTROLLERS = ["c1:1", "c2:1", "c3:1"]
@@ -89,4 +92,68 @@ async def test_a_call_not_per_item_fits_in_the_api_timeout_too() -> None:
     # Before, each of the five attempts (one per controller, and two more) waited the whole
     # request timeout: 1 s in all.
     assert sum(controllers.timeouts) <= 0.5, controllers.timeouts
+    await admin.close()
+
+
+class SlowMetadata:
+    """A metadata service that names c1:1 as the active controller after `delay_s`
+    (None: never answers)."""
+
+    def __init__(self, delay_s: float | None) -> None:
+        self.delay_s = delay_s
+
+    def __call__(self, channel: object) -> SlowMetadata:
+        return self
+
+    async def GetMetadata(self, request: metadata_pb2.GetMetadataRequest, timeout: float) -> Any:
+        if self.delay_s is None:
+            await asyncio.Event().wait()
+        await asyncio.sleep(self.delay_s or 0)
+        response = metadata_pb2.GetMetadataResponse()
+        response.controller.controller_id = 1
+        response.controller.endpoint.host, response.controller.endpoint.port = "c1", 1
+        return response
+
+
+def discovering_admin(
+    monkeypatch: pytest.MonkeyPatch, service: SlowMetadata, controllers: Resigning, **kw: float
+) -> Admin:
+    monkeypatch.setattr(metadata.metadata_pb2_grpc, "MetadataServiceStub", service)
+    admin = Admin([], bootstrap=["m:1"], **kw)
+    admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
+    return admin
+
+
+async def test_finding_the_controller_counts_against_the_api_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    controllers = Resigning()
+    admin = discovering_admin(
+        monkeypatch,
+        SlowMetadata(0.3),
+        controllers,
+        request_timeout_s=0.2,
+        default_api_timeout_s=0.5,
+    )
+    with pytest.raises(ControllerUnavailable):
+        await admin.describe_cluster()
+    # The controller gets what the metadata service left of the call's 0.5 s (before, its
+    # attempts had 0.5 s of their own after the 0.3 s spent finding it).
+    assert controllers.timeouts and sum(controllers.timeouts) <= 0.2, controllers.timeouts
+    await admin.close()
+
+
+async def test_a_metadata_service_that_never_answers_ends_at_the_api_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    admin = discovering_admin(
+        monkeypatch,
+        SlowMetadata(None),
+        Resigning(),
+        request_timeout_s=3600,
+        default_api_timeout_s=0.3,
+    )
+    # Before, the call waited for the metadata service's request timeout, an hour.
+    with pytest.raises(ControllerUnavailable, match="default_api_timeout_s"):
+        await asyncio.wait_for(admin.delete_topics(["a"]), 30)
     await admin.close()

@@ -72,9 +72,10 @@ class Admin:
             await self._metadata.close()
 
     async def _call(self, method: str, request: object) -> object:
+        deadline = self._deadline()
         if not self._controller.configured:
-            await self._find_controller()
-        response = await self._controller.call(method, request, self._timeout_s, self._deadline())
+            await self._find_controller(deadline)
+        response = await self._controller.call(method, request, self._timeout_s, deadline)
         _raise_if(response.error_code, response.error_message)
         return response
 
@@ -82,9 +83,9 @@ class Admin:
         """An RPC the controller answers per item (`results` of the response, one for each of
         `items` of the request, in order), retried as the module's docstring says. The
         results, one per item."""
-        if not self._controller.configured:
-            await self._find_controller()
         deadline = self._deadline()
+        if not self._controller.configured:
+            await self._find_controller(deadline)
         every = list(getattr(request, items))
         answers: list[Any] = [None] * len(every)
         pending = list(range(len(every)))
@@ -274,9 +275,17 @@ class Admin:
             raise ValueError("describe_topics needs bootstrap (metadata service) addresses")
         return await self._metadata.describe(list(names))
 
-    async def _find_controller(self) -> None:
+    async def _find_controller(self, deadline: float) -> None:
+        """Ask the metadata services, within the call's deadline (the refresh they share goes
+        on without it)."""
         assert self._metadata is not None
-        await self._metadata.refresh()
+        try:
+            await asyncio.wait_for(self._metadata.refresh(), deadline - time.monotonic())
+        except TimeoutError:
+            raise ControllerUnavailable(
+                f"no metadata service named the active controller within "
+                f"{self._api_timeout_s:g}s (default_api_timeout_s)"
+            ) from None
         if self._metadata.controller is None:
             raise ControllerUnavailable(
                 "the metadata service knows no active controller yet; try again in a moment"

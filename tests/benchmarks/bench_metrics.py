@@ -24,7 +24,6 @@ from pathlib import Path
 import grpc
 from bench_broker_produce import PRODUCE, drive
 
-from tidewater.local.etcd import free_port
 from tidewater.local.process import ManagedProcess, broker_args
 from tidewater.local.scrape import scrape
 from tidewater.local.standin_controller import make_leader
@@ -62,13 +61,12 @@ async def main(seconds: float, rounds: int, in_flight: int) -> None:
             )
         ],
     ).SerializeToString()
-    metrics_port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         brokers = {
             "off": ManagedProcess("broker-1", broker_args(1, root / "b1", "127.0.0.1:0", {}), root),
             "on": ManagedProcess(
-                "broker-2", broker_args(2, root / "b2", "127.0.0.1:0", {}, metrics_port), root
+                "broker-2", broker_args(2, root / "b2", "127.0.0.1:0", {}, 0), root
             ),
         }
         try:
@@ -81,7 +79,7 @@ async def main(seconds: float, rounds: int, in_flight: int) -> None:
             # Per broker: requests per second, and its CPU time per request (us), per round.
             rates: dict[str, list[float]] = {"off": [], "on": []}
             cpu_us: dict[str, list[float]] = {"off": [], "on": []}
-            scraper = asyncio.create_task(scrape_every_second(metrics_port))
+            scraper = asyncio.create_task(scrape_every_second(brokers["on"].metrics_port))
             try:
                 for _ in range(rounds):
                     for name, address in addresses.items():
@@ -94,7 +92,7 @@ async def main(seconds: float, rounds: int, in_flight: int) -> None:
                 scraper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await scraper
-            scraped = await scrape(metrics_port)
+            scraped = await scrape(brokers["on"].metrics_port)
         finally:
             for proc in brokers.values():
                 proc.stop()

@@ -36,15 +36,16 @@ class Cluster:
         self.controller_address = address
         self.procs: dict[int, ManagedProcess] = {}
 
-    def start(self, broker_id: int, listen: str = "127.0.0.1:0") -> None:
-        proc = self.make(broker_id, listen, controllers=self.controller_address, **SETTINGS)
+    def start(self, broker_id: int) -> None:
+        """Start (or restart, on a port of its own) a broker process."""
+        proc = self.make(broker_id, controllers=self.controller_address, **SETTINGS)
         self.controller.brokers[broker_id] = proc.start()
         self.procs[broker_id] = proc
 
-    def kill(self, broker_id: int) -> str:
-        """kill -9; the controller treats the broker as dead. Returns its address."""
+    def kill(self, broker_id: int) -> None:
+        """kill -9; the controller treats the broker as dead."""
         self.procs[broker_id].kill()
-        return self.controller.brokers.pop(broker_id)
+        del self.controller.brokers[broker_id]
 
     async def call(self, broker_id: int, method: str, request: object) -> Any:
         address = self.controller.brokers[broker_id]
@@ -179,16 +180,16 @@ async def test_a_restarted_broker_rebuilds_producer_state(
         # In a thread: the stand-in controller answering the broker's controlled shutdown
         # runs on this test's event loop.
         assert await asyncio.to_thread(cluster.procs[1].stop) == 0
-        address = cluster.controller.brokers.pop(1)
+        del cluster.controller.brokers[1]
     else:
-        address = cluster.kill(1)
+        cluster.kill(1)
     snapshots = sorted(p.name for p in partition_dir.glob(f"*{SNAPSHOT_SUFFIX}"))
     assert len(snapshots) == 2  # the newest two are kept
     if shutdown == "clean":
         assert snapshots[-1] == f"{8:020d}{SNAPSHOT_SUFFIX}"
     else:
         assert snapshots[-1] < f"{8:020d}{SNAPSHOT_SUFFIX}"  # log after it is replayed
-    cluster.start(1, listen=address)
+    cluster.start(1)
     await cluster.controller.elect(TOPIC, 0, leader=1)
 
     for sequence in (3, 7):  # the oldest and the newest of the last five batches

@@ -20,11 +20,12 @@ import pytest
 
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
-from tidewater.local.etcd import EtcdProcess, free_port
+from tidewater.local.etcd import EtcdProcess
 from tidewater.local.fetch import consumer_fetch, read_served
+from tidewater.local.ports import held
 from tidewater.local.process import ManagedProcess, broker_args, controller_args, metadata_args
 from tidewater.local.scrape import Scrape, scrape
-from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.local.tcp_proxy import NOWHERE, LinkMode, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.rpc.server import CHANNEL_OPTIONS
@@ -149,18 +150,14 @@ class Cluster:
         self.broker_links: dict[int, TcpProxy] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._store: ControllerStore | None = None
-        # With metrics: every process serves them on a port of its own, kept across restarts.
-        self.metrics_ports: dict[tuple[str, int], int] | None = {} if metrics else None
-
-    def _metrics_port(self, role: str, process_id: int) -> int | None:
-        if self.metrics_ports is None:
-            return None
-        return self.metrics_ports.setdefault((role, process_id), free_port())
+        # With metrics: every process serves them on a port it binds and reports.
+        self.metrics_port = 0 if metrics else None
 
     async def metrics(self, role: str, process_id: int) -> Scrape:
         """What Prometheus would scrape from a process (a cluster made with metrics)."""
-        assert self.metrics_ports is not None, "make the cluster with metrics=True"
-        return await scrape(self.metrics_ports[role, process_id])
+        assert self.metrics_port is not None, "make the cluster with metrics=True"
+        procs = {"controller": self.controllers, "broker": self.brokers}[role]
+        return await scrape(procs[process_id].metrics_port)
 
     @property
     def bootstrap(self) -> list[str]:
@@ -209,7 +206,7 @@ class Cluster:
                 self.session_timeout_ms,
                 metadata_addresses=() if self.metadata is None else (self.metadata.address,),
                 leader_imbalance_check_interval_s=self.leader_imbalance_check_interval_s,
-                metrics_port=self._metrics_port("controller", controller_id),
+                metrics_port=self.metrics_port,
             ),
             self.root,
         )
@@ -238,28 +235,33 @@ class Cluster:
             proxies = [TcpProxy(address) for address in addresses]
             self.controller_links[broker_id] = proxies
             addresses = [await proxy.start() for proxy in proxies]
-        listen, advertised = "127.0.0.1:0", ""
+        advertised, link = "", None
         if inbound_proxy:
-            link = self.broker_links.get(broker_id)
-            if link is None:
-                link = self.broker_links[broker_id] = TcpProxy(f"127.0.0.1:{free_port()}")
+            # Leads nowhere until the broker has bound a port of its own.
+            link = self.broker_links.get(broker_id) or TcpProxy(NOWHERE)
+            if broker_id not in self.broker_links:
+                self.broker_links[broker_id] = link
                 await link.start()
-            listen, advertised = link.target, link.address
+            link.retarget(NOWHERE)
+            advertised = link.address
         proc = ManagedProcess(
             f"broker-{broker_id}",
             broker_args(
                 broker_id,
                 self.root / f"broker-{broker_id}",
-                listen,
+                "127.0.0.1:0",
                 {"controllers": ",".join(addresses), **BROKER_SETTINGS, **settings},
-                self._metrics_port("broker", broker_id),
+                self.metrics_port,
                 advertised=advertised,
             ),
             self.root,
             file_size_limit,
         )
         self.brokers[broker_id] = proc
-        return await asyncio.to_thread(proc.start)
+        address = await asyncio.to_thread(proc.start)
+        if link is not None:
+            link.retarget(address)
+        return address
 
     async def crash_controllers_after(self, write: Callable[[int], Awaitable[object]]) -> None:
         """Kill -9 every controller; then `write(controller epoch)` stores in etcd what the
@@ -267,10 +269,12 @@ class Cluster:
         active = await self.store.active_controller()
         assert active is not None, "no active controller"
         controller_id, address, epoch = active
-        for proc in self.controllers.values():
-            proc.kill()
-        await write(epoch)
-        await self.start_controller(controller_id, listen=address)
+        # Held from before the kill until the new process binds it: no other process's.
+        with held(address):
+            for proc in self.controllers.values():
+                proc.kill()
+            await write(epoch)
+            await self.start_controller(controller_id, listen=address)
 
     def cut_off(self, broker_id: int, mode: LinkMode) -> None:
         """Set the link between a broker started with controller proxies and the controllers."""

@@ -25,7 +25,7 @@ from tidewater.controller.store import ControllerStore
 from tidewater.errors import InvalidConfig
 from tidewater.local.etcd import EtcdProcess, free_port
 from tidewater.local.process import ManagedProcess, ProcessFailed, broker_args, controller_args
-from tidewater.local.tcp_proxy import TcpProxy
+from tidewater.local.tcp_proxy import NOWHERE, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.metadata.server import MetadataServer
 
@@ -57,14 +57,15 @@ class AdvertisedCluster:
     started: list[Fronted] = field(default_factory=list)
 
     async def front(self, name: str, make_args: Callable[[str, str], list[str]]) -> Fronted:
-        """Start a proxy to a free port, then the process on that port advertising the proxy."""
-        bound = f"127.0.0.1:{free_port()}"
-        proxy = TcpProxy(bound)
+        """Start a proxy, then the process advertising it on a port the process binds, then
+        point the proxy at that port."""
+        proxy = TcpProxy(NOWHERE)
         advertised = await proxy.start()
-        fronted = Fronted(ManagedProcess(name, make_args(bound, advertised), self.root), proxy)
+        process = ManagedProcess(name, make_args("127.0.0.1:0", advertised), self.root)
+        fronted = Fronted(process, proxy)
         self.started.append(fronted)
         fronted.bound = await asyncio.to_thread(fronted.process.start)
-        assert fronted.bound == bound
+        proxy.retarget(fronted.bound)
         return fronted
 
     async def close(self) -> None:

@@ -16,7 +16,7 @@ from tidewater.controller import sender as sender_mod
 from tidewater.controller.controller import Controller
 from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
 from tidewater.controller.sender import BrokerSender
-from tidewater.local.etcd import free_port
+from tidewater.local.ports import held
 from tidewater.local.wait import eventually
 from tidewater.metadata.server import MetadataServer
 from tidewater.v1 import cluster_pb2
@@ -59,13 +59,15 @@ class Recording(MetadataServer):
 
 @pytest.fixture
 async def sender_to() -> AsyncIterator[tuple[str, Any, BrokerSender]]:
-    address = f"127.0.0.1:{free_port()}"
-    controller = stand_in(address)
-    sender = BrokerSender(cast(Controller, controller))
-    yield address, controller, sender
-    workers = list(sender._workers.values())
-    sender.reset()
-    await asyncio.gather(*workers, return_exceptions=True)
+    # The test starts the metadata service at `address` later: held until then (dialling it
+    # is refused), so no other process takes it.
+    with held("127.0.0.1:0") as address:
+        controller = stand_in(address)
+        sender = BrokerSender(cast(Controller, controller))
+        yield address, controller, sender
+        workers = list(sender._workers.values())
+        sender.reset()
+        await asyncio.gather(*workers, return_exceptions=True)
 
 
 async def test_a_metadata_service_back_from_an_outage_gets_the_current_full_view_once(

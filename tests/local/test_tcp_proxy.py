@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.local.tcp_proxy import NOWHERE, LinkMode, TcpProxy
 from tidewater.local.wait import eventually
 
 DEADLINE_S = 5.0
@@ -187,6 +187,17 @@ async def test_a_target_that_is_down_closes_the_client() -> None:
     async with TcpProxy(gone.address) as proxy:
         reader, _ = await connect(proxy)
         await assert_closed_by_peer(reader)
+
+
+async def test_a_proxy_started_before_its_target_leads_nowhere_until_retargeted(
+    echo: EchoServer,
+) -> None:
+    """A proxy whose address is advertised before the target binds a port of its own."""
+    async with TcpProxy(NOWHERE) as proxy:
+        reader, _ = await connect(proxy)
+        await assert_closed_by_peer(reader)
+        proxy.retarget(echo.address)
+        assert await round_trip(*await connect(proxy), b"x") == b"x"
 
 
 async def test_stop_closes_every_connection_and_the_listener(echo: EchoServer) -> None:

@@ -163,7 +163,8 @@ async def run_broker(
     raise_open_file_limit()
     server = BrokerServer(config, metrics_port)
     await server.start()
-    announce(f"broker {config.broker_id}", server.address, ready_file)
+    metrics_address = "" if server.metrics is None else server.metrics.address
+    announce(f"broker {config.broker_id}", server.address, ready_file, metrics_address)
     await wait_for_stop_signal()
     await server.controlled_shutdown()
     await server.stop()

@@ -29,7 +29,7 @@ import platformdirs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
-from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess, free_port
+from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess
 from tidewater.local.process import (
     ManagedProcess,
     ProcessFailed,
@@ -162,10 +162,10 @@ class LocalCluster:
         self._previous_ports = (
             {(m.role, m.id): m.port for m in previous.members} if previous else {}
         )
-        # Metrics ports are chosen here (the processes do not report them), the recorded
-        # ones again when still free, so a scrape configuration keeps working across restarts.
-        self.metrics_ports = {
-            (m.role, m.id): _port_if_free(m.metrics_port) or free_port()
+        # The recorded metrics ports again when still free, so a scrape configuration keeps
+        # working across restarts; else port 0, which the process reports once bound.
+        self._previous_metrics_ports = {
+            (m.role, m.id): m.metrics_port
             for m in (previous.members if previous else ())
             if m.role != "etcd"
         }
@@ -181,11 +181,7 @@ class LocalCluster:
             )
         for (role, member_id), proc in self.processes.items():
             if proc.running and proc.address:
-                found.append(
-                    Member(
-                        role, member_id, proc.address, proc.pid, self.metrics_ports[role, member_id]
-                    )
-                )
+                found.append(Member(role, member_id, proc.address, proc.pid, proc.metrics_port))
         return tuple(found)
 
     def record(self) -> ClusterFile:
@@ -193,11 +189,12 @@ class LocalCluster:
         state.write()
         return state
 
-    def _listen(self, role: str, member_id: int) -> str:
-        return f"{HOST}:{_port_if_free(self._previous_ports.get((role, member_id), 0))}"
-
-    def _metrics_port(self, role: str, member_id: int) -> int:
-        return self.metrics_ports.setdefault((role, member_id), free_port())
+    def _recorded_ports(self, role: str, member_id: int) -> tuple[int, int]:
+        """The listen and metrics ports it had, each where still free (else 0: any)."""
+        return (
+            _port_if_free(self._previous_ports.get((role, member_id), 0)),
+            _port_if_free(self._previous_metrics_ports.get((role, member_id), 0)),
+        )
 
     def start(self) -> ClusterFile:
         """Start everything and return once every process is healthy."""
@@ -205,24 +202,18 @@ class LocalCluster:
         self.log_dir.mkdir(exist_ok=True)
         self._start_etcd()
         self.record()
-        metadata = self._start(
-            "metadata",
-            METADATA_ID,
-            metadata_args(
-                self._listen("metadata", METADATA_ID), self._metrics_port("metadata", METADATA_ID)
-            ),
-        )
+        metadata = self._start("metadata", METADATA_ID, metadata_args)
         controllers = [
             self._start(
                 "controller",
                 controller_id,
-                controller_args(
+                lambda listen, metrics_port, controller_id=controller_id: controller_args(
                     controller_id,
                     self.etcd.endpoint,
                     CLUSTER_NAME,
-                    self._listen("controller", controller_id),
+                    listen,
                     metadata_addresses=(metadata,),
-                    metrics_port=self._metrics_port("controller", controller_id),
+                    metrics_port=metrics_port,
                 ),
             )
             for controller_id in CONTROLLER_IDS
@@ -231,17 +222,17 @@ class LocalCluster:
             self._start(
                 "broker",
                 broker_id,
-                broker_args(
+                lambda listen, metrics_port, broker_id=broker_id: broker_args(
                     broker_id,
                     self.data_dir / f"broker-{broker_id}",
-                    self._listen("broker", broker_id),
+                    listen,
                     # When the whole cluster stops, the last broker has nobody to hand its
                     # leaderships to: do not wait Kafka's long default for it.
                     {
                         "controllers": ",".join(controllers),
                         "controlled.shutdown.timeout.ms": "3000",
                     },
-                    self._metrics_port("broker", broker_id),
+                    metrics_port,
                 ),
             )
         asyncio.run(wait_healthy(self.members(), controllers, self.broker_ids, START_TIMEOUT_S))
@@ -253,17 +244,38 @@ class LocalCluster:
         if client_port and peer_port:
             # etcd keeps its peer URL in its data: the same ports bring the same member back.
             self.etcd.client_port, self.etcd.peer_port = client_port, peer_port
-        self.etcd.start(PROCESS_START_TIMEOUT_S)
+            try:
+                self.etcd.start(PROCESS_START_TIMEOUT_S)
+            except EtcdFailed:
+                # Taken since the check (by another process): fresh ones, as when taken before.
+                self.etcd.client_port = self.etcd.peer_port = 0
+        if not self.etcd.running:
+            self.etcd.start(PROCESS_START_TIMEOUT_S)
         (self.data_dir / "etcd.peer-port").write_text(f"{self.etcd.peer_port}\n")
 
-    def _start(self, role: str, member_id: int, args: Sequence[str]) -> str:
+    def _start(
+        self, role: str, member_id: int, make_args: Callable[[str, int], Sequence[str]]
+    ) -> str:
+        """Start on the ports it had (`make_args(listen address, metrics port)`), or on any
+        when they are taken, even by a process that took one after the check here."""
+        listen_port, metrics_port = self._recorded_ports(role, member_id)
+        try:
+            address = self._start_on(
+                role, member_id, make_args(f"{HOST}:{listen_port}", metrics_port)
+            )
+        except ProcessFailed:
+            if not (listen_port or metrics_port):
+                raise
+            address = self._start_on(role, member_id, make_args(f"{HOST}:0", 0))
+        self.record()
+        return address
+
+    def _start_on(self, role: str, member_id: int, args: Sequence[str]) -> str:
         if self.trace_dir is not None:
             args = [*args, "--trace-file", str(self.trace_dir / f"{role}-{member_id}.jsonl")]
         proc = ManagedProcess(f"{role}-{member_id}", args, self.log_dir)
         self.processes[(role, member_id)] = proc
-        address = proc.start(PROCESS_START_TIMEOUT_S)
-        self.record()
-        return address
+        return proc.start(PROCESS_START_TIMEOUT_S)
 
     def dead(self) -> list[str]:
         """Processes that were started and have exited since."""

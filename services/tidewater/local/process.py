@@ -43,6 +43,8 @@ class ManagedProcess:
         self.log_file = work_dir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
+        # Where it serves metrics (started with a metrics port, 0 included), else "".
+        self.metrics_address = ""
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Start and wait until it serves; returns its address (host:port)."""
@@ -80,8 +82,13 @@ class ManagedProcess:
                     f"{self.name} not ready after {timeout_s} s:\n{self.log_tail()}"
                 )
             time.sleep(0.02)
-        self.address = self.ready_file.read_text().strip()
+        self.address, _, self.metrics_address = self.ready_file.read_text().partition("\n")
         return self.address
+
+    @property
+    def metrics_port(self) -> int:
+        """The metrics port it bound (0: none)."""
+        return int(self.metrics_address.rpartition(":")[2] or 0)
 
     @property
     def pid(self) -> int:

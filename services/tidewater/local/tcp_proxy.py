@@ -27,6 +27,9 @@ from types import TracebackType
 log = logging.getLogger(__name__)
 
 LISTEN_HOST = "127.0.0.1"
+# A target that refuses every connection (nothing can listen on port 0): for a proxy started
+# before its target has a port.
+NOWHERE = f"{LISTEN_HOST}:0"
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_CHUNK_BYTES = 64 * 1024
 STOP_TIMEOUT_S = 5.0
@@ -69,11 +72,7 @@ class TcpProxy:
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        host, sep, port = target.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"target must be host:port, got {target!r}")
-        self.target = target
-        self._target_host, self._target_port = host, int(port)
+        self.retarget(target)
         self._mode = mode
         self._max_connections = max_connections
         self._chunk_bytes = chunk_bytes
@@ -82,6 +81,15 @@ class TcpProxy:
         self.address = ""
         # Bytes swallowed so far (blackholed), for tests to wait on.
         self.discarded = 0
+
+    def retarget(self, target: str) -> None:
+        """Forward the connections accepted from now on to `target`: a target started after
+        the proxy (its address advertised as the proxy's) on a port it bound itself."""
+        host, sep, port = target.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"target must be host:port, got {target!r}")
+        self.target = target
+        self._target_host, self._target_port = host, int(port)
 
     @property
     def mode(self) -> LinkMode:

@@ -71,12 +71,14 @@ class ServiceHost:
             await self.health.set(name, status)
 
 
-def announce(what: str, address: str, ready_file: Path | None) -> None:
+def announce(what: str, address: str, ready_file: Path | None, metrics_address: str = "") -> None:
     """Tell whoever started this process that it listens: the address in the ready file
-    (written atomically, so a reader never sees half of it) and a line on stdout."""
+    (written atomically, so a reader never sees half of it) and a line on stdout. With
+    metrics, their bound address is the file's second line: a starter that asked for port 0
+    learns it there, where choosing a free port for the process would race other processes."""
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(address)
+        tmp.write_text(f"{address}\n{metrics_address}" if metrics_address else address)
         tmp.rename(ready_file)
     print(f"tidewater {what} listening on {address}", flush=True)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 from tidewater.local.fetch import consumer_fetch, read_served
 from tidewater.local.process import ManagedProcess
@@ -21,10 +22,25 @@ TOPIC = "durable"
 SMALL_SEGMENTS = {"log.segment.bytes": "20000"}
 
 
-async def lead(address: str, epoch: int) -> broker_pb2_grpc.BrokerServiceStub:
-    channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-    await make_leader(channel, TOPIC, 0, leader=1, leader_epoch=epoch, replicas=[1])
-    return broker_pb2_grpc.BrokerServiceStub(channel)
+Lead = Callable[[str, int], Awaitable[broker_pb2_grpc.BrokerServiceStub]]
+
+
+@pytest.fixture
+async def lead() -> AsyncIterator[Lead]:
+    """Make the broker at an address leader of the partition at an epoch; its stub. The
+    channels close before the test's event loop does: one collected later would complete its
+    calls on that closed loop, which grpc.aio logs as an error during some later test."""
+    channels: list[grpc.aio.Channel] = []
+
+    async def lead(address: str, epoch: int) -> broker_pb2_grpc.BrokerServiceStub:
+        channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        channels.append(channel)
+        await make_leader(channel, TOPIC, 0, leader=1, leader_epoch=epoch, replicas=[1])
+        return broker_pb2_grpc.BrokerServiceStub(channel)
+
+    yield lead
+    for channel in channels:
+        await channel.close()
 
 
 async def produce(stub: broker_pb2_grpc.BrokerServiceStub, batch: bytes) -> int:
@@ -60,17 +76,16 @@ def split(served: bytes) -> list[tuple[int, bytes]]:
 
 async def test_kill_9_after_acks_loses_nothing(
     broker_processes: Callable[..., ManagedProcess],
+    lead: Lead,
 ) -> None:
     broker = broker_processes(1, **SMALL_SEGMENTS)
-    address = broker.start()
-    stub = await lead(address, 1)
+    stub = await lead(broker.start(), 1)
     sent = batches(200)
     acked = [await produce(stub, b) for b in sent]
     broker.kill()
 
-    restarted = broker_processes(1, listen=address, **SMALL_SEGMENTS)
-    restarted.start()
-    stub = await lead(address, 2)
+    restarted = broker_processes(1, **SMALL_SEGMENTS)
+    stub = await lead(restarted.start(), 2)
     served = split(await read_served(stub, TOPIC, 0))
     assert [offset for offset, _ in served] == acked
     assert [body for _, body in served] == [b[17:] for b in sent]
@@ -78,11 +93,11 @@ async def test_kill_9_after_acks_loses_nothing(
 
 async def test_torn_tail_is_truncated_on_restart(
     broker_processes: Callable[..., ManagedProcess],
+    lead: Lead,
     tmp_path: Path,
 ) -> None:
     broker = broker_processes(1)
-    address = broker.start()
-    stub = await lead(address, 1)
+    stub = await lead(broker.start(), 1)
     sent = batches(10)
     acked = [await produce(stub, b) for b in sent]
     broker.kill()
@@ -91,9 +106,8 @@ async def test_torn_tail_is_truncated_on_restart(
     size = segment.stat().st_size
     segment.write_bytes(segment.read_bytes()[: size - len(sent[-1]) // 2])
 
-    restarted = broker_processes(1, listen=address)
-    restarted.start()
-    stub = await lead(address, 2)
+    restarted = broker_processes(1)
+    stub = await lead(restarted.start(), 2)
     served = split(await read_served(stub, TOPIC, 0))
     assert [offset for offset, _ in served] == acked[:-1]
     assert [body for _, body in served] == [b[17:] for b in sent[:-1]]
@@ -103,12 +117,12 @@ async def test_torn_tail_is_truncated_on_restart(
 
 async def test_deleted_indexes_are_rebuilt(
     broker_processes: Callable[..., ManagedProcess],
+    lead: Lead,
     tmp_path: Path,
 ) -> None:
     settings = {**SMALL_SEGMENTS, "log.index.interval.bytes": "1000"}
     broker = broker_processes(1, **settings)
-    address = broker.start()
-    stub = await lead(address, 1)
+    stub = await lead(broker.start(), 1)
     sent = batches(60)
     acked = [await produce(stub, b) for b in sent]
     assert broker.stop() == 0
@@ -119,9 +133,8 @@ async def test_deleted_indexes_are_rebuilt(
     for index in indexes:
         index.unlink()
 
-    restarted = broker_processes(1, listen=address, **settings)
-    restarted.start()
-    stub = await lead(address, 2)
+    restarted = broker_processes(1, **settings)
+    stub = await lead(restarted.start(), 2)
     assert [offset for offset, _ in split(await read_served(stub, TOPIC, 0))] == acked
     # Reads starting inside the log go through the rebuilt index.
     for offset in (acked[17] + 3, acked[45]):
@@ -133,14 +146,13 @@ async def test_deleted_indexes_are_rebuilt(
 
 async def test_sigterm_shuts_down_cleanly_and_keeps_data(
     broker_processes: Callable[..., ManagedProcess],
+    lead: Lead,
 ) -> None:
     broker = broker_processes(1)
-    address = broker.start()
-    stub = await lead(address, 1)
+    stub = await lead(broker.start(), 1)
     acked = [await produce(stub, b) for b in batches(5)]
     assert broker.stop() == 0
     assert "stopped cleanly" in broker.log_tail()
-    restarted = broker_processes(1, listen=address)
-    restarted.start()
-    stub = await lead(address, 2)
+    restarted = broker_processes(1)
+    stub = await lead(restarted.start(), 2)
     assert [offset for offset, _ in split(await read_served(stub, TOPIC, 0))] == acked

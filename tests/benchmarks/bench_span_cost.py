@@ -4,17 +4,18 @@ cluster: the spans Tidewater makes for one acks=all batch on RF=3 (client `send`
 follower fetches, each `Fetch`, `log.read`, `fetch.wait`; each follower's `replica.fetch` and
 `log.append`), made through the real span classes, then their encoding to an OTLP/JSON trace
 file in lines of 512 spans, with Tidewater's encoder (which the trace file's processor runs on
-each span as it ends; a broker whose only exporter is the trace file encodes its own spans
-straight from their fields, for less) and with OpenTelemetry's FileSpanExporter; then made
-and written as a cluster does, into the trace file processor of each role. Compare
-with the CPU per batch of the processes with tracing off (bench_tracing.py's cluster: client
-~1 ms, leader ~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135 records).
+each span as it ends; a tracer whose provider's only processor is the trace file's encodes
+its own spans straight from their fields, for less) and with OpenTelemetry's
+FileSpanExporter; then made and written as a cluster does, into the trace file processor of
+each role. Compare with the CPU per batch of the processes with tracing off (bench_tracing.py's
+cluster: client ~1 ms, leader ~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135
+records).
 
-At 1% sampling (parentbased_traceidratio 0.01), what a follower's fetch costs to start its
-trace, over making the request alone: with the SDK's ids, as a broker has them (sampled out,
-the fetch carries its fetcher's constant context, tracing.NewTraces), and with another id
-generator drawing the same ids, which has each fetch asked and given a context of its own
-(as every fetch was before NewTraces); rounds interleaved, medians.
+At 1%, what a batch sampled out costs each role (sampled_out_cost). And what a follower's
+fetch costs to start its trace, over making the request alone: with the SDK's ids, as a broker
+has them (sampled out, the fetch carries its fetcher's constant context, tracing.NewTraces),
+and with another id generator drawing the same ids, which has each fetch asked and given a
+context of its own (as every fetch was before NewTraces); rounds interleaved, medians.
 
 Run: .venv/bin/python tests/benchmarks/bench_span_cost.py [--batches N] [--fetches N]"""
 
@@ -59,7 +60,7 @@ class Kept(SpanProcessor):
 class Roles:
     """A tracer provider per role (as each process has its own), and CPU seconds per role.
     With `trace_files` (a directory), each role's provider has the trace file's processor
-    alone, as setup() installs it in a broker, and the brokers' spans go straight into it."""
+    alone, as setup() installs it in a broker, and every role's spans go straight into it."""
 
     def __init__(self, trace_files: Path | None = None) -> None:
         self.kept = {role: Kept() for role in ROLES}
@@ -89,7 +90,6 @@ class Roles:
         self._role, self._since = role, now
         if role != "client":
             tracing.TRACER = self.tracers[role]
-            tracing._TRACE_FILE = self.files.get(role)
 
     def run(self, batches: int) -> dict[str, float]:
         """CPU us per batch and role (per follower) of `batches` batches after a warm-up."""
@@ -192,6 +192,58 @@ def fetch_cost(fetches: int, rounds: int = 7) -> dict[str, float]:
     return {name: statistics.median(cpu[name]) - request for name in providers}
 
 
+def sampled_out_cost(batches: int, rounds: int = 7) -> dict[str, float]:
+    """CPU us per batch and role (per follower fetch) of a batch sampled out, as 99% are at
+    1% (here parentbased_traceidratio 0: all), over making its messages untraced: the
+    client's BatchTrace and the context its attempt carries; the leader's look at that
+    context and at two follower fetches' (with the closures that would link them); a
+    follower's fetch carrying its fetcher's constant context. Rounds interleaved, medians."""
+    provider = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
+    tracing.install(provider)
+    client_tracer = tracing.client_tracer(provider)
+    assert client_tracer is not None
+    producer, fetcher = tracing.NewTraces(), tracing.NewTraces()
+    produced = pb.PartitionProduceData(topic=TP[0], partition=TP[1])
+    BatchTrace(client_tracer, producer, TP[0], TP[1], -1).carry(produced.trace_context)
+    fetch = pb.FetchRequest(replica_id=2)
+    assert spans.ReplicaFetchTrace.start(fetch, 1, fetcher) is None
+
+    def client(traced: bool) -> None:
+        for _ in range(batches):
+            batch = BatchTrace(client_tracer, producer, TP[0], TP[1], -1) if traced else None
+            data = pb.ProduceRequest().partitions.add(topic=TP[0], partition=TP[1])
+            if batch is not None:
+                batch.drained()
+                batch.carry(data.trace_context)
+                batch.end(RECORDS, len(BATCH), 0, None)
+
+    def leader(traced: bool) -> None:
+        for _ in range(batches):
+            if traced:
+                assert spans.ProduceTrace.start(produced, -1, None) is None
+                for _ in range(2):
+                    spans.fetch_link(fetch, spans.FetchTrace.start(fetch, None))
+
+    def follower(traced: bool) -> None:
+        for _ in range(batches):
+            request = pb.FetchRequest(replica_id=2)
+            if traced:
+                spans.ReplicaFetchTrace.start(request, 1, fetcher)
+
+    roles = {"client": client, "leader": leader, "follower": follower}
+    cpu: dict[tuple[str, bool], list[float]] = {(r, t): [] for r in roles for t in (False, True)}
+    for _ in range(rounds):
+        for (role, traced), times in cpu.items():
+            start = time.process_time()
+            roles[role](traced)
+            times.append(1e6 * (time.process_time() - start) / batches)
+    tracing.shutdown()
+    return {
+        role: statistics.median(cpu[role, True]) - statistics.median(cpu[role, False])
+        for role in roles
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=4096)
@@ -201,6 +253,12 @@ def main() -> None:
     print(
         "a follower fetch's trace at 1%, us of CPU per fetch over making its request: "
         + ", ".join(f"{name} {cpu:.2f}" for name, cpu in per_fetch.items())
+    )
+    sampled_out = sampled_out_cost(args.fetches // 4)
+    print(
+        "a batch sampled out, us of CPU per batch over its messages untraced: "
+        + ", ".join(f"{role} {cpu:.2f}" for role, cpu in sampled_out.items())
+        + " (per follower)"
     )
     roles = Roles()
     per_batch = roles.run(args.batches)
@@ -233,7 +291,7 @@ def main() -> None:
             summary.append(f"{exporter_type.__name__} {total:.0f} us")
         roles.shutdown()
         # As the cluster runs: brokers whose only exporter is the trace file, a client whose
-        # provider (the application's) has its processor.
+        # provider (the application's) has its processor alone.
         straight = Roles(Path(tmp))
         made = straight.run(args.batches)
         straight.shutdown()

@@ -18,12 +18,13 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.json.file.trace_exporter import FileSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
+from tidewater.client.spans import BatchTrace
 from tidewater.local.wait import eventually
 from tidewater.telemetry import tracing
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
@@ -112,6 +113,20 @@ def test_the_trace_file_is_the_otel_file_exporters_json(tmp_path: Path) -> None:
     lines = [[json.loads(line) for line in p.read_text().splitlines()] for p in (ours, theirs)]
     assert len(lines[0]) == 2
     assert lines[0] == lines[1]
+
+
+def test_spans_of_resources_and_scopes_in_turn_are_grouped_as_the_exporter_groups_them(
+    tmp_path: Path,
+) -> None:
+    """The encoder keeps the last span's group at hand: spans whose resource or scope change
+    from one to the next still land in their own groups."""
+    recorded = spans()
+    mixed = [span for pair in zip(recorded, reversed(recorded), strict=True) for span in pair]
+    ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
+    for exporter in (OtlpJsonFileSpanExporter(ours), FileSpanExporter(theirs)):
+        exporter.export(mixed)
+        exporter.shutdown()
+    assert json.loads(ours.read_text()) == json.loads(theirs.read_text())
 
 
 def test_an_export_of_no_spans_writes_no_line(tmp_path: Path) -> None:
@@ -217,7 +232,8 @@ def record_spans(trace_file: Path, straight: bool, monkeypatch: pytest.MonkeyPat
     assert tracing.setup("tidewater-broker", trace_file)
     try:
         if not straight:
-            monkeypatch.setattr(tracing, "_TRACE_FILE", None)
+            # Not the provider's only processor: the spans go through the processors.
+            tracing._provider.add_span_processor(SpanProcessor())  # type: ignore[union-attr]
         remote = SpanContext(7, 8, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
         fetch = tracing.start_span(
             "Fetch",
@@ -258,4 +274,39 @@ def test_spans_written_straight_to_the_trace_file_are_those_the_processor_writes
         "Fetch",
         "replica.fetch",
     ]
+    assert written == spans_of(processed)
+
+
+def batch_spans(trace_file: Path, straight: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The producer's spans of one batch through an application's provider whose only
+    processor is the trace file's (`straight`), else beside another processor; ids and times
+    the same each time. Straight, no ReadableSpan is made."""
+    random.seed(7)
+    monkeypatch.setattr(time, "time_ns", itertools.count(1_763_850_000_000_000_000, 1_000).__next__)
+    provider = TracerProvider(resource=Resource.create({"service.name": "application"}))
+    provider.add_span_processor(OtlpJsonFileSpanProcessor(OtlpJsonFileSpanExporter(trace_file)))
+    if straight:
+        monkeypatch.setattr(tracing, "PlainSpan", None)
+    else:
+        provider.add_span_processor(SpanProcessor())
+    try:
+        tracer = provider.get_tracer("tidewater.client")
+        batch = BatchTrace(tracer, tracing.NewTraces(), "orders", 3, -1)
+        batch.drained()
+        batch.end(2, 120, 40, None)
+    finally:
+        provider.shutdown()
+        monkeypatch.undo()
+
+
+def test_the_sdks_spans_go_straight_to_an_applications_trace_file_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As setup()'s: a tracer whose provider's only processor is the trace file's hands it
+    its spans encoded from their fields, the lines those of the processor's path."""
+    straight, processed = tmp_path / "straight.jsonl", tmp_path / "processed.jsonl"
+    batch_spans(straight, True, monkeypatch)
+    batch_spans(processed, False, monkeypatch)
+    written = spans_of(straight)
+    assert [span["name"] for span in written] == ["batch.wait", "send orders"]
     assert written == spans_of(processed)

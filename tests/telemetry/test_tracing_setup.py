@@ -135,8 +135,9 @@ def test_unary_calls_are_intercepted_and_the_data_planes_streams_are_not(
     assert not any(isinstance(i, grpc.aio.StreamStreamClientInterceptor) for i in interceptors)
 
 
-def parent_of(context: object) -> SpanContext:
-    return trace.get_current_span(context).get_span_context()  # type: ignore[arg-type]
+def parent_of(parent: object) -> SpanContext:
+    context = tracing.context_of(parent)  # type: ignore[arg-type]
+    return trace.get_current_span(context).get_span_context()
 
 
 def test_a_messages_own_context_wins_over_the_calls_metadata() -> None:
@@ -359,6 +360,7 @@ def seeded() -> Iterator[None]:
         ParentBasedTraceIdRatio(0.01),
         TraceIdRatioBased(0.5),
         ParentBasedTraceIdRatio(1.0),
+        ParentBased(ALWAYS_ON),
     ],
     ids=lambda sampler: sampler.get_description(),
 )
@@ -692,14 +694,43 @@ def test_a_new_trace_is_sampled_as_its_sampler_decides(
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda sampler: sampler.get_description())
+def test_a_new_traces_attributes_are_made_only_for_its_span_or_a_sampler_that_asks(
+    sampler: Sampler,
+) -> None:
+    """Attributes given as a function (the producer's `send`) are made for a span recorded
+    or a sampler asked, and are then what the SDK would record; a trace decided sampled out
+    by its ratio makes none."""
+    provider = TracerProvider(sampler=sampler, id_generator=Ids(EDGE_IDS, True))
+    tracer = provider.get_tracer("test")
+    asked = tracing._facts(tracer).new_trace_bound is None
+    made = []
+
+    def attributes() -> dict[str, Any]:
+        made.append(True)
+        return {"a": 1}
+
+    for trace_id in EDGE_IDS:
+        made.clear()
+        expected = sampler.should_sample(None, trace_id, "keep", None, {"a": 1})
+        span = tracing.start_span("keep", trace.SpanKind.CLIENT, Context(), attributes, {}, tracer)
+        assert (span is not None) is expected.decision.is_recording()
+        assert made == ([True] if asked or span is not None else [])
+        if span is not None:
+            assert span.attributes == dict(expected.attributes)
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda sampler: sampler.get_description())
 @pytest.mark.parametrize("remote", [True, False])
 @pytest.mark.parametrize("flags", [0, 1, 2, 3])
 @pytest.mark.parametrize("name", ["Produce", "keep"])
+@pytest.mark.parametrize("alone", [False, True], ids=["in a context", "alone"])
 def test_a_child_is_sampled_as_its_sampler_decides(
-    sampler: Sampler, remote: bool, flags: int, name: str
+    sampler: Sampler, remote: bool, flags: int, name: str, alone: bool
 ) -> None:
     """start_span follows a parent's sampled flag itself where the sampler would: the outcome,
-    the context written and the trace state are the sampler's."""
+    the context written and the trace state are the sampler's; for a parent in a Context
+    and for a SpanContext alone, as extract() reads a traceparent alone (the sampler, when
+    asked, gets it in a Context)."""
     provider = TracerProvider(sampler=sampler)
     tracer = provider.get_tracer("test")
     state = TraceState([("vendor", "x1")])
@@ -707,7 +738,9 @@ def test_a_child_is_sampled_as_its_sampler_decides(
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent))
     expected = sampler.should_sample(context, parent.trace_id, name, None, {"a": 1})
     carrier: dict[str, str] = {}
-    span = tracing.start_span(name, trace.SpanKind.SERVER, context, {"a": 1}, carrier, tracer)
+    span = tracing.start_span(
+        name, trace.SpanKind.SERVER, parent if alone else context, {"a": 1}, carrier, tracer
+    )
     assert (span is not None) is expected.decision.is_recording()
     carried = tracing.carried_span_context(carrier)
     assert carried.trace_id == parent.trace_id
@@ -742,7 +775,7 @@ def test_a_parent_is_read_as_the_propagators_read_it(headers: dict[str, str]) ->
     ours, theirs = tracing.extract(headers), propagate.extract(headers)
     assert ours is not None
     assert parent_of(ours) == parent_of(theirs)
-    assert baggage.get_all(ours) == baggage.get_all(theirs)
+    assert baggage.get_all(tracing.context_of(ours)) == baggage.get_all(theirs)
 
 
 def test_the_last_tracer_asked_about_is_not_kept_alive_by_the_cache() -> None:

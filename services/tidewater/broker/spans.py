@@ -286,7 +286,7 @@ class ReplicaFetchTrace(_Traced):
             "replica.fetch",
             SpanKind.CLIENT,
             Context(),
-            {
+            lambda: {
                 "messaging.system": tracing.MESSAGING_SYSTEM,
                 "tidewater.follower_id": request.replica_id,
                 "tidewater.leader_id": leader_id,

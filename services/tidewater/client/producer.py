@@ -697,7 +697,7 @@ class _BrokerLink:
                 topic_id=self.producer.metadata.topic_id(batch.tp[0]),
             )
             if batch.trace is not None:
-                data.trace_context.update(batch.trace.carrier)
+                batch.trace.carry(data.trace_context)
         self._in_flight[correlation_id] = (batches, time.monotonic())
         if self._task is None or self._task.done():
             self._outbox = asyncio.Queue()

@@ -10,6 +10,8 @@ one (tracing.NewTraces), as a follower's fetcher does."""
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
+
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 
@@ -29,7 +31,8 @@ class BatchTrace:
             f"send {topic}",
             SpanKind.PRODUCER,
             otel_context.get_current(),
-            {
+            # Made only for a span: most batches are sampled out at a low ratio.
+            lambda: {
                 "messaging.system": tracing.MESSAGING_SYSTEM,
                 "messaging.operation.type": "send",
                 "messaging.destination.name": topic,
@@ -40,6 +43,13 @@ class BatchTrace:
             tracer=tracer,
             new_traces=new_traces,
         )
+
+    def carry(self, trace_context: MutableMapping[str, str]) -> None:
+        """Writes the batch's context into an attempt's PartitionProduceData.trace_context.
+        Key by key: a protobuf map's update() goes through Python's MutableMapping, twice
+        the time (most batches carry one key, the producer's constant traceparent)."""
+        for key, value in self.carrier.items():
+            trace_context[key] = value
 
     def drained(self) -> None:
         """The batch leaves the accumulator for its first attempt."""

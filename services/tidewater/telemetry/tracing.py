@@ -80,11 +80,10 @@ MESSAGING_SYSTEM = "tidewater"
 TRACEPARENT = "traceparent"
 W3C_FIELDS = frozenset({TRACEPARENT, "tracestate", "baggage"})
 _TRACE_ID_LOW_BITS = TraceIdRatioBased.TRACE_ID_LIMIT
-_TRACEPARENT_00 = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_TRACEPARENT_00 = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACE_FLAGS = {flags.to_bytes(1).hex(): TraceFlags(flags) for flags in range(256)}
 
 _provider: TracerProvider | None = None
-# setup()'s trace file processor while it is the provider's only one (see _hand_over).
-_TRACE_FILE: OtlpJsonFileSpanProcessor | None = None
 _FOLLOWS_SAMPLED_OUT_PARENTS = False
 # The propagators last asked about, and whether they are the W3C ones alone.
 _W3C_PROPAGATION: tuple[object, bool] = (None, False)
@@ -116,18 +115,15 @@ def setup(
         provider.add_span_processor(processor)
     # Global too, so that application code in a client process shares it.
     trace.set_tracer_provider(provider)
-    only = processors[0] if len(processors) == 1 else None
-    install(provider, only if isinstance(only, OtlpJsonFileSpanProcessor) else None)
+    install(provider)
     return True
 
 
-def install(provider: TracerProvider, trace_file: OtlpJsonFileSpanProcessor | None = None) -> None:
+def install(provider: TracerProvider) -> None:
     """Trace this process's services through `provider` (setup() does it; tests give one
-    with an in-memory exporter). `trace_file`: the provider's only processor, when it is the
-    trace file's, which then takes TRACER's spans straight (_hand_over)."""
-    global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS, _TRACE_FILE
+    with an in-memory exporter)."""
+    global ENABLED, TRACER, _provider, _FOLLOWS_SAMPLED_OUT_PARENTS
     _provider = provider
-    _TRACE_FILE = trace_file
     TRACER = provider.get_tracer(SCOPE)
     _FOLLOWS_SAMPLED_OUT_PARENTS = _follows_sampled_out_parents(provider.sampler)
     ENABLED = True
@@ -147,11 +143,10 @@ def _follows_sampled_out_parents(sampler: Sampler) -> bool:
 
 def shutdown() -> None:
     """Export what is buffered; a process calls this on its way out."""
-    global ENABLED, _provider, _TRACE_FILE
+    global ENABLED, _provider
     if _provider is not None:
         _provider.shutdown()
     _provider = None
-    _TRACE_FILE = None
     ENABLED = False
 
 
@@ -262,7 +257,7 @@ def record_child(
         parent.instrumentation_scope,  # type: ignore[union-attr]
         (
             parent_context.trace_id,
-            sdk_tracer.id_generator.generate_span_id(),
+            _span_id(_facts(sdk_tracer), sdk_tracer),
             parent_context.trace_flags,
             parent_context.trace_state,
         ),
@@ -296,12 +291,16 @@ def _hand_over(
     """A span of `tracer`'s that ends now (`ids`: trace id, span id, flags, trace state;
     `context`: the same as a SpanContext, made from them when None) to the processors.
 
-    While the trace file is setup()'s only processor, a span of TRACER's goes straight into
-    it, encoded from these fields: no SpanContext, ReadableSpan and processor loop (about 5
-    of the 8 us of a child span, encoding included). Otherwise as a PlainSpan."""
+    While the trace file's processor is the tracer's provider's only one (setup()'s with
+    --trace-file alone, or an application's provider for the SDK's spans), the span goes
+    straight into it, encoded from these fields: no SpanContext, ReadableSpan and processor
+    loop (about 5 of the 8 us of a child span, encoding included). Otherwise as a PlainSpan."""
     end_ns = time.time_ns()
     trace_id, span_id, flags, state = ids
-    if _TRACE_FILE is not None and tracer is TRACER:
+    # The SDK's multi-span processor replaces its tuple when a processor is added: read
+    # each time (the SDK keeps it private; another processor type has none, and is called).
+    processors = getattr(tracer.span_processor, "_span_processors", ())
+    if len(processors) == 1 and type(processors[0]) is OtlpJsonFileSpanProcessor:
         if not flags & TraceFlags.SAMPLED:
             return
         try:
@@ -322,7 +321,7 @@ def _hand_over(
         except Exception:  # as the processor does: a span must not fail its request
             log.exception("cannot encode span %s", name)
             return
-        _TRACE_FILE.add(resource, scope, encoded)
+        processors[0].add(resource, scope, encoded)
         return
     if context is None:
         context = SpanContext(
@@ -362,8 +361,8 @@ class _TracerFacts(NamedTuple):
 
     scope: InstrumentationScope
     # The sampler keeps a new trace when its id's low 64 bits are below this (the rule of
-    # TraceIdRatioBased, OTEL_TRACES_SAMPLER=[parentbased_]traceidratio, and ALWAYS_OFF's
-    # as 0); None for other samplers, which are asked.
+    # TraceIdRatioBased, OTEL_TRACES_SAMPLER=[parentbased_]traceidratio, ALWAYS_OFF's as 0
+    # and ALWAYS_ON's, the default, as 2**64); None for other samplers, which are asked.
     new_trace_bound: int | None
     # new_trace_bound where the ids are the SDK's RandomIdGenerator's, whose trace ids
     # NewTraces may draw itself; None where the id generator is to make them.
@@ -372,6 +371,8 @@ class _TracerFacts(NamedTuple):
     # default samplers for parents, as OTEL_TRACES_SAMPLER=parentbased_* makes it).
     follows_parents: bool
     random_trace_id: bool
+    # The ids are the SDK's RandomIdGenerator's: span ids drawn here (_span_id).
+    random_ids: bool
 
 
 _TRACERS: weakref.WeakKeyDictionary[Any, _TracerFacts] = weakref.WeakKeyDictionary()
@@ -393,12 +394,14 @@ def _facts(tracer: Any) -> _TracerFacts:
     if facts is None:
         info = tracer.instrumentation_info
         bound = _new_trace_bound(tracer.sampler)
+        random_ids = type(tracer.id_generator) is RandomIdGenerator
         facts = _TRACERS[tracer] = _TracerFacts(
             InstrumentationScope(info.name, info.version, info.schema_url),
             bound,
-            bound if type(tracer.id_generator) is RandomIdGenerator else None,
+            bound if random_ids else None,
             _follows_parents(tracer.sampler),
             tracer.id_generator.is_trace_id_random(),
+            random_ids,
         )
     _LAST_FACTS = (weakref.ref(tracer), facts)
     return facts
@@ -411,6 +414,8 @@ def _new_trace_bound(sampler: Sampler) -> int | None:
     root = getattr(sampler, "_root", None) if parent_based else sampler
     if root is ALWAYS_OFF:
         return 0
+    if root is ALWAYS_ON:  # the default: as TraceIdRatioBased(1.0), every id is below
+        return 1 << 64
     return root.bound if type(root) is TraceIdRatioBased else None
 
 
@@ -428,11 +433,40 @@ def _follows_parents(sampler: Sampler) -> bool:
     return all(delegate is default for delegate, default in delegates)
 
 
+def _span_id(facts: _TracerFacts, tracer: Any) -> int:
+    """A new span id from `tracer`'s generator; RandomIdGenerator's drawn as it draws them,
+    without its method call (0.3 us per span)."""
+    if facts.random_ids:
+        span_id = getrandbits(64)
+        if span_id:
+            return span_id
+    return tracer.id_generator.generate_span_id()
+
+
+SpanAttributes = dict[str, Any] | Callable[[], dict[str, Any]]
+
+
+def _made(attributes: SpanAttributes) -> dict[str, Any]:
+    return attributes() if callable(attributes) else attributes
+
+
+# A span's parent: a Context, or the remote SpanContext that extract() read alone from a
+# traceparent (its Context made only for a sampler that asks).
+Parent = Context | SpanContext
+
+
+def context_of(parent: Parent) -> Context:
+    """`parent` as a Context, as the propagators would have extracted a SpanContext alone."""
+    if type(parent) is SpanContext:
+        return trace.set_span_in_context(trace.NonRecordingSpan(parent), Context())
+    return parent  # type: ignore[return-value]
+
+
 def start_span(
     name: str,
     kind: SpanKind,
-    parent: Context,
-    attributes: dict[str, Any],
+    parent: Parent,
+    attributes: SpanAttributes,
     carrier: MutableMapping[str, str] | None = None,
     tracer: Tracer | None = None,
     new_traces: NewTraces | None = None,
@@ -444,10 +478,15 @@ def start_span(
     None when it is not recorded: a sampled-out request makes no span object at all.
 
     `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
-    or not, so that the receiver follows this decision."""
+    or not, so that the receiver follows this decision. `attributes` may be a function that
+    makes them, called only for a span or a sampler that asks: a new trace sampled out at a
+    low ratio (a producer's batch) then builds no attributes at all."""
     sdk_tracer: Any = tracer or TRACER
     facts = _facts(sdk_tracer)
-    parent_context = trace.get_current_span(parent).get_span_context()
+    if type(parent) is SpanContext:
+        parent_context = parent
+    else:
+        parent_context = trace.get_current_span(parent).get_span_context()  # type: ignore[arg-type]
     # Decided here where the sampler's rule is known (None: ask it): most spans are new
     # traces at a low ratio or children of a sampled parent, and asking cost a busy broker
     # ~10 us per span.
@@ -471,7 +510,9 @@ def start_span(
         if facts.new_trace_bound is not None:
             sampled = trace_id & _TRACE_ID_LOW_BITS < facts.new_trace_bound
     if sampled is None:
-        result = sdk_tracer.sampler.should_sample(parent, trace_id, name, kind, attributes)
+        result = sdk_tracer.sampler.should_sample(
+            context_of(parent), trace_id, name, kind, _made(attributes)
+        )
         sampled, recorded = result.decision.is_sampled(), result.decision.is_recording()
         state, attributes = result.trace_state, dict(result.attributes)
     else:
@@ -479,7 +520,7 @@ def start_span(
     flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
     if random_trace_id:
         flags |= TraceFlags.RANDOM_TRACE_ID
-    span_id = sdk_tracer.id_generator.generate_span_id()
+    span_id = _span_id(facts, sdk_tracer)
     if carrier is not None:
         _write_context(trace_id, span_id, flags, state, carrier)
     if not recorded:
@@ -489,11 +530,12 @@ def start_span(
     )
     return DeferredSpan(
         sdk_tracer,
+        facts.scope,
         name,
         kind,
         context,
         parent_context if parent_context.is_valid else None,
-        attributes,
+        _made(attributes),
     )
 
 
@@ -569,6 +611,7 @@ class DeferredSpan:
     def __init__(
         self,
         tracer: Any,
+        scope: InstrumentationScope,
         name: str,
         kind: SpanKind,
         context: SpanContext,
@@ -582,7 +625,7 @@ class DeferredSpan:
         self.parent = parent
         self._recording = True
         self.attributes = attributes
-        self.instrumentation_scope = _facts(tracer).scope
+        self.instrumentation_scope = scope
         self.status = UNSET
         self.events: list[Event] = []
         self.start_time = time.time_ns()
@@ -738,20 +781,23 @@ def current_context_metadata() -> tuple[tuple[str, str], ...]:
     return tuple(carrier.items())
 
 
-def extract(carrier: Mapping[str, str], metadata: Any = None) -> Context | None:
-    """The parent context of a span for a message: its own trace_context, else the gRPC
-    call's metadata (unary calls from other clients), else none (a new trace).
+def extract(carrier: Mapping[str, str], metadata: Any = None) -> Parent | None:
+    """The parent of a span for a message (start_span's `parent`): its own trace_context,
+    else the gRPC call's metadata (unary calls from other clients), else none (a new trace,
+    an empty Context). A traceparent alone is read as a remote SpanContext (_parent_of).
 
     None when there is to be no span: the parent was sampled out and this process's sampler
     follows its parent. That is read from the traceparent's flags alone: most requests are
     sampled out at a low ratio, and a busy broker took ~50 us per full extraction."""
+    # `in`, then []: a protobuf map's get() goes through Python's Mapping (twice the time).
     if TRACEPARENT in carrier:
         headers: Mapping[str, str] = carrier
+        traceparent: str | None = carrier[TRACEPARENT]
     elif metadata:
         headers = {k: v for k, v in metadata if isinstance(v, str)}
+        traceparent = headers.get(TRACEPARENT)
     else:
         return otel_context.Context()
-    traceparent = headers.get(TRACEPARENT)
     if _FOLLOWS_SAMPLED_OUT_PARENTS and _sampled_out(traceparent):
         return None
     if len(headers) == 1 and _w3c_propagation():
@@ -761,20 +807,18 @@ def extract(carrier: Mapping[str, str], metadata: Any = None) -> Context | None:
     return propagate.extract(headers)
 
 
-def _parent_of(traceparent: str | None) -> Context | None:
-    """The parent context of a valid version-00 traceparent alone (no tracestate or baggage
-    beside it), as the W3C propagator extracts it in twice the time; None for anything
-    else, which is the propagator's to read."""
-    match = _TRACEPARENT_00.fullmatch(traceparent) if traceparent else None
-    if match is None:
+def _parent_of(traceparent: str | None) -> SpanContext | None:
+    """The remote span context of a valid version-00 traceparent alone (no tracestate or
+    baggage beside it), as the W3C propagator reads it in three times the time (it makes
+    the span and Context around it too); None for anything else, the propagator's to read."""
+    if not traceparent or _TRACEPARENT_00.fullmatch(traceparent) is None:
         return None
-    trace_id, span_id, flags = match.groups()
-    context = SpanContext(
-        int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16))
-    )
-    if not context.is_valid:
+    # Sliced rather than the match's groups, flags looked up, the ids checked before the
+    # SpanContext is made (any 32 and 16 hex digits are within range; 0 is invalid).
+    trace_id, span_id = int(traceparent[3:35], 16), int(traceparent[36:52], 16)
+    if not (trace_id and span_id):
         return None
-    return trace.set_span_in_context(trace.NonRecordingSpan(context), Context())
+    return SpanContext(trace_id, span_id, True, _TRACE_FLAGS[traceparent[53:]])
 
 
 def carried_span_context(carrier: Mapping[str, str]) -> SpanContext:

@@ -10,6 +10,7 @@ from tidewater.controller.core import (
     changes_for_offline_partitions,
     changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
+    elr_changes_for_configs,
     initial_partition_records,
     resume_reassignment,
     start_reassignment,
@@ -59,7 +60,8 @@ def test_no_isr_member_alive_leaves_the_partition_offline_without_unclean_electi
     m.brokers[1].fenced = True
     (change,) = [c for c in changes_for_unusable_broker(m, 1, EPOCH) if c.tp == ("t", 0)]
     assert change.after.leader == NO_LEADER
-    assert change.after.isr == (1,)  # kept, so broker 1 can lead again when it returns
+    # KIP-966: the ISR empties; 1 is an eligible leader replica, to lead again when it returns.
+    assert (change.after.isr, change.after.elr, change.after.last_known_elr) == ((), (1,), (1,))
     assert not change.unclean
 
 
@@ -105,7 +107,9 @@ def test_a_broker_restarted_in_a_new_controllers_grace_period_leaves_its_leaders
     # After a failover every broker is fenced until it heartbeats to the new controller; only
     # 2 has when broker 1 registers a new incarnation.
     m = model(fenced=(1, 3))
-    changes = commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    changes = commit(
+        m, changes_for_unusable_broker(m, 1, EPOCH, unclean_restart=True, in_grace=True)
+    )
     led, followed = changes[("t", 0)], changes[("t", 1)]
     assert (led.leader, led.leader_epoch, led.isr) == (2, 6, (2,))
     assert (followed.leader, followed.leader_epoch, followed.isr) == (2, 4, (2, 3))
@@ -113,7 +117,9 @@ def test_a_broker_restarted_in_a_new_controllers_grace_period_leaves_its_leaders
 
 def test_a_restarted_broker_leaves_isrs_even_where_no_leader_can_be_elected_yet() -> None:
     m = model(fenced=(1, 2, 3))  # the new controller has heard from nobody yet
-    changes = commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    changes = commit(
+        m, changes_for_unusable_broker(m, 1, EPOCH, unclean_restart=True, in_grace=True)
+    )
     led, followed = changes[("t", 0)], changes[("t", 1)]
     assert (led.leader, led.leader_epoch, led.isr) == (NO_LEADER, 6, (2, 3))
     assert (followed.leader, followed.leader_epoch, followed.isr) == (2, 4, (2, 3))
@@ -127,22 +133,25 @@ def test_a_restarted_broker_leaves_isrs_even_where_no_leader_can_be_elected_yet(
     assert (back[("t", 0)].leader, back[("t", 0)].leader_epoch) == (2, 7)
 
 
-def test_a_restarted_last_isr_member_stays_one_and_leads_again_at_a_new_epoch() -> None:
+def test_an_uncleanly_restarted_last_isr_member_leads_again_as_the_last_known_leader() -> None:
     m = model(fenced=(1, 2, 3))
     m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,))
-    changes = commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
-    led = changes[("t", 0)]
-    assert (led.leader, led.leader_epoch, led.isr) == (NO_LEADER, 6, (1,))
+    changes = changes_for_unusable_broker(m, 1, EPOCH, unclean_restart=True, in_grace=True)
+    led = commit(m, changes)[("t", 0)]
+    assert (led.leader, led.leader_epoch, led.isr, led.elr) == (NO_LEADER, 6, (), ())
+    assert led.last_known_elr == (1,)
     m.brokers[1].fenced = False
-    back = commit(m, changes_for_offline_partitions(m, EPOCH))
-    assert (back[("t", 0)].leader, back[("t", 0)].leader_epoch, back[("t", 0)].isr) == (1, 7, (1,))
+    (back,) = [c for c in changes_for_offline_partitions(m, EPOCH) if c.tp == ("t", 0)]
+    # As before KIP-966 it leads again at a new epoch; Kafka calls this election unclean.
+    assert (back.after.leader, back.after.leader_epoch, back.after.isr) == (1, 7, (1,))
+    assert back.unclean and back.after.last_known_elr == ()
 
 
 def test_no_unclean_election_while_a_new_controller_has_not_heard_from_every_broker() -> None:
     for in_grace in (True, False):
         m = model(unclean=True, fenced=(1, 3))
         m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1, 3))
-        changes = changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=in_grace)
+        changes = changes_for_unusable_broker(m, 1, EPOCH, unclean_restart=True, in_grace=in_grace)
         (change,) = [c for c in changes if c.tp == ("t", 0)]
         # In the grace period ISR member 3 may be alive: wait for it rather than lose data.
         assert (change.after.leader, change.unclean) == (
@@ -154,7 +163,7 @@ def test_in_a_grace_period_an_offline_partition_gets_a_leader_once_an_isr_member
     None
 ):
     m = model(fenced=(1, 2, 3))  # the new controller has heard from nobody yet
-    commit(m, changes_for_unusable_broker(m, 1, EPOCH, restarted=True, in_grace=True))
+    commit(m, changes_for_unusable_broker(m, 1, EPOCH, unclean_restart=True, in_grace=True))
     assert m.partitions[("t", 0)].leader == NO_LEADER
     # Broker 1's new incarnation heartbeats first: it left the ISR, so it does not lead.
     m.brokers[1].fenced = False
@@ -243,7 +252,7 @@ def test_alter_isr_refuses_a_member_that_registered_again_since_it_was_proposed(
     proposed = (-1, 2, 3)  # the leader's own epoch is the request's; 2 and 3 as they fetched
     old = m.brokers[3]
     m.brokers[3] = BrokerState(3, old.host, old.port, "", "y", epoch=50)
-    for change in changes_for_unusable_broker(m, 3, EPOCH, restarted=True):
+    for change in changes_for_unusable_broker(m, 3, EPOCH, unclean_restart=True):
         m.partitions[change.tp] = change.after
     assert m.partitions[("t", 0)].leader_epoch == 5, "3 was not in this ISR: no new epoch"
     m.brokers[3].fenced = False  # its first heartbeat
@@ -403,3 +412,121 @@ def test_partitions_stored_without_a_leader_and_isr_start_as_new_ones() -> None:
         (("n", 1), None, 2, (2,)),
         (("t", 2), None, 2, (2, 1)),
     ]
+
+
+# -- eligible leader replicas (KIP-966) -------------------------------------------------------
+
+
+def min_isr_2(*, fenced: tuple[int, ...] = ()) -> ClusterModel:
+    m = model(fenced=fenced)
+    m.topics["t"].configs["min.insync.replicas"] = "2"
+    return m
+
+
+def test_replicas_leaving_an_isr_below_min_insync_join_the_elr_until_it_is_back() -> None:
+    m = min_isr_2()
+    shrink = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert shrink is not None and shrink.after.elr == (), "ISR {1, 2} meets min.insync.replicas"
+    m.partitions[("t", 0)] = shrink.after
+    shrink = validate_isr_change(m, 1, ("t", 0), 5, 100, (1,), EPOCH)
+    assert shrink is not None and shrink.after.elr == (2,), "3 left while the ISR met it"
+    m.partitions[("t", 0)] = shrink.after
+    expand = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 3), EPOCH)
+    assert expand is not None and expand.after.elr == ()
+
+
+def test_a_replica_back_in_an_isr_below_min_insync_leaves_the_elr() -> None:
+    m = min_isr_2()
+    m.topics["t"].configs["min.insync.replicas"] = "3"
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,), elr=(2, 3))
+    change = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert change is not None and (change.after.isr, change.after.elr) == ((1, 2), (3,))
+
+
+def test_whole_cluster_clean_shutdown_then_a_clean_election_from_the_elr() -> None:
+    """The README's old limitation: 1, 2 and 3 stop cleanly one after another; 1 and 2 come
+    back, 3 (the last ISR member) never does. 2 left the ISR when it was below
+    min.insync.replicas, so it holds every committed record and leads, cleanly."""
+    m = min_isr_2()
+    for b in (1, 2):
+        commit(m, changes_for_controlled_shutdown(m, b, EPOCH))
+        m.brokers[b].fenced = True
+        commit(m, changes_for_unusable_broker(m, b, EPOCH))
+    p0 = m.partitions[("t", 0)]
+    assert (p0.leader, p0.isr, p0.elr) == (3, (3,), (2,))
+    m.brokers[3].fenced = True
+    commit(m, changes_for_unusable_broker(m, 3, EPOCH))
+    p0 = m.partitions[("t", 0)]
+    assert (p0.leader, p0.isr, p0.elr, p0.last_known_elr) == (NO_LEADER, (), (2, 3), (3,))
+    # 1 and 2 register after clean shutdowns (their registrations fence nothing more), and
+    # heartbeat.
+    for b in (1, 2):
+        assert commit(m, changes_for_unusable_broker(m, b, EPOCH)) == {}
+        m.brokers[b].fenced = False
+    changes = {c.tp: c for c in changes_for_offline_partitions(m, EPOCH)}
+    elected = changes[("t", 0)]
+    assert not elected.unclean
+    assert (elected.after.leader, elected.after.isr, elected.after.elr) == (2, (2,), (3,))
+    assert elected.after.last_known_elr == ()
+    # 1 catches up: the ISR meets min.insync.replicas again, and the ELR is cleared.
+    m.partitions[("t", 0)] = elected.after
+    epoch = elected.after.leader_epoch
+    back = validate_isr_change(m, 2, ("t", 0), epoch, 100, (2, 1), EPOCH)
+    assert back is not None and (back.after.isr, back.after.elr) == ((2, 1), ())
+
+
+def test_an_unclean_restart_leaves_the_elr_and_the_partition_stays_offline() -> None:
+    m = min_isr_2(fenced=(1, 2, 3))
+    m.partitions[("t", 0)] = PartitionRecord(NO_LEADER, 8, (), 1, 100, (2, 3), (3,))
+    (change,) = [
+        c for c in changes_for_unusable_broker(m, 2, EPOCH, unclean_restart=True) if c.tp[1] == 0
+    ]
+    assert (change.after.isr, change.after.elr, change.after.leader_epoch) == ((), (3,), 8)
+    commit(m, [change])
+    m.brokers[1].fenced = m.brokers[2].fenced = False
+    assert [c for c in changes_for_offline_partitions(m, EPOCH) if c.tp[1] == 0] == []
+
+
+def test_a_fenced_last_isr_member_hands_over_to_a_live_elr_member_at_once() -> None:
+    m = min_isr_2(fenced=(1,))
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,), elr=(2,))
+    (change,) = [c for c in changes_for_unusable_broker(m, 1, EPOCH) if c.tp[1] == 0]
+    assert not change.unclean
+    assert (change.after.leader, change.after.isr, change.after.elr) == (2, (2,), (1,))
+
+
+def test_an_unclean_election_clears_the_elr() -> None:
+    m = min_isr_2(fenced=(1, 2))
+    m.topics["t"].configs["unclean.leader.election.enable"] = "true"
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(leader=NO_LEADER, isr=(1,), elr=(2,))
+    change = unclean_leader_change(m, ("t", 0), EPOCH)
+    assert change.unclean and (change.after.leader, change.after.elr) == (3, ())
+
+
+def test_min_insync_above_the_replication_factor_counts_as_the_replication_factor() -> None:
+    m = model()
+    m.topics["t"].configs["min.insync.replicas"] = "5"
+    change = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert change is not None and change.after.elr == (3,)
+    m.partitions[("t", 0)] = change.after
+    change = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2, 3), EPOCH)
+    assert change is not None and change.after.elr == ()
+
+
+def test_a_lower_min_insync_clears_the_elr_of_isrs_that_meet_it() -> None:
+    m = min_isr_2()
+    m.topics["t"].configs["min.insync.replicas"] = "3"
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,), elr=(2, 3))
+    m.partitions[("t", 1)] = m.partitions[("t", 1)].with_(isr=(2, 3), elr=(1,))
+    assert elr_changes_for_configs(m, m.topics["t"], EPOCH) == []
+    lower = TopicState("t", {"min.insync.replicas": "2"}, m.topics["t"].assignment)
+    (change,) = elr_changes_for_configs(m, lower, EPOCH)
+    assert change.tp == ("t", 1) and change.after.elr == ()
+    assert change.after.leader_epoch == m.partitions[("t", 1)].leader_epoch
+
+
+def test_a_partition_record_stored_without_an_elr_loads_with_none() -> None:
+    record = PartitionRecord(1, 5, (1,), 3, elr=(2,), last_known_elr=())
+    assert PartitionRecord.from_json(record.to_json(), 9) == record.with_(partition_epoch=9)
+    old = {"leader": 1, "leader_epoch": 5, "isr": [1], "controller_epoch": 3}
+    assert PartitionRecord.from_json(old, 9).elr == ()

@@ -214,3 +214,27 @@ def test_partitions_without_state_do_not_count() -> None:
     assignments = {("t", 0): (1, 2), ("t", 1): (1, 2)}
     states = {("t", 0): state(1, (1, 2))}
     assert imbalanced_brokers(assignments, states, {1, 2}) == {}
+
+
+# -- eligible leader replicas (KIP-966) -------------------------------------------------------
+
+
+def test_offline_election_takes_a_live_elr_member_only_when_the_isr_is_empty() -> None:
+    current = state(NO_LEADER, ()).with_(elr=(3, 2), last_known_elr=(1,))
+    assert_elected(offline_partition_leader(AR, current, {1, 2, 3}, unclean_allowed=False), 2, (2,))
+    # An ISR member not heard from yet may be alive: no ELR election while it is in the ISR.
+    with pytest.raises(NoReplicaOnline):
+        offline_partition_leader(AR, current.with_(isr=(1,)), {2, 3}, unclean_allowed=False)
+
+
+def test_offline_election_takes_the_last_known_leader_only_without_isr_and_elr() -> None:
+    current = state(NO_LEADER, ()).with_(last_known_elr=(3,))
+    result = offline_partition_leader(AR, current, {2, 3}, unclean_allowed=False)
+    assert_elected(result, 3, (3,))
+    assert result.unclean, "Kafka's label: it may have lost an unflushed tail"
+    with pytest.raises(NoReplicaOnline):
+        offline_partition_leader(AR, current, {1, 2}, unclean_allowed=False)
+    with pytest.raises(NoReplicaOnline):  # a (fenced) ELR member outranks it
+        offline_partition_leader(AR, current.with_(elr=(1,)), {2, 3}, unclean_allowed=False)
+    unclean = offline_partition_leader(AR, current, {1, 2}, unclean_allowed=True)
+    assert_elected(unclean, 1, (1,))

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 T0 = 1_000_000
 LAG = 10_000
 CONFIG = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=2)
+# For rules where an ISR of one member must advance the HW.
+MIN_ISR_1 = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=1)
 REPLICAS = (1, 2, 3)
 # The broker epochs of an ISR proposal whose followers fetched without one.
 NO_EPOCHS = (NO_BROKER_EPOCH,) * 3
@@ -467,7 +469,7 @@ def test_hw_is_the_smallest_leo_in_the_isr(log: MemoryLog) -> None:
 
 
 def test_hw_moves_at_once_for_a_leader_alone_in_the_isr(log: MemoryLog) -> None:
-    partition = replica_on(log)
+    partition = replica_on(log, config=MIN_ISR_1)
     assert partition.make_leader(leader_and_isr(isr=(1,)), T0) is True
     assert partition.high_watermark == 10
     assert append(partition, 1) is True
@@ -546,7 +548,7 @@ def test_hw_waits_for_a_member_being_added(log: MemoryLog) -> None:
 def test_hw_waits_for_a_caught_up_follower_outside_the_isr_within_the_lag_time(
     log: MemoryLog,
 ) -> None:
-    partition = new_leader(log, isr=(1,))
+    partition = new_leader(log, isr=(1,), config=MIN_ISR_1)
     proposal = fetch(partition, 2, 10).isr_proposal
     assert proposal is not None
     refuse(partition, proposal)
@@ -559,10 +561,47 @@ def test_hw_waits_for_a_caught_up_follower_outside_the_isr_within_the_lag_time(
 
 
 def test_hw_does_not_wait_for_a_fenced_follower(log: MemoryLog) -> None:
-    partition = new_leader(log, isr=(1,), usable_broker_epoch=lambda b: None if b == 2 else 0)
+    partition = new_leader(
+        log, isr=(1,), usable_broker_epoch=lambda b: None if b == 2 else 0, config=MIN_ISR_1
+    )
     assert fetch(partition, 2, 10).isr_proposal is None
     append(partition, 5, T0 + 1)
     assert partition.high_watermark == 15
+
+
+def test_hw_does_not_move_while_the_committed_isr_is_below_min_insync(log: MemoryLog) -> None:
+    # KIP-966: with ISR {1} and min.insync.replicas=2 nothing is committed, acks=1 appends
+    # included, so the replicas that left the ISR hold every committed record.
+    partition = replica_on(log)
+    assert partition.make_leader(leader_and_isr(isr=(1,)), T0) is False
+    assert append(partition, 5) is False
+    assert partition.high_watermark == 0
+    proposal = fetch(partition, 2, 15).isr_proposal
+    assert proposal is not None
+    assert partition.high_watermark == 0, "a member being added does not count yet"
+    assert commit(partition, proposal) is True
+    assert partition.high_watermark == 15
+
+
+def test_hw_stops_once_a_shrink_below_min_insync_commits(log: MemoryLog) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    append(partition, 1)
+    assert partition.high_watermark == 10
+    proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert proposal is not None and proposal.new_isr == (1,)
+    assert commit(partition, proposal, T0 + LAG + 1) is False
+    assert append(partition, 3, T0 + LAG + 2) is False
+    assert partition.high_watermark == 10
+
+
+def test_min_insync_above_the_replication_factor_counts_as_the_replication_factor(
+    log: MemoryLog,
+) -> None:
+    # Kafka's effective min ISR: min.insync.replicas=2 on a topic of one replica.
+    partition = replica_on(log)
+    assert partition.make_leader(LeaderAndIsr(1, 0, (1,), (1,), 0), T0) is True
+    assert partition.high_watermark == 10
 
 
 # -- roles --------------------------------------------------------------------------------
@@ -832,23 +871,39 @@ def test_acks_all_completes_once_the_hw_covers_the_batch(log: MemoryLog) -> None
     assert partition.enough_replicas_for(11) is True
 
 
-def test_acks_all_fails_when_the_isr_shrank_below_min_insync_after_the_append(
+def test_acks_all_waits_when_the_isr_shrank_below_min_insync_after_the_append(
     log: MemoryLog,
 ) -> None:
+    # The HW no longer moves (KIP-966): the produce waits, and times out unless the ISR
+    # grows back, where before it failed with NOT_ENOUGH_REPLICAS_AFTER_APPEND.
     partition = new_leader(log, isr=(1, 2))
     fetch(partition, 2, 10)
     partition.check_append(acks=ACKS_ALL)
     append(partition, 1)
     proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
     assert proposal is not None
-    assert commit(partition, proposal, T0 + LAG + 1) is True
+    assert commit(partition, proposal, T0 + LAG + 1) is False
+    assert partition.enough_replicas_for(11) is None
+
+
+def test_acks_all_fails_when_the_isr_shrank_below_min_insync_after_the_hw_passed(
+    log: MemoryLog,
+) -> None:
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    append(partition, 1)
+    fetch(partition, 2, 11)
+    append(partition, 1)
+    proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert proposal is not None
+    commit(partition, proposal, T0 + LAG + 1)
     assert partition.enough_replicas_for(11) is False
 
 
 def test_acks_all_counts_a_member_being_added(log: MemoryLog) -> None:
     # min.insync.replicas=3. The batch at 10 is accepted with ISR {1,2,3}; 3 falls out before
-    # it has the batch, gets it, and is being added back when the HW reaches 11. Three
-    # replicas hold the batch: it is committed (Kafka checks the maximal ISR here).
+    # it has the batch, gets it, and is being added back. The HW waits for the ISR of three
+    # to commit (KIP-966), and then three replicas hold the batch: it is committed.
     config = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=3)
     partition = new_leader(log, config=config)
     fetch(partition, 2, 10)
@@ -864,5 +919,7 @@ def test_acks_all_counts_a_member_being_added(log: MemoryLog) -> None:
     expand = fetch(partition, 3, 11, late).isr_proposal
     assert expand is not None
     fetch(partition, 2, 11, late)
+    assert partition.high_watermark == 10
+    commit(partition, expand, late)
     assert partition.high_watermark == 11
     assert partition.enough_replicas_for(11) is True

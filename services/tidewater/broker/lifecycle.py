@@ -35,6 +35,7 @@ class BrokerLifecycle:
         advertised: HostPort,
         rack: str,
         heartbeat_interval_ms: int,
+        previous_broker_epoch: int = 0,
     ) -> None:
         self._controller = controller
         self._info = common_pb2.BrokerInfo(
@@ -43,6 +44,9 @@ class BrokerLifecycle:
             rack=rack,
         )
         self._incarnation_id = uuid.uuid4().hex
+        # The epoch the previous run shut down cleanly in, else 0 (KIP-966): without it the
+        # controller takes this start for one after a crash.
+        self._previous_broker_epoch = previous_broker_epoch
         self._interval_s = heartbeat_interval_ms / 1000
         self.broker_epoch = 0
         self.fenced = True
@@ -62,7 +66,11 @@ class BrokerLifecycle:
     async def _register(self) -> None:
         response = await self._controller.call(
             "RegisterBroker",
-            cpb.RegisterBrokerRequest(broker=self._info, incarnation_id=self._incarnation_id),
+            cpb.RegisterBrokerRequest(
+                broker=self._info,
+                incarnation_id=self._incarnation_id,
+                previous_broker_epoch=self._previous_broker_epoch,
+            ),
         )
         if response.error_code != ErrorCode.NONE:
             log.warning("registration refused: %s", response.error_message)

@@ -80,6 +80,7 @@ class BrokerServer:
             self.advertised,
             self.config.rack,
             self.config.broker_heartbeat_interval_ms,
+            self.log_manager.clean_shutdown_broker_epoch,
         )
         self.replica_manager.broker_epoch = lambda: self.lifecycle.broker_epoch
         await self.host.start()
@@ -149,7 +150,7 @@ class BrokerServer:
                 await task
         await self.replica_manager.shutdown()
         await self.log_manager.background_flushes_done()
-        self.log_manager.shutdown()
+        self.log_manager.shutdown(self.lifecycle.broker_epoch)
         if self.metrics is not None:
             self.metrics.close()
         log.info("broker %d stopped cleanly", self.config.broker_id)

@@ -25,6 +25,7 @@ from tidewater.controller.core import (
     changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
     complete_reassignment,
+    elr_changes_for_configs,
     preferred_leader_change,
     resume_reassignment,
     start_reassignment,
@@ -288,9 +289,9 @@ class Controller:
         why = "every broker has heartbeated" if heard_all else "one session timeout passed"
         log.info("controller %d: grace period over (%s)", self.config.controller_id, why)
 
-    async def fence(self, broker: BrokerState, reason: str, restarted: bool = False) -> None:
-        """Move its leaderships and take it out of ISRs; `restarted`: a new incarnation
-        registered (see changes_for_unusable_broker)."""
+    async def fence(self, broker: BrokerState, reason: str, unclean_restart: bool = False) -> None:
+        """Move its leaderships and take it out of ISRs; `unclean_restart`: a new incarnation
+        registered without proof of a clean shutdown (see changes_for_unusable_broker)."""
         log.warning("fencing broker %d: %s", broker.broker_id, reason)
         with tracing.span(
             "broker.fence", {"tidewater.broker.id": broker.broker_id, "tidewater.reason": reason}
@@ -299,7 +300,7 @@ class Controller:
                 self.model,
                 broker.broker_id,
                 self.epoch,
-                restarted=restarted,
+                unclean_restart=unclean_restart,
                 in_grace=bool(self._grace_until_ms),
             )
             broker.fenced = True
@@ -364,6 +365,9 @@ class Controller:
         offline partitions at once, as Kafka's controller does."""
         before = self.model.topics[name]
         after = replace(before, configs=configs)
+        # A lower min.insync.replicas lets leaders advance the HW past the ELR members: their
+        # ELR goes first, so no broker hears of the new value while they are still in it.
+        await self.commit_and_send(elr_changes_for_configs(self.model, after, self.epoch))
         await self.store.put_topic(self.epoch, name, after.to_json())
         self.model.topics[name] = after
         self.sender.update_metadata([], configs_of=[name])

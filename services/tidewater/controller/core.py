@@ -21,6 +21,7 @@ from tidewater.controller.model import (
     PartitionRecord,
     Reassignment,
     TopicPartition,
+    TopicState,
 )
 from tidewater.errors import NoReplicaOnline, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -44,35 +45,43 @@ def changes_for_unusable_broker(
     broker_id: int,
     controller_epoch: int,
     *,
-    restarted: bool = False,
+    unclean_restart: bool = False,
     in_grace: bool = False,
 ) -> list[PartitionChange]:
-    """A broker was fenced or is shutting down: elect new leaders where it led, and take it
-    out of the ISRs it was in (Kafka's OnlineReplica → OfflineReplica).
+    """A broker was fenced, or registered a new incarnation: elect new leaders where it led,
+    and take it out of every ISR it was in (Kafka's OnlineReplica → OfflineReplica), the
+    last member too: the ISR may become empty, and the partition offline (KIP-966). Where that
+    leaves the ISR below min.insync.replicas, it joins the eligible leader replicas (with_elr),
+    so it may lead again, cleanly, once it is back.
 
-    `restarted`: it registered a new incarnation, which may have lost an unflushed log tail.
-    It then leaves every ISR that has another member, also where no leader can be elected
-    now, so it never leads or counts in an ISR at its old incarnation's leader epoch (Kafka
-    fences the old broker epoch; KIP-903). Where it was the last ISR member it stays one:
-    it leads again at a new epoch once it is back (Kafka without KIP-966's ELR).
+    `unclean_restart`: its new incarnation registered without proof of a clean shutdown, so it
+    may have lost an unflushed log tail: it leaves the eligible leader replicas too, and can
+    lead again only as the last known leader (an empty ISR and ELR) or by unclean election.
     `in_grace`: a new controller has not heard from every broker yet, and those it has not
     may be alive and in sync: no unclean election until the grace period ends."""
     usable = model.usable_brokers() - {broker_id}
+    unclean_shutdown = frozenset({broker_id}) if unclean_restart else frozenset()
     changes = []
     for tp, record in sorted(model.partitions.items()):
         if broker_id not in model.replicas(tp):
             continue
         others = tuple(b for b in record.isr if b != broker_id)
         if record.leader == broker_id:
-            change = _elect(model, tp, record, usable, controller_epoch, unclean=not in_grace)
-            if restarted and change.after.leader == NO_LEADER and others:
-                change = replace(change, after=change.after.with_(isr=others))
-            changes.append(change)
-        elif broker_id in record.isr and others and (record.leader != NO_LEADER or restarted):
+            # Elected from the ISR without it, as Kafka's builder: emptied, its ELR may lead.
+            without = record.with_(isr=others)
+            change = _elect(model, tp, without, usable, controller_epoch, unclean=not in_grace)
+            change = replace(change, before=record)
+        elif broker_id in record.isr:
             after = record.with_(
                 isr=others, leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch
             )
-            changes.append(PartitionChange(tp, record, after))
+            change = PartitionChange(tp, record, after)
+        elif unclean_restart and broker_id in record.elr:
+            # The ISR and leader stay (no new leader epoch); only the ELR shrinks.
+            change = PartitionChange(tp, record, record.with_(controller_epoch=controller_epoch))
+        else:
+            continue
+        changes.append(with_elr(model, change, unclean_shutdown))
     return changes
 
 
@@ -100,7 +109,8 @@ def changes_for_controlled_shutdown(
             )
         else:
             continue
-        changes.append(PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch)))
+        change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))
+        changes.append(with_elr(model, change))
     return changes
 
 
@@ -111,9 +121,8 @@ def preferred_leader_change(
     PreferredLeaderNotAvailable when it cannot or need not happen."""
     record = model.partitions[tp]
     result = preferred_replica_leader(model.replicas(tp), record, model.usable_brokers())
-    return PartitionChange(
-        tp, record, result.leader_and_isr.with_(controller_epoch=controller_epoch)
-    )
+    after = result.leader_and_isr.with_(controller_epoch=controller_epoch)
+    return with_elr(model, PartitionChange(tp, record, after))
 
 
 def unclean_leader_change(
@@ -132,7 +141,7 @@ def unclean_leader_change(
     except NoReplicaOnline as e:
         raise TidewaterError(str(e), ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE) from None
     after = result.leader_and_isr.with_(controller_epoch=controller_epoch)
-    return PartitionChange(tp, record, after, result.unclean)
+    return with_elr(model, PartitionChange(tp, record, after, result.unclean))
 
 
 def changes_for_offline_partitions(
@@ -154,9 +163,9 @@ def changes_for_offline_partitions(
         change = _elect(model, tp, record, usable, controller_epoch, unclean=not in_grace)
         if change.after.leader == NO_LEADER and record.leader == NO_LEADER:
             continue  # offline, and already recorded as such
-        if in_grace:
+        if in_grace and change.after.leader in record.isr:
             change = replace(change, after=change.after.with_(isr=record.isr))
-        changes.append(change)
+        changes.append(with_elr(model, change))
     return changes
 
 
@@ -178,10 +187,68 @@ def _elect(
         )
         after, unclean = result.leader_and_isr, result.unclean
     except NoReplicaOnline:
-        # No eligible leader: stay offline, keeping the last ISR so its members can lead on
-        # return (an unclean election would lose acknowledged data).
+        # No eligible leader: stay offline, keeping the ISR (and ELR) so its members can lead
+        # on return (an unclean election would lose acknowledged data).
         after, unclean = record.with_(leader=NO_LEADER, leader_epoch=record.leader_epoch + 1), False
     return PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch), unclean)
+
+
+def with_elr(
+    model: ClusterModel,
+    change: PartitionChange,
+    unclean_shutdown: frozenset[int] = frozenset(),
+    replicas: tuple[int, ...] | None = None,
+) -> PartitionChange:
+    """The change with its eligible leader replicas and last known leader (KIP-966, Kafka's
+    PartitionChangeBuilder with ELR enabled), for every change the controller makes:
+
+    - an ISR at or above min.insync.replicas (at most the replication factor: Kafka's
+      effective min ISR) clears the ELR;
+    - below it, the ELR is the replicas in the previous ISR or ELR that are not in the new
+      ISR: they left the ISR while it was too small for the HW to advance (the leaders' HW
+      rule), so each holds every committed record. `unclean_shutdown` (a broker whose new
+      incarnation may have lost its unflushed tail) is left out;
+    - an unclean election clears it: what the new leader lacks is no longer committed;
+    - the ELR holds replicas only (`replicas`: a reassignment's), in replica order.
+
+    An ISR that becomes empty records its last leader (or, without one, its last member) as
+    the last known leader; a leader clears it. Kafka keeps the ELR of an election from it
+    even when the one-member ISR meets min.insync.replicas=1; here it is cleared, because
+    that leader advances the HW alone and the others fall behind."""
+    before, after = change.before, change.after
+    replicas = model.replicas(change.tp) if replicas is None else replicas
+    min_isr = min(model.topics[change.tp[0]].min_insync_replicas, len(replicas))
+    if change.unclean or len(after.isr) >= min_isr:
+        elr: tuple[int, ...] = ()
+    else:
+        was = set(before.isr + before.elr) if before is not None else set()
+        left = was - set(after.isr) - unclean_shutdown
+        elr = tuple(r for r in replicas if r in left)
+    if not after.isr and before is not None and before.isr:
+        last_known_elr = (before.leader if before.leader != NO_LEADER else before.isr[0],)
+    elif after.leader != NO_LEADER or before is None:
+        last_known_elr = ()
+    else:
+        last_known_elr = before.last_known_elr
+    return replace(change, after=after.with_(elr=elr, last_known_elr=last_known_elr))
+
+
+def elr_changes_for_configs(
+    model: ClusterModel, topic: TopicState, controller_epoch: int
+) -> list[PartitionChange]:
+    """A topic's configs change (`topic`: with the new ones): partitions whose ISR meets the
+    new min.insync.replicas clear their ELR, as Kafka's controller does on a min ISR change.
+    Their leaders may advance the HW without the ELR members once they learn the new value,
+    so the caller commits these first. A higher value changes no ELR."""
+    changes = []
+    for tp in model.partitions_of(topic.name):
+        record = model.partitions.get(tp)
+        if record is None or not record.elr:
+            continue
+        if len(record.isr) >= min(topic.min_insync_replicas, len(model.replicas(tp))):
+            after = record.with_(elr=(), controller_epoch=controller_epoch)
+            changes.append(PartitionChange(tp, record, after))
+    return changes
 
 
 def validate_isr_change(
@@ -250,7 +317,7 @@ def validate_isr_change(
             ErrorCode.INELIGIBLE_REPLICA,
         )
     after = record.with_(isr=tuple(new_isr), controller_epoch=controller_epoch)
-    return PartitionChange(tp, record, after)
+    return with_elr(model, PartitionChange(tp, record, after))
 
 
 def initial_partition_records(
@@ -316,7 +383,7 @@ def start_reassignment(
     replicas = reassignment.replicas
     kept = record.with_(isr=tuple(b for b in record.isr if b in replicas))
     if record.leader == NO_LEADER or record.leader in replicas:
-        if not kept.isr:
+        if not kept.isr and record.isr:
             raise TidewaterError(
                 f"{tp[0]}-{tp[1]}: no member of the ISR {list(record.isr)} would remain a "
                 f"replica of {list(replicas)}",
@@ -337,9 +404,8 @@ def start_reassignment(
                 ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
             ) from None
         after, unclean = result.leader_and_isr, result.unclean
-    return reassignment, PartitionChange(
-        tp, record, after.with_(controller_epoch=controller_epoch), unclean
-    )
+    change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch), unclean)
+    return reassignment, with_elr(model, change, replicas=replicas)
 
 
 def resume_reassignment(
@@ -372,4 +438,5 @@ def complete_reassignment(
     if record.leader not in reassignment.target or record.leader not in model.usable_brokers():
         result = reassigned_partition_leader(reassignment.target, after, model.usable_brokers())
         after = result.leader_and_isr.with_(leader_epoch=record.leader_epoch + 1)
-    return PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))
+    change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))
+    return with_elr(model, change, replicas=reassignment.target)

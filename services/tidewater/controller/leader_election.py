@@ -51,18 +51,32 @@ def offline_partition_leader(
     unclean_allowed: bool,
 ) -> ElectionResult:
     """Used when the leader is gone (failed, fenced) or a partition comes online: the first live
-    ISR member in AR order leads; the new ISR is the live part of the current ISR. With none,
-    and only if unclean.leader.election.enable is true for the topic, the first live replica
-    leads alone in the ISR."""
+    ISR member in AR order leads; the new ISR is the live part of the current ISR.
+
+    With an empty ISR (KIP-966, Kafka's PartitionChangeBuilder.electAnyLeader): the first live
+    eligible leader replica leads, alone in the ISR, a clean election (it holds every committed
+    record). With no ELR either, the last known leader leads alone once it is live, whether or
+    not unclean election is enabled: it was the last ISR member (Kafka marks this election
+    unclean: it may have come back from an unclean shutdown). Only then, and only if
+    unclean.leader.election.enable is true for the topic, the first live replica leads alone."""
     live_replicas = _live(assignment, live)
     clean = [r for r in live_replicas if r in current.isr]
     if clean:
         leader_and_isr = _elect(current, clean[0], _live(current.isr, live))
         return ElectionResult(leader_and_isr, live_replicas)
+    if not current.isr:
+        eligible = [r for r in live_replicas if r in current.elr]
+        if eligible:
+            return ElectionResult(_elect(current, eligible[0], eligible[:1]), live_replicas)
+        last_known = current.last_known_elr
+        if not current.elr and len(last_known) == 1 and last_known[0] in live_replicas:
+            leader_and_isr = _elect(current, last_known[0], last_known)
+            return ElectionResult(leader_and_isr, live_replicas, unclean=True)
     if not unclean_allowed:
         raise NoReplicaOnline(
-            f"no ISR member of {list(current.isr)} is alive (replicas {list(assignment)}) and "
-            "unclean leader election is disabled"
+            f"no ISR member of {list(current.isr)} (nor eligible leader replica of "
+            f"{list(current.elr)}) is alive (replicas {list(assignment)}) and unclean leader "
+            "election is disabled"
         )
     if not live_replicas:
         raise NoReplicaOnline(f"no replica of {list(assignment)} is alive")

@@ -59,6 +59,13 @@ class PartitionRecord:
     isr: tuple[int, ...]
     controller_epoch: int
     partition_epoch: int = 0
+    # Eligible leader replicas (KIP-966): out of the ISR, yet holding every committed record,
+    # as they left it while it was below min.insync.replicas (and the HW does not advance
+    # then). Never an ISR member; empty while the ISR is at or above min.insync.replicas.
+    elr: tuple[int, ...] = ()
+    # The last leader before the ISR became empty (Kafka's LastKnownElr, at most one member);
+    # empty while the partition has a leader.
+    last_known_elr: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,16 +73,21 @@ class PartitionRecord:
             "leader_epoch": self.leader_epoch,
             "isr": list(self.isr),
             "controller_epoch": self.controller_epoch,
+            "elr": list(self.elr),
+            "last_known_elr": list(self.last_known_elr),
         }
 
     @classmethod
     def from_json(cls, value: dict[str, Any], partition_epoch: int) -> PartitionRecord:
+        """A record stored by a version without ELR has none."""
         return cls(
             leader=int(value["leader"]),
             leader_epoch=int(value["leader_epoch"]),
             isr=tuple(int(b) for b in value["isr"]),
             controller_epoch=int(value["controller_epoch"]),
             partition_epoch=partition_epoch,
+            elr=tuple(int(b) for b in value.get("elr", ())),
+            last_known_elr=tuple(int(b) for b in value.get("last_known_elr", ())),
         )
 
     def with_(self, **changes: Any) -> PartitionRecord:
@@ -139,6 +151,12 @@ class TopicState:
                 for p, r in value.get("reassignments", {}).items()
             },
         )
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """The topic's override; the controller does not see a broker-level default, so a
+        topic without one keeps the ELR of min.insync.replicas=1 (a smaller ELR is safe)."""
+        return int(self.configs.get("min.insync.replicas", "1"))
 
     @property
     def unclean_leader_election_enable(self) -> bool:

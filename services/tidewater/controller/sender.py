@@ -196,9 +196,13 @@ class BrokerSender:
         request.controller_endpoint.port = self._controller.config.port
         request.live_brokers.extend(self._broker_infos(usable))
         for tp in tps:
+            record = model.partitions[tp]
             request.partition_states.add(
                 **self._partition_state(tp),
                 offline_replicas=[b for b in model.replicas(tp) if b not in usable],
+                # For describe (Kafka's DescribeTopicPartitions); brokers do not use them.
+                eligible_leader_replicas=list(record.elr),
+                last_known_elr=list(record.last_known_elr),
             )
         return request
 

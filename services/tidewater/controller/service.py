@@ -168,8 +168,17 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             if old is not None:
                 # A new incarnation: the old one is gone, whatever it led or was in sync for
                 # moves first. Also when it is fenced only because this controller has not
-                # heard from it yet (the grace period after a failover).
-                await self._c.fence(old, "registered again with a new incarnation", restarted=True)
+                # heard from it yet (the grace period after a failover). Without the old
+                # incarnation's epoch as proof of a clean shutdown (KIP-966), its logs may
+                # have lost an unflushed tail: it leaves the eligible leader replicas too.
+                clean = request.previous_broker_epoch == old.epoch
+                await self._c.fence(
+                    old,
+                    "registered again with a new incarnation after a "
+                    + ("clean" if clean else "UNCLEAN")
+                    + " shutdown",
+                    unclean_restart=not clean,
+                )
             broker = BrokerState(
                 broker_id=info.broker_id,
                 host=info.endpoint.host,

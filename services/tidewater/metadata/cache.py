@@ -130,6 +130,8 @@ class MetadataCache:
             replicas=state.replicas,
             isr=state.isr,
             offline_replicas=offline,
+            eligible_leader_replicas=state.eligible_leader_replicas,
+            last_known_elr=state.last_known_elr,
         )
         if state.leader not in self._brokers:
             # As Kafka: a leader that is not live is no leader to a client.

@@ -303,6 +303,11 @@ class Partition:
         )
         return epoch == leader_epoch and end_offset >= required_offset
 
+    @property
+    def under_min_isr(self) -> bool:
+        """Kafka's isUnderMinIsr, on the committed ISR."""
+        return len(self.isr) < min(self.config.min_insync_replicas, len(self.replicas))
+
     def enough_replicas_for(self, required_offset: int) -> bool | None:
         """acks=all completion (checkEnoughReplicasReachOffset): None while the HW is short of
         the offset; else whether the maximal ISR (a member being added holds the batch too)
@@ -484,8 +489,11 @@ class Partition:
     def _maybe_increment_high_watermark(self, now_ms: int) -> bool:
         """Kafka's maybeIncrementLeaderHW: the HW is the smallest LEO among the leader, the
         maximal ISR, and followers caught up within the lag time (which are about to join);
-        it never moves back."""
-        if not self.is_leader:
+        it never moves back. It does not move while the committed ISR is below
+        min.insync.replicas (at most the replication factor: Kafka's effective min ISR), for
+        every acks (KIP-966 with ELR enabled): the replicas that left the ISR then hold every
+        committed record, so the controller may elect them (eligible leader replicas)."""
+        if not self.is_leader or self.under_min_isr:
             return False
         maximal_isr = self.isr_state.maximal_isr
         lag = self.config.replica_lag_time_max_ms

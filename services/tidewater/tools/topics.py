@@ -165,6 +165,8 @@ def describe_json(topics: list[metadata_pb2.TopicMetadata], configs: Configs) ->
                         "replicas": list(p.replicas),
                         "isr": list(p.isr),
                         "offline_replicas": list(p.offline_replicas),
+                        "eligible_leader_replicas": list(p.eligible_leader_replicas),
+                        "last_known_elr": list(p.last_known_elr),
                     }
                     for p in t.partitions
                 ],
@@ -192,7 +194,8 @@ def _table(topics: list[metadata_pb2.TopicMetadata], configs: Configs) -> str:
             lines.append(
                 f"\tTopic: {t.topic}\tPartition: {p.partition}\tLeader: {p.leader}\t"
                 f"LeaderEpoch: {p.leader_epoch}\tReplicas: {_ids(p.replicas)}\t"
-                f"Isr: {_ids(p.isr)}\tOffline: {_ids(p.offline_replicas)}"
+                f"Isr: {_ids(p.isr)}\tOffline: {_ids(p.offline_replicas)}\t"
+                f"Elr: {_ids(p.eligible_leader_replicas)}\tLastKnownElr: {_ids(p.last_known_elr)}"
             )
     return "\n".join(lines)
 

@@ -1,7 +1,9 @@
 """Every partition log on a broker, across its log dirs (Kafka's LogManager).
 
 Each log dir holds partition directories, a `recovery-point-offset-checkpoint` and a
-`log-start-offset-checkpoint`; a `.lock` file keeps a second broker out. Background work
+`log-start-offset-checkpoint`; a `.lock` file keeps a second broker out. A clean shutdown
+leaves a `clean-shutdown` file naming the broker epoch (Kafka's `.kafka_cleanshutdown`,
+KIP-966); the next start reads it and removes it at once. Background work
 (retention, flush.ms, recovery point and log start offset checkpoints) runs in
 `run_background_tasks` on the broker's event loop; the fsyncs of rolled segments, and of the
 producer state snapshots taken when they roll, run in a worker thread, one after the other,
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -29,6 +32,8 @@ from tidewater.broker.log.checkpoints import (
     CorruptCheckpoint,
     OffsetCheckpoint,
     OffsetCheckpointWriter,
+    fsync_dir,
+    write_atomically,
 )
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.dir_failure import LogDirFailureChannel, guarded
@@ -50,6 +55,7 @@ from tidewater.errors import StorageError, UnknownTopicOrPartition
 log = logging.getLogger(__name__)
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+CLEAN_SHUTDOWN_FILE = "clean-shutdown"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 LOCK_FILE = ".lock"
 # Kafka's file.delete.delay.ms: how long a stray log stays on disk, renamed, before deletion.
@@ -97,6 +103,9 @@ class LogManager:
             for log_dir in self.log_dirs:
                 log_dir.mkdir(parents=True, exist_ok=True)
                 self._lock(log_dir)
+            # The broker epoch the last run shut down cleanly in (every log flushed), else 0.
+            self.clean_shutdown_broker_epoch = self._take_clean_shutdown_epoch()
+            for log_dir in self.log_dirs:
                 self._load_dir(log_dir)
         except BaseException:
             self._close_all()
@@ -110,6 +119,25 @@ class LogManager:
             os.close(fd)
             raise StorageError(f"log dir {log_dir} is in use by another process") from None
         self._lock_fds.append(fd)
+
+    def _take_clean_shutdown_epoch(self) -> int:
+        """The broker epoch every log dir's clean-shutdown file names, else 0; the files are
+        removed (durably) before this run can append, so that a crash later in this run is
+        never taken for a clean shutdown."""
+        epochs = set()
+        for log_dir in self.log_dirs:
+            path = log_dir / CLEAN_SHUTDOWN_FILE
+            try:
+                epochs.add(int(json.loads(path.read_bytes())["broker_epoch"]))
+            except FileNotFoundError:
+                epochs.add(0)
+                continue
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("%s is unreadable (%s): not a clean shutdown", path, e)
+                epochs.add(0)
+            path.unlink()
+            fsync_dir(log_dir)
+        return epochs.pop() if len(epochs) == 1 else 0
 
     def _load_dir(self, log_dir: Path) -> None:
         try:
@@ -355,16 +383,21 @@ class LogManager:
             if not flushing.cancelled():
                 flushing.exception()  # reported already; taken, so that it is not logged
 
-    def shutdown(self) -> None:
+    def shutdown(self, broker_epoch: int = 0) -> None:
         """Flush every log, checkpoint the recovery points (now the LEOs) and log start
-        offsets, close everything: the next start recovers nothing. Only the first call does
-        anything."""
+        offsets, close everything: the next start recovers nothing. With the broker's epoch
+        (registered), write the clean-shutdown files that prove it to the controller. Only the
+        first call does anything."""
         if self._closed:
             return
         for lg in self._logs.values():
             lg.flush()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
+        if broker_epoch:
+            marker = json.dumps({"version": 0, "broker_epoch": broker_epoch}).encode()
+            for log_dir in self.log_dirs:
+                write_atomically(log_dir / CLEAN_SHUTDOWN_FILE, marker)
         self._close_all()
 
     def _close_all(self) -> None:

@@ -481,7 +481,7 @@ def test_an_unclean_restart_leaves_the_elr_and_the_partition_stays_offline() -> 
     (change,) = [
         c for c in changes_for_unusable_broker(m, 2, EPOCH, unclean_restart=True) if c.tp[1] == 0
     ]
-    assert (change.after.isr, change.after.elr, change.after.leader_epoch) == ((), (3,), 8)
+    assert (change.after.isr, change.after.elr, change.after.leader_epoch) == ((), (3,), 9)
     commit(m, [change])
     m.brokers[1].fenced = m.brokers[2].fenced = False
     assert [c for c in changes_for_offline_partitions(m, EPOCH) if c.tp[1] == 0] == []
@@ -522,7 +522,8 @@ def test_a_lower_min_insync_clears_the_elr_of_isrs_that_meet_it() -> None:
     lower = TopicState("t", {"min.insync.replicas": "2"}, m.topics["t"].assignment)
     (change,) = elr_changes_for_configs(m, lower, EPOCH)
     assert change.tp == ("t", 1) and change.after.elr == ()
-    assert change.after.leader_epoch == m.partitions[("t", 1)].leader_epoch
+    # A new leader epoch, so that the leader learns the new partition epoch.
+    assert change.after.leader_epoch == m.partitions[("t", 1)].leader_epoch + 1
 
 
 def test_a_partition_record_stored_without_an_elr_loads_with_none() -> None:

@@ -77,8 +77,8 @@ def changes_for_unusable_broker(
             )
             change = PartitionChange(tp, record, after)
         elif unclean_restart and broker_id in record.elr:
-            # The ISR and leader stay (no new leader epoch); only the ELR shrinks.
-            change = PartitionChange(tp, record, record.with_(controller_epoch=controller_epoch))
+            # Leader and ISR stay; only the ELR shrinks.
+            change = PartitionChange(tp, record, _elr_only(record, controller_epoch))
         else:
             continue
         changes.append(with_elr(model, change, unclean_shutdown))
@@ -246,9 +246,16 @@ def elr_changes_for_configs(
         if record is None or not record.elr:
             continue
         if len(record.isr) >= min(topic.min_insync_replicas, len(model.replicas(tp))):
-            after = record.with_(elr=(), controller_epoch=controller_epoch)
+            after = _elr_only(record, controller_epoch).with_(elr=())
             changes.append(PartitionChange(tp, record, after))
     return changes
+
+
+def _elr_only(record: PartitionRecord, controller_epoch: int) -> PartitionRecord:
+    """The record for a change of its ELR alone. Kafka keeps the leader epoch; here it moves,
+    because brokers apply only a LeaderAndIsr in a newer leader epoch, and a leader left with
+    the old partition epoch would have every later AlterIsr refused."""
+    return record.with_(leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch)
 
 
 def validate_isr_change(

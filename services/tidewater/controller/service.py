@@ -174,8 +174,8 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 clean = request.previous_broker_epoch == old.epoch
                 await self._c.fence(
                     old,
-                    "registered again with a new incarnation after a "
-                    + ("clean" if clean else "UNCLEAN")
+                    "registered again with a new incarnation after "
+                    + ("a clean" if clean else "an unclean")
                     + " shutdown",
                     unclean_restart=not clean,
                 )

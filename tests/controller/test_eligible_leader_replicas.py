@@ -1,0 +1,123 @@
+"""Eligible leader replicas (KIP-966) against a real cluster (etcd, two controller processes,
+three broker processes): after a whole-cluster shutdown a partition whose last ISR member
+never comes back is led again, cleanly, by a replica that left the ISR while it was below
+min.insync.replicas, if that replica shut down cleanly; after kill -9 it stays offline."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from conftest import Cluster, Eventually
+
+TOPIC = "elr"
+# Broker 3, the last ISR member, cannot hand its leadership over: its controlled shutdown
+# gives up after this and it stops cleanly all the same.
+SETTINGS = {"controlled.shutdown.timeout.ms": "1000"}
+
+
+async def state(cluster: Cluster) -> dict[str, Any]:
+    return (await cluster.partitions(TOPIC))[0]
+
+
+async def three_brokers_shut_down_one_after_another(
+    cluster: Cluster, eventually: Eventually, stop: Callable[[int], None]
+) -> dict[bytes, int]:
+    """Records acknowledged (acks=all, min.insync.replicas=2) with ISR {1, 2, 3}, then with
+    {2, 3} once broker 1 is down (1 lacks those); then 2 and 3 go down. The ISR ends empty,
+    2 and 3 eligible leader replicas, 3 the last known leader. The acknowledged records."""
+    for b in (1, 2, 3):
+        await cluster.start_broker(b, **SETTINGS)
+    await eventually(lambda: cluster.has_alive_brokers({1, 2, 3}), 30)
+    await cluster.create_topic(TOPIC, assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
+    await eventually(lambda: cluster.settled([TOPIC]), 20)
+    acked = await cluster.produce_all(TOPIC, 0, [b"all-%d" % i for i in range(10)])
+
+    stop(1)
+
+    async def isr(expected: list[int]) -> bool:
+        return sorted((await state(cluster))["isr"]) == expected
+
+    await eventually(lambda: isr([2, 3]), 20)
+    for i in range(10):
+        value = b"two-%d" % i
+        acked[value] = await eventually(lambda v=value: cluster.produce(TOPIC, 0, v), 20)
+    stop(2)
+    await eventually(lambda: isr([3]), 20)
+    assert (await state(cluster))["elr"] == [2]
+    stop(3)
+
+    async def offline() -> bool:
+        s = await state(cluster)
+        return (s["leader"], s["isr"], s["elr"], s["last_known_elr"]) == (-1, [], [2, 3], [3])
+
+    await eventually(offline, 20)
+    return acked
+
+
+async def test_after_a_clean_whole_cluster_shutdown_an_eligible_leader_replica_leads(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    cluster = await make_cluster(broker_ids=())
+
+    def stop(b: int) -> None:
+        assert cluster.brokers[b].stop() == 0
+
+    acked = await three_brokers_shut_down_one_after_another(cluster, eventually, stop)
+    _, since = (await cluster.store.load_partitions())[TOPIC, 0]
+
+    # 1 and 2 come back, 3 (the last ISR member) does not. 2 shut down cleanly: still
+    # eligible, it leads, in a clean election.
+    for b in (1, 2):
+        await cluster.start_broker(b, **SETTINGS)
+
+    async def led_by_2_with_1_in_sync() -> bool:
+        s = await state(cluster)
+        return (s["leader"], sorted(s["isr"]), s["elr"]) == (2, [1, 2], [])
+
+    await eventually(led_by_2_with_1_in_sync, 30)
+    history = await cluster.partition_history(TOPIC, 0, since)
+    elected = next(s for s in history if s["leader"] != -1)
+    assert (elected["leader"], elected["isr"], elected["elr"]) == (2, [2], [3]), history
+    log = await cluster.active_controller_log()
+    assert "registered again with a new incarnation after a clean shutdown" in log
+    assert "UNCLEAN" not in log
+
+    # No acknowledged record is lost: each is at its offset, on the new leader.
+    async def served() -> bool:
+        seen = await cluster.read(2, TOPIC, 0)
+        return {v: seen.get(v) for v in acked} == acked
+
+    await eventually(served, 20)
+
+
+async def test_after_kill_9_of_the_whole_cluster_no_eligible_leader_replica_leads(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    cluster = await make_cluster(broker_ids=())
+    acked = await three_brokers_shut_down_one_after_another(
+        cluster, eventually, lambda b: cluster.brokers[b].kill()
+    )
+
+    # 1 and 2 come back after a crash: 2 may have lost an unflushed tail, so it is no longer
+    # eligible, and without 3 the partition stays offline (no unclean election).
+    for b in (1, 2):
+        await cluster.start_broker(b, **SETTINGS)
+    await eventually(lambda: cluster.has_alive_brokers({1, 2}), 30)
+    s = await state(cluster)
+    assert (s["leader"], s["isr"], s["elr"], s["last_known_elr"]) == (-1, [], [3], [3])
+    log = await cluster.active_controller_log()
+    assert "registered again with a new incarnation after an unclean shutdown" in log
+
+    # 3, the last leader, comes back and leads, as before KIP-966, with every acknowledged
+    # record.
+    await cluster.start_broker(3, **SETTINGS)
+
+    async def served() -> bool:
+        if (await state(cluster))["leader"] != 3 or not await cluster.applied([TOPIC]):
+            return False
+        seen = await cluster.read(3, TOPIC, 0)
+        return {v: seen.get(v) for v in acked} == acked
+
+    await eventually(served, 30)

@@ -245,8 +245,11 @@ def test_topics_produce_consume_round_trip(cluster: list[str], tmp_path: Path) -
         assert sorted(p["isr"]) == [1, 2, 3]
         assert p["leader"] in p["replicas"]
         assert p["leader_epoch"] >= 0
+        # Full ISRs: no eligible leader replicas (KIP-966), no last known leader.
+        assert (p["eligible_leader_replicas"], p["last_known_elr"]) == ([], [])
     text = ok("topics", "describe", "--topic", topic, *cluster)
     assert f"Topic: {topic}\tTopicId: {topic_id}\tPartitionCount: 2\tReplicationFactor: 3" in text
+    assert "\tElr: \tLastKnownElr: \n" in text + "\n"
 
     lines = [f"key-{i % 5}:value-{i}" for i in range(30)]
     ok("produce", "--topic", topic, "--key-separator", ":", *cluster, stdin="\n".join(lines))

@@ -276,3 +276,13 @@ def test_no_leader_gives_leader_not_available(cache: MetadataCache) -> None:
     assert p0.error_code == ErrorCode.LEADER_NOT_AVAILABLE
     assert p0.error_message
     assert (p0.leader, p0.leader_epoch, list(p0.replicas)) == (-1, 9, [1, 2, 3])
+
+
+def test_eligible_leader_replicas_are_described(cache: MetadataCache) -> None:
+    # KIP-966: what `topics describe` shows of an offline partition whose ISR emptied.
+    offline = state("audit", 0, leader=-1, isr=[], leader_epoch=9)
+    offline.eligible_leader_replicas.extend([2, 3])
+    offline.last_known_elr.append(3)
+    cache.apply(update(DELTA, 3, [offline]))
+    [p0] = cache.describe(["audit"]).topics[0].partitions
+    assert (list(p0.eligible_leader_replicas), list(p0.last_known_elr)) == ([2, 3], [3])

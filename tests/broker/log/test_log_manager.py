@@ -19,6 +19,7 @@ from tidewater.broker.log.checkpoints import EpochEntry, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob, Log
 from tidewater.broker.log.manager import (
+    CLEAN_SHUTDOWN_FILE,
     LOG_START_OFFSET_CHECKPOINT,
     RECOVERY_POINT_CHECKPOINT,
     LogManager,
@@ -253,6 +254,31 @@ def test_a_crash_after_truncating_and_appending_again_verifies_the_new_records(
         log = managers().get_log("t", 0)
     assert "CRC mismatch" in caplog.text
     assert log is not None and log.log_end_offset == 30
+
+
+def test_a_clean_shutdown_leaves_its_broker_epoch_for_the_next_start_only(
+    managers: Callable[..., LogManager], dirs: list[Path]
+) -> None:
+    # KIP-966: the next start registers with it as proof of a clean shutdown. It removes the
+    # files at once, so that a later stop that writes none (a crash, or a broker that never
+    # registered) does not pass for a clean shutdown.
+    first = managers()
+    assert first.clean_shutdown_broker_epoch == 0
+    first.shutdown(broker_epoch=42)
+    assert all((d / CLEAN_SHUTDOWN_FILE).exists() for d in dirs)
+    second = managers()
+    assert second.clean_shutdown_broker_epoch == 42
+    assert not any((d / CLEAN_SHUTDOWN_FILE).exists() for d in dirs)
+    second.shutdown()
+    assert managers().clean_shutdown_broker_epoch == 0
+
+
+def test_a_clean_shutdown_needs_the_same_broker_epoch_in_every_log_dir(
+    managers: Callable[..., LogManager], dirs: list[Path]
+) -> None:
+    managers().shutdown(broker_epoch=42)
+    (dirs[1] / CLEAN_SHUTDOWN_FILE).unlink()  # e.g. a disk swapped since
+    assert managers().clean_shutdown_broker_epoch == 0
 
 
 def test_corrupt_recovery_checkpoint_means_full_recovery(

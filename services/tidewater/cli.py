@@ -17,6 +17,7 @@ from tidewater.broker.config import BrokerConfig, load_properties
 from tidewater.broker.controller_client import ControllerUnavailable
 from tidewater.client.errors import ClientError
 from tidewater.errors import InvalidConfig, TidewaterError
+from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed
 from tidewater.telemetry import tracing
 from tidewater.tools import bench, consume, produce, topics
 from tidewater.tools.options import key_value
@@ -207,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except ListenFailed as e:
+        print(f"tidewater: {e}", file=sys.stderr)
+        return LISTEN_FAILED_EXIT
     except USER_ERRORS as e:
         print(f"tidewater: {_one_line(str(e))}", file=sys.stderr)
         return 1

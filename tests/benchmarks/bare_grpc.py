@@ -81,7 +81,8 @@ class AppendFile:
 
 
 async def serve(handlers: dict[str, grpc.RpcMethodHandler], ready_file: Path) -> None:
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    # Without SO_REUSEPORT, as Tidewater's servers bind.
+    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

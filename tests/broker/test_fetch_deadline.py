@@ -12,6 +12,7 @@ import pytest
 from tidewater.broker import fetcher
 from tidewater.local.standin_controller import make_leader
 from tidewater.local.wait import eventually
+from tidewater.rpc.server import SERVER_OPTIONS
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
 
@@ -34,7 +35,7 @@ class SilentLeader(broker_pb2_grpc.BrokerServiceServicer):
 @pytest.fixture
 async def silent_leader() -> AsyncIterator[tuple[SilentLeader, str]]:
     leader = SilentLeader()
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(leader, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

@@ -22,7 +22,6 @@ from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.fetch import consumer_fetch, read_served
-from tidewater.local.ports import held
 from tidewater.local.process import ManagedProcess, broker_args, controller_args, metadata_args
 from tidewater.local.scrape import Scrape, scrape
 from tidewater.local.tcp_proxy import NOWHERE, LinkMode, TcpProxy
@@ -194,7 +193,8 @@ class Cluster:
         await eventually(lambda: self.has_alive_brokers(set(broker_ids)), 30)
 
     async def start_controller(self, controller_id: int, listen: str = "127.0.0.1:0") -> str:
-        """Start a controller process (a restart passes its old address: brokers know it)."""
+        """Start a controller process (a restart passes its old address, brokers know it:
+        started again while another process holds it for a while, see start_when_free)."""
         proc = ManagedProcess(
             f"controller-{controller_id}",
             controller_args(
@@ -211,7 +211,7 @@ class Cluster:
             self.root,
         )
         self.controllers[controller_id] = proc
-        return await asyncio.to_thread(proc.start)
+        return await asyncio.to_thread(proc.start_when_free)
 
     async def start_broker(
         self,
@@ -269,12 +269,10 @@ class Cluster:
         active = await self.store.active_controller()
         assert active is not None, "no active controller"
         controller_id, address, epoch = active
-        # Held from before the kill until the new process binds it: no other process's.
-        with held(address):
-            for proc in self.controllers.values():
-                proc.kill()
-            await write(epoch)
-            await self.start_controller(controller_id, listen=address)
+        for proc in self.controllers.values():
+            proc.kill()  # returns once it has exited: its address is free again
+        await write(epoch)
+        await self.start_controller(controller_id, listen=address)
 
     def cut_off(self, broker_id: int, mode: LinkMode) -> None:
         """Set the link between a broker started with controller proxies and the controllers."""

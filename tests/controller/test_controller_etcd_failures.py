@@ -28,6 +28,7 @@ from tidewater.controller.store import ControllerStore
 from tidewater.errors import NotController, StoreUnavailable, TidewaterError
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
+from tidewater.rpc.server import SERVER_OPTIONS
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -408,7 +409,7 @@ async def served(
     """A leading controller (broker 1 and topic t seeded) served on gRPC: its store, itself,
     and its address (the one it names itself by when active)."""
     await seed(connect_store)
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     port = server.add_insecure_port("127.0.0.1:0")
     store, controller, service = await leading(connect_store, run_controller, eventually, port)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(service, server)

@@ -38,7 +38,6 @@ from tidewater.client.consumer import Consumer
 from tidewater.client.errors import ClientError
 from tidewater.client.producer import Producer, RecordFuture
 from tidewater.errors import TidewaterError
-from tidewater.local import ports
 from tidewater.local.fetch import list_offsets, log_bytes, read_served
 from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import decode_batches
@@ -208,12 +207,10 @@ class Nemesis:
         active = await self.cluster.store.active_controller()
         assert active is not None
         controller_id, address, _ = active
-        # On its old address (the brokers were started knowing it), held meanwhile from
-        # other processes.
-        with ports.held(address):
-            self.cluster.controllers[controller_id].kill()
-            down_s = await self.hold()
-            await self.cluster.start_controller(controller_id, listen=address)
+        self.cluster.controllers[controller_id].kill()
+        down_s = await self.hold()
+        # On its old address: the brokers were started knowing it.
+        await self.cluster.start_controller(controller_id, listen=address)
         return f"kill -9 controller {controller_id} for {down_s:.1f} s"
 
 

@@ -16,7 +16,7 @@ from tidewater.controller import sender as sender_mod
 from tidewater.controller.controller import Controller
 from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
 from tidewater.controller.sender import BrokerSender
-from tidewater.local.ports import held
+from tidewater.local.tcp_proxy import NOWHERE, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.metadata.server import MetadataServer
 from tidewater.v1 import cluster_pb2
@@ -58,33 +58,39 @@ class Recording(MetadataServer):
 
 
 @pytest.fixture
-async def sender_to() -> AsyncIterator[tuple[str, Any, BrokerSender]]:
-    # The test starts the metadata service at `address` later: held until then (dialling it
-    # is refused), so no other process takes it.
-    with held("127.0.0.1:0") as address:
-        controller = stand_in(address)
+async def sender_to() -> AsyncIterator[tuple[TcpProxy, Any, BrokerSender]]:
+    """The sender and the metadata service's address it is given: a proxy leading nowhere
+    (out of reach) until the test starts the service, on a port of its own, behind it."""
+    async with TcpProxy(NOWHERE) as front:
+        controller = stand_in(front.address)
         sender = BrokerSender(cast(Controller, controller))
-        yield address, controller, sender
+        yield front, controller, sender
         workers = list(sender._workers.values())
         sender.reset()
         await asyncio.gather(*workers, return_exceptions=True)
 
 
+async def serve_behind(front: TcpProxy) -> Recording:
+    server = Recording("127.0.0.1:0")
+    await server.start()
+    front.retarget(server.address)
+    return server
+
+
 async def test_a_metadata_service_back_from_an_outage_gets_the_current_full_view_once(
-    sender_to: tuple[str, Any, BrokerSender],
+    sender_to: tuple[TcpProxy, Any, BrokerSender],
 ) -> None:
     """Before, every refresh (one a second) queued one more FULL view while the service was
     out of reach, each retried for ~50 s, and the service replayed them all, oldest first,
     when it came back."""
-    address, controller, sender = sender_to
+    front, controller, sender = sender_to
     for leader_epoch in range(8):  # eight refreshes while the service is down
         set_leader_epoch(controller, leader_epoch)
         sender.refresh_metadata_services()
         await asyncio.sleep(0)  # the worker takes the first one and waits for the service
-    queue = sender._queues[f"metadata {address}"]
+    queue = sender._queues[f"metadata {front.address}"]
     assert queue.qsize() <= 1
-    server = Recording(address)
-    await server.start()
+    server = await serve_behind(front)
     try:
         await eventually(lambda: server.full_views[-1:] == [7] and queue.empty(), 20)
         # At most the view in flight when the service came back, then the current one.
@@ -94,18 +100,19 @@ async def test_a_metadata_service_back_from_an_outage_gets_the_current_full_view
 
 
 async def test_deltas_behind_one_a_metadata_service_missed_are_dropped(
-    sender_to: tuple[str, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
+    sender_to: tuple[TcpProxy, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before, each queued delta was retried in turn to the unreachable service (and the FULL
     view it needs waited behind all of them)."""
     monkeypatch.setattr(sender_mod, "RPC_TIMEOUT_S", 0.5)
     monkeypatch.setattr(sender_mod, "ATTEMPTS", 1)
-    address, _, sender = sender_to
-    server = Recording(address)
-    await server.start()
+    front, _, sender = sender_to
+    address = front.address
+    server = await serve_behind(front)
     sender.refresh_metadata_services()
     await eventually(lambda: address in sender._metadata_current, 20)
     await server.stop(grace_s=0)
+    front.retarget(NOWHERE)
     sent = sender.requests_sent
     for _ in range(5):  # empty deltas, probing whether the service restarted
         sender.refresh_metadata_services()
@@ -115,7 +122,7 @@ async def test_deltas_behind_one_a_metadata_service_missed_are_dropped(
 
 
 def test_update_metadata_carries_changed_configs_and_a_full_view_every_topics(
-    sender_to: tuple[str, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
+    sender_to: tuple[TcpProxy, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A config change reaches the brokers in a DELTA; a broker that missed it (fenced then)
     gets every topic's configs in the FULL view it is sent when unfenced. Before, neither

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from tidewater.local.process import (
     controller_args,
     metadata_args,
 )
+from tidewater.rpc.address import bind_error
 from tidewater.v1 import controller_pb2 as cpb
 
 CLUSTER_NAME = "tidewater"
@@ -123,16 +123,7 @@ class ClusterFile:
 
 def _port_if_free(port: int) -> int:
     """`port` when nothing listens on it any more, else 0 (any free port)."""
-    if not port:
-        return 0
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # As the servers bind: a port only in TIME_WAIT after a crash counts as free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return 0
-    return port
+    return port if port and bind_error(HOST, port) is None else 0
 
 
 def pid_alive(pid: int) -> bool:

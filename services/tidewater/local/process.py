@@ -10,9 +10,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tidewater.rpc.address import LISTEN_FAILED_EXIT
+
 
 class ProcessFailed(RuntimeError):
     pass
+
+
+class ListenRefused(ProcessFailed):
+    """It exited because it could not bind its address: another process has it."""
+
+
+# Between the starts of a process whose address another process holds for a while.
+START_AGAIN_AFTER_S = 0.2
 
 
 # Runs the rest of its command line under a file size limit (argv[1], bytes): a write past it
@@ -73,9 +83,10 @@ class ManagedProcess:
         deadline = time.monotonic() + timeout_s
         while not self.ready_file.exists():
             if self.proc.poll() is not None:
-                raise ProcessFailed(
-                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                failed = (
+                    ListenRefused if self.proc.returncode == LISTEN_FAILED_EXIT else ProcessFailed
                 )
+                raise failed(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 self.kill()
                 raise ProcessFailed(
@@ -84,6 +95,20 @@ class ManagedProcess:
             time.sleep(0.02)
         self.address, _, self.metrics_address = self.ready_file.read_text().partition("\n")
         return self.address
+
+    def start_when_free(self, timeout_s: float = 30.0) -> str:
+        """start() on a fixed address (a restart at its old one, once the old process has
+        exited) that another process may have taken meanwhile, for a while (most likely as
+        the local port of a connection of its own): started again until it binds, within
+        `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self.start(max(deadline - time.monotonic(), START_AGAIN_AFTER_S))
+            except ListenRefused:
+                if time.monotonic() + START_AGAIN_AFTER_S > deadline:
+                    raise
+                time.sleep(START_AGAIN_AFTER_S)
 
     @property
     def metrics_port(self) -> int:

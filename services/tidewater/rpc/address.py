@@ -13,12 +13,22 @@ canonical host name; here a host is always written out.)
 from __future__ import annotations
 
 import ipaddress
+import socket
 from dataclasses import dataclass
 
 from tidewater.errors import InvalidConfig
 
 # Kafka's listener form SECURITY_PROTOCOL://HOST:PORT; every Tidewater service is plaintext gRPC.
 PLAINTEXT = "PLAINTEXT"
+# The exit status of a service that cannot bind its address (1: any other error, 2: usage), so
+# a supervisor or a test harness can tell "taken by another process" from a failure of its own.
+LISTEN_FAILED_EXIT = 3
+
+
+class ListenFailed(OSError):
+    """A server could not bind its address: most often another process listens there. Such a
+    process stops at once (as Kafka's "Socket server failed to bind ... Address already in
+    use") rather than share the port with the one serving it."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,22 @@ def listen_and_advertised(
 def published(bind: HostPort, bound_port: int, advertised: HostPort | None) -> HostPort:
     """What others are told: the advertised address, else the bound one."""
     return advertised or HostPort(bind.host, bound_port)
+
+
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why nothing could bind host:port now (None: it could), binding as gRPC's servers and
+    the metrics endpoint do (SO_REUSEADDR: a port left only in TIME_WAIT by a process that
+    exited is free). A server that failed to bind names the cause with this: gRPC tells none."""
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(sockaddr)
+    except OSError as e:
+        return e
+    return None
 
 
 def _is_wildcard(host: str) -> bool:

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from tidewater.rpc.address import ListenFailed, bind_error
 from tidewater.telemetry import tracing
 
 # Record batches of a few MiB must pass in one message.
@@ -27,6 +28,13 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[0]),
     ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS[1]),
 ]
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    # gRPC binds with SO_REUSEPORT by default: a second server started on a taken port (an
+    # operator's typo) would bind it too, and the kernel would split the connections between
+    # the two. Without it the second one fails to bind, as Kafka's broker does.
+    ("grpc.so_reuseport", 0),
+]
 
 
 class ServiceHost:
@@ -34,7 +42,7 @@ class ServiceHost:
 
     def __init__(self, service_names: Iterable[str]) -> None:
         self.server = grpc.aio.server(
-            options=CHANNEL_OPTIONS, interceptors=tracing.server_interceptors()
+            options=SERVER_OPTIONS, interceptors=tracing.server_interceptors()
         )
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -50,9 +58,15 @@ class ServiceHost:
         self.port = 0
 
     def bind(self, host: str, port: int) -> int:
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
-        if self.port == 0:
-            raise OSError(f"cannot listen on {host}:{port}")
+        """Bind host:port (port 0: any free one) and return the port; ListenFailed, naming
+        the address and the cause, when it is taken (or not an address of this host)."""
+        address = f"{host}:{port}"
+        try:
+            self.port = self.server.add_insecure_port(address)
+        except RuntimeError:  # gRPC's "Failed to bind", which gives no cause
+            cause = bind_error(host, port)
+            why = (cause.strerror or str(cause)) if cause else "gRPC could not bind it"
+            raise ListenFailed(f"cannot listen on {address}: {why}") from None
         return self.port
 
     async def start(self) -> None:

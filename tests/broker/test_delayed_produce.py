@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from test_purgatory import FakeClock
 
 from tidewater.broker.delayed import Appended, DelayedProduce
 from tidewater.broker.purgatory import Purgatory
@@ -28,6 +29,12 @@ class State:
         self.is_leader = True
         self.leader_epoch = leader_epoch
         self.high_watermark = 0
+        self.effective_min_isr = 2
+        self.isr = (1, 2)
+
+    @property
+    def under_min_isr(self) -> bool:
+        return len(self.isr) < self.effective_min_isr
 
     def holds_append(self, leader_epoch: int, required_offset: int) -> bool:
         # What Partition.holds_append says where the epoch moved with the leader away and back.
@@ -91,6 +98,31 @@ async def test_a_batch_appended_to_a_partition_since_recreated_is_refused() -> N
     assert op.try_complete()
     code, _ = (await asyncio.wait_for(op.done, WAIT_S))[TP]
     assert code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+@pytest.mark.parametrize("isr", [(1,), (1, 2)])
+async def test_a_batch_not_committed_in_time_is_not_enough_replicas_under_min_isr(
+    isr: tuple[int, ...],
+) -> None:
+    """The ISR shrank below min.insync.replicas after the append: the HW waits for it to grow
+    back (KIP-966), so the produce waits too, and at its timeout answers Kafka's
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND (in the leader's log, on too few replicas), where it
+    answered REQUEST_TIMED_OUT before. An ISR at min ISR that did not replicate in time is
+    still REQUEST_TIMED_OUT."""
+    hosted = Hosted(leader_epoch=1)
+    op = waiting_for(hosted, 2, leader_epoch=1)
+    clock = FakeClock()
+    purgatory = Purgatory("Produce", clock)
+    assert not purgatory.try_complete_else_watch(op, [TP])
+    hosted.state.isr = isr
+    assert purgatory.check_and_complete(TP) == 0
+    clock.advance(op.timeout_ms / 1000)
+    code, message = op.outcomes[TP]
+    if isr == (1,):
+        assert code == ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert "in the leader's log" in message and "min.insync.replicas=2" in message
+    else:
+        assert code == ErrorCode.REQUEST_TIMED_OUT
 
 
 def produce_request(acks: int, *batches: tuple[int, bytes]) -> pb.ProduceRequest:

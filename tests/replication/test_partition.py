@@ -889,6 +889,23 @@ def test_acks_all_after_the_isr_shrank_below_min_insync(log: MemoryLog, hw_passe
     assert partition.enough_replicas_for(11) is (False if hw_passed else None)
 
 
+def test_min_insync_replicas_above_the_replication_factor_is_capped_at_it(log: MemoryLog) -> None:
+    # Kafka's effective min ISR, in every rule: min.insync.replicas=4 with 3 replicas is 3 for
+    # the acks=all check before the append, the HW rule and the acks=all completion alike.
+    # Before, only the HW rule capped it: acks=all was refused with the whole ISR in sync.
+    config = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=4)
+    partition = new_leader(log, config=config)
+    assert not partition.under_min_isr
+    fetch(partition, 2, 10)
+    fetch(partition, 3, 10)
+    partition.check_append(acks=ACKS_ALL)
+    append(partition, 1)
+    fetch(partition, 2, 11)
+    fetch(partition, 3, 11)
+    assert partition.high_watermark == 11
+    assert partition.enough_replicas_for(11) is True
+
+
 def test_acks_all_counts_a_member_being_added(log: MemoryLog) -> None:
     # min.insync.replicas=3. The batch at 10 is accepted with ISR {1,2,3}; 3 falls out before
     # it has the batch, gets it, and is being added back. The HW waits for the ISR of three

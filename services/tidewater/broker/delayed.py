@@ -54,11 +54,7 @@ class DelayedProduce(DelayedOperation):
             if tp in self.outcomes:
                 continue
             state = appended.partition.state
-            if (
-                self._lookup(tp) is not appended.partition
-                or not state.is_leader
-                or not state.holds_append(appended.leader_epoch, appended.required_offset)
-            ):
+            if not self._in_log(tp, appended):
                 self.outcomes[tp] = (
                     ErrorCode.NOT_LEADER_OR_FOLLOWER,
                     f"leadership of {tp[0]}-{tp[1]} moved before the batch was committed "
@@ -72,22 +68,42 @@ class DelayedProduce(DelayedOperation):
                 self.outcomes[tp] = (
                     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
                     f"{tp[0]}-{tp[1]}: ISR {sorted(state.isr)} shrank below "
-                    f"min.insync.replicas={state.config.min_insync_replicas} after the append",
+                    f"min.insync.replicas={state.effective_min_isr} after the append",
                 )
         if len(self.outcomes) == len(self._waiting):
             return self.force_complete()
         return False
 
+    def _in_log(self, tp: TopicPartition, appended: Appended) -> bool:
+        """Whether the batch is still in this leader's log where it was appended."""
+        state = appended.partition.state
+        return (
+            self._lookup(tp) is appended.partition
+            and state.is_leader
+            and state.holds_append(appended.leader_epoch, appended.required_offset)
+        )
+
     def on_expiration(self) -> None:
-        for tp in self._waiting:
-            self.outcomes.setdefault(
-                tp,
-                (
+        for tp, appended in self._waiting.items():
+            if tp in self.outcomes:
+                continue
+            state = appended.partition.state
+            if self._in_log(tp, appended) and state.under_min_isr:
+                # The ISR shrank below min ISR after the append, so the HW waits for it to
+                # grow back (KIP-966), and it did not: Kafka's meaning of this error.
+                self.outcomes[tp] = (
+                    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    f"{tp[0]}-{tp[1]}: the batch is in the leader's log, but fewer replicas "
+                    f"than min.insync.replicas={state.effective_min_isr} hold it: the ISR "
+                    f"{sorted(state.isr)} shrank below it after the append and did not grow "
+                    f"back within {self.timeout_ms} ms",
+                )
+            else:
+                self.outcomes[tp] = (
                     ErrorCode.REQUEST_TIMED_OUT,
                     f"{tp[0]}-{tp[1]}: the ISR did not replicate the batch within "
                     f"{self.timeout_ms} ms",
-                ),
-            )
+                )
 
     def on_complete(self) -> None:
         # Completed with no outcome for a batch (the purgatory cancelled at shutdown): its

@@ -123,9 +123,7 @@ def register_broker_metrics(endpoint: MetricsEndpoint, rm: ReplicaManager) -> Re
         "Partitions led here whose ISR is below min.insync.replicas: acks=all is refused "
         "(Kafka's UnderMinIsrPartitionCount)",
         lambda: sum(
-            1
-            for p in rm.partitions.values()
-            if p.state.is_leader and len(p.state.isr) < p.state.config.min_insync_replicas
+            1 for p in rm.partitions.values() if p.state.is_leader and p.state.under_min_isr
         ),
     )
     endpoint.counter(

@@ -276,12 +276,12 @@ class Partition:
             )
 
     def check_append(self, acks: int) -> None:
-        """Before a produce appends: leader, and for acks=all an ISR of min.insync.replicas."""
+        """Before a produce appends: leader, and for acks=all an ISR of the effective min ISR."""
         self.require_leader()
-        if acks == ACKS_ALL and len(self.isr) < self.config.min_insync_replicas:
+        if acks == ACKS_ALL and self.under_min_isr:
             raise NotEnoughReplicas(
                 f"{self.name}: ISR {sorted(self.isr)} is smaller than "
-                f"min.insync.replicas={self.config.min_insync_replicas}"
+                f"min.insync.replicas={self.effective_min_isr}"
             )
 
     def after_leader_append(self, now_ms: int) -> bool:
@@ -304,17 +304,24 @@ class Partition:
         return epoch == leader_epoch and end_offset >= required_offset
 
     @property
+    def effective_min_isr(self) -> int:
+        """Kafka's effectiveMinIsr: min.insync.replicas, at most the replica count (a value
+        above the replication factor asks for replicas the partition does not have). Every
+        min ISR rule of the leader uses it: the acks=all checks and the HW rule."""
+        return min(self.config.min_insync_replicas, len(self.replicas))
+
+    @property
     def under_min_isr(self) -> bool:
         """Kafka's isUnderMinIsr, on the committed ISR."""
-        return len(self.isr) < min(self.config.min_insync_replicas, len(self.replicas))
+        return len(self.isr) < self.effective_min_isr
 
     def enough_replicas_for(self, required_offset: int) -> bool | None:
         """acks=all completion (checkEnoughReplicasReachOffset): None while the HW is short of
         the offset; else whether the maximal ISR (a member being added holds the batch too)
-        still meets min.insync.replicas."""
+        still meets the effective min ISR."""
         if self.high_watermark < required_offset:
             return None
-        return len(self.isr_state.maximal_isr) >= self.config.min_insync_replicas
+        return len(self.isr_state.maximal_isr) >= self.effective_min_isr
 
     # -- the leader's side of a follower fetch -----------------------------------------------
 

@@ -177,6 +177,15 @@ def test_controller_unit_passes_its_advertised_address() -> None:
     assert edited.advertised_address == "control-1.internal:9093"
 
 
+def test_controllers_take_the_brokers_min_insync_replicas() -> None:
+    """The controllers keep eligible leader replicas by the min.insync.replicas the brokers
+    hold the HW by, for topics without their own."""
+    expected = broker_unit_config().topic_defaults["min.insync.replicas"]
+    assert parsed_unit("controller").min_insync_replicas == int(expected)
+    with pytest.raises(AssertionError, match="refuses"):
+        parsed_unit("controller", TIDEWATER_MIN_INSYNC_REPLICAS="0")
+
+
 def test_broker_unit_waits_out_controlled_shutdown_before_sigkill() -> None:
     service = read_unit(UNITS["broker"])["Service"]
     config = broker_unit_config()

@@ -15,6 +15,7 @@ import grpc
 
 from tidewater.broker.config import BrokerConfig, load_properties
 from tidewater.broker.controller_client import ControllerUnavailable
+from tidewater.broker.topic_config import TopicConfig
 from tidewater.client.errors import ClientError
 from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed
@@ -32,6 +33,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def min_insync_replicas(text: str) -> int:
+    """The controller's --min-insync-replicas, checked as the brokers check the config."""
+    try:
+        return TopicConfig.from_properties({"min.insync.replicas": text}).min_insync_replicas
+    except InvalidConfig as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def parser() -> argparse.ArgumentParser:
@@ -92,6 +101,13 @@ def parser() -> argparse.ArgumentParser:
     )
     controller.add_argument(
         "--metadata", default="", help="metadata services to keep up to date, host:port,..."
+    )
+    controller.add_argument(
+        "--min-insync-replicas",
+        type=min_insync_replicas,
+        default=TopicConfig.min_insync_replicas,
+        help="min.insync.replicas of topics without their own, for eligible leader replicas "
+        "(default %(default)s, the brokers' default): set it to the brokers' value",
     )
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
@@ -188,6 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tuple(a.strip() for a in args.metadata.split(",") if a.strip()),
                     args.metrics_port,
                     args.advertised_address,
+                    args.min_insync_replicas,
                 )
             )
             return 0

@@ -89,10 +89,17 @@ async def make_cluster(
         leader_imbalance_check_interval_s: float = 300,
         metrics: bool = False,
         metadata: bool = False,
+        min_insync_replicas: int | None = None,
         **options: Any,
     ) -> Cluster:
         cluster = Cluster(
-            tmp_path, etcd, session_timeout_ms, leader_imbalance_check_interval_s, metrics, metadata
+            tmp_path,
+            etcd,
+            session_timeout_ms,
+            leader_imbalance_check_interval_s,
+            metrics,
+            metadata,
+            min_insync_replicas,
         )
         clusters.append(cluster)
         await cluster.start(**options)
@@ -130,11 +137,14 @@ class Cluster:
         leader_imbalance_check_interval_s: float = 300,
         metrics: bool = False,
         metadata: bool = False,
+        min_insync_replicas: int | None = None,
     ) -> None:
+        """`min_insync_replicas`: the controllers' --min-insync-replicas (None: theirs)."""
         self.root = root
         self.etcd = etcd
         self.session_timeout_ms = session_timeout_ms
         self.leader_imbalance_check_interval_s = leader_imbalance_check_interval_s
+        self.min_insync_replicas = min_insync_replicas
         self.name = f"test-{uuid.uuid4().hex[:8]}"
         self.controllers: dict[int, ManagedProcess] = {}
         self.brokers: dict[int, ManagedProcess] = {}
@@ -207,6 +217,7 @@ class Cluster:
                 metadata_addresses=() if self.metadata is None else (self.metadata.address,),
                 leader_imbalance_check_interval_s=self.leader_imbalance_check_interval_s,
                 metrics_port=self.metrics_port,
+                min_insync_replicas=self.min_insync_replicas,
             ),
             self.root,
         )

@@ -526,6 +526,36 @@ def test_a_lower_min_insync_clears_the_elr_of_isrs_that_meet_it() -> None:
     assert change.after.leader_epoch == m.partitions[("t", 1)].leader_epoch + 1
 
 
+def test_a_topic_without_its_own_min_insync_takes_the_controllers() -> None:
+    """The controller's --min-insync-replicas (Kafka's controller config) is the value of a
+    topic without the override, as the brokers' default is theirs: with 2 the ELR is kept as
+    for a topic that sets 2 (before, as for 1: the ISR {1} cleared it). The override wins."""
+    m = model()
+    m.min_insync_replicas = 2
+    shrink = validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert shrink is not None and shrink.after.elr == ()
+    m.partitions[("t", 0)] = shrink.after
+    shrink = validate_isr_change(m, 1, ("t", 0), 5, 100, (1,), EPOCH)
+    assert shrink is not None and shrink.after.elr == (2,)
+    m.topics["t"].configs["min.insync.replicas"] = "1"
+    shrink = validate_isr_change(m, 1, ("t", 0), 5, 100, (1,), EPOCH)
+    assert shrink is not None and shrink.after.elr == ()
+
+
+def test_deleting_a_topics_min_insync_falls_back_to_the_controllers() -> None:
+    """The override of 3 goes: the ISR {2, 3} is still below the controller's 3, so its ELR
+    stays (before, the fallback was 1 and cleared it); below a controller's 2 it goes."""
+    m = model()
+    m.topics["t"].configs["min.insync.replicas"] = "3"
+    m.partitions[("t", 1)] = m.partitions[("t", 1)].with_(isr=(2, 3), elr=(1,))
+    deleted = TopicState("t", {}, m.topics["t"].assignment)
+    m.min_insync_replicas = 3
+    assert elr_changes_for_configs(m, deleted, EPOCH) == []
+    m.min_insync_replicas = 2
+    (change,) = elr_changes_for_configs(m, deleted, EPOCH)
+    assert change.tp == ("t", 1) and change.after.elr == ()
+
+
 def test_a_partition_record_stored_without_an_elr_loads_with_none() -> None:
     record = PartitionRecord(1, 5, (1,), 3, elr=(2,), last_known_elr=())
     assert PartitionRecord.from_json(record.to_json(), 9) == record.with_(partition_epoch=9)

@@ -1,12 +1,16 @@
 """Eligible leader replicas (KIP-966) against a real cluster (etcd, two controller processes,
 three broker processes): after a whole-cluster shutdown a partition whose last ISR member
 never comes back is led again, cleanly, by a replica that left the ISR while it was below
-min.insync.replicas, if that replica shut down cleanly; after kill -9 it stays offline."""
+min.insync.replicas, if that replica shut down cleanly; after kill -9 it stays offline.
+min.insync.replicas=2 is the topic's own, or the cluster's: the controllers'
+--min-insync-replicas and the brokers' default."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
+
+import pytest
 
 if TYPE_CHECKING:
     from conftest import Cluster, Eventually
@@ -15,6 +19,8 @@ TOPIC = "elr"
 # Broker 3, the last ISR member, cannot hand its leadership over: its controlled shutdown
 # gives up after this and it stops cleanly all the same.
 SETTINGS = {"controlled.shutdown.timeout.ms": "1000"}
+# min.insync.replicas=2: a topic config, or the brokers' default (with the controllers').
+MIN_ISR_2 = {"min.insync.replicas": "2"}
 
 
 async def state(cluster: Cluster) -> dict[str, Any]:
@@ -22,15 +28,19 @@ async def state(cluster: Cluster) -> dict[str, Any]:
 
 
 async def three_brokers_shut_down_one_after_another(
-    cluster: Cluster, eventually: Eventually, stop: Callable[[int], None]
+    cluster: Cluster,
+    eventually: Eventually,
+    stop: Callable[[int], None],
+    topic_configs: dict[str, str] = MIN_ISR_2,
+    settings: dict[str, str] = SETTINGS,
 ) -> dict[bytes, int]:
     """Records acknowledged (acks=all, min.insync.replicas=2) with ISR {1, 2, 3}, then with
     {2, 3} once broker 1 is down (1 lacks those); then 2 and 3 go down. The ISR ends empty,
     2 and 3 eligible leader replicas, 3 the last known leader. The acknowledged records."""
     for b in (1, 2, 3):
-        await cluster.start_broker(b, **SETTINGS)
+        await cluster.start_broker(b, **settings)
     await eventually(lambda: cluster.has_alive_brokers({1, 2, 3}), 30)
-    await cluster.create_topic(TOPIC, assignments=[(1, 2, 3)], **{"min.insync.replicas": "2"})
+    await cluster.create_topic(TOPIC, assignments=[(1, 2, 3)], **topic_configs)
     await eventually(lambda: cluster.settled([TOPIC]), 20)
     acked = await cluster.produce_all(TOPIC, 0, [b"all-%d" % i for i in range(10)])
 
@@ -56,21 +66,31 @@ async def three_brokers_shut_down_one_after_another(
     return acked
 
 
+@pytest.mark.parametrize("min_isr_of", ["topic", "cluster"])
 async def test_after_a_clean_whole_cluster_shutdown_an_eligible_leader_replica_leads(
-    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually, min_isr_of: str
 ) -> None:
-    cluster = await make_cluster(broker_ids=())
+    """With the cluster's default, the topic sets nothing: before the controllers took
+    --min-insync-replicas, they kept its ELR as for 1 (empty) and it stayed offline."""
+    if min_isr_of == "topic":
+        cluster = await make_cluster(broker_ids=())
+        topic_configs, settings = MIN_ISR_2, SETTINGS
+    else:
+        cluster = await make_cluster(broker_ids=(), min_insync_replicas=2)
+        topic_configs, settings = {}, SETTINGS | MIN_ISR_2
 
     def stop(b: int) -> None:
         assert cluster.brokers[b].stop() == 0
 
-    acked = await three_brokers_shut_down_one_after_another(cluster, eventually, stop)
+    acked = await three_brokers_shut_down_one_after_another(
+        cluster, eventually, stop, topic_configs, settings
+    )
     _, since = (await cluster.store.load_partitions())[TOPIC, 0]
 
     # 1 and 2 come back, 3 (the last ISR member) does not. 2 shut down cleanly: still
     # eligible, it leads, in a clean election.
     for b in (1, 2):
-        await cluster.start_broker(b, **SETTINGS)
+        await cluster.start_broker(b, **settings)
 
     async def led_by_2_with_1_in_sync() -> bool:
         s = await state(cluster)

@@ -63,6 +63,9 @@ class ControllerConfig:
     # Metadata services to keep up to date (MetadataControl), host:port each.
     metadata_addresses: tuple[str, ...] = ()
     metadata_refresh_interval_ms: int = 1000
+    # min.insync.replicas for topics without their own (Kafka's controller config of that
+    # name): the ELR rules must take the value the brokers' HW rule takes.
+    min_insync_replicas: int = 1
 
 
 class NotActive(TidewaterError):
@@ -87,7 +90,7 @@ class Controller:
         self.config = config
         self.store = store
         self.time_ms = time_ms
-        self.model = ClusterModel()
+        self.model = self._empty_model()
         self.epoch = -1
         self.active = False
         self.sender = BrokerSender(self)
@@ -96,6 +99,9 @@ class Controller:
         # Set by an event that etcd failed (StoreUnavailable, NotController): what etcd holds
         # may differ from the model, so this controller resigns and whoever wins reloads.
         self._store_failed = asyncio.Event()
+
+    def _empty_model(self) -> ClusterModel:
+        return ClusterModel(min_insync_replicas=self.config.min_insync_replicas)
 
     @property
     def endpoint(self) -> str:
@@ -204,7 +210,7 @@ class Controller:
     def _step_down(self) -> None:
         """Standby: queued events fail with NOT_CONTROLLER, so their callers go elsewhere."""
         self.active = False
-        self.model = ClusterModel()
+        self.model = self._empty_model()
         while not self._queue.empty():
             _settle(self._queue.get_nowait().done, NotActive("controller stepped down"))
         self.sender.reset()
@@ -219,7 +225,7 @@ class Controller:
         heartbeats to us. Leaders are not moved during a grace period of one session timeout
         (or until every registered broker has heartbeated), so failover does not cause a
         storm of elections."""
-        model = ClusterModel()
+        model = self._empty_model()
         now = self.time_ms()
         for broker_id, value in (await self.store.load_brokers()).items():
             model.brokers[broker_id] = BrokerState(

@@ -202,8 +202,8 @@ def with_elr(
     """The change with its eligible leader replicas and last known leader (KIP-966, Kafka's
     PartitionChangeBuilder with ELR enabled), for every change the controller makes:
 
-    - an ISR at or above min.insync.replicas (at most the replication factor: Kafka's
-      effective min ISR) clears the ELR;
+    - an ISR at or above min.insync.replicas (the topic's, else the controller's default; at
+      most the replication factor: Kafka's effective min ISR) clears the ELR;
     - below it, the ELR is the replicas in the previous ISR or ELR that are not in the new
       ISR: they left the ISR while it was too small for the HW to advance (the leaders' HW
       rule), so each holds every committed record. `unclean_shutdown` (a broker whose new
@@ -217,8 +217,9 @@ def with_elr(
     that leader advances the HW alone and the others fall behind."""
     before, after = change.before, change.after
     replicas = model.replicas(change.tp) if replicas is None else replicas
-    min_isr = min(model.topics[change.tp[0]].min_insync_replicas, len(replicas))
-    if change.unclean or len(after.isr) >= min_isr:
+    if change.unclean or len(after.isr) >= _effective_min_isr(
+        model, model.topics[change.tp[0]], replicas
+    ):
         elr: tuple[int, ...] = ()
     else:
         was = set(before.isr + before.elr) if before is not None else set()
@@ -245,10 +246,16 @@ def elr_changes_for_configs(
         record = model.partitions.get(tp)
         if record is None or not record.elr:
             continue
-        if len(record.isr) >= min(topic.min_insync_replicas, len(model.replicas(tp))):
+        if len(record.isr) >= _effective_min_isr(model, topic, model.replicas(tp)):
             after = _elr_only(record, controller_epoch).with_(elr=())
             changes.append(PartitionChange(tp, record, after))
     return changes
+
+
+def _effective_min_isr(model: ClusterModel, topic: TopicState, replicas: tuple[int, ...]) -> int:
+    """Kafka's effective min ISR: the topic's min.insync.replicas (or the controller's
+    default), at most its replication factor, as the leaders' HW rule takes it."""
+    return min(model.min_insync_replicas_of(topic), len(replicas))
 
 
 def _elr_only(record: PartitionRecord, controller_epoch: int) -> PartitionRecord:

@@ -153,12 +153,6 @@ class TopicState:
         )
 
     @property
-    def min_insync_replicas(self) -> int:
-        """The topic's override; the controller does not see a broker-level default, so a
-        topic without one keeps the ELR of min.insync.replicas=1 (a smaller ELR is safe)."""
-        return int(self.configs.get("min.insync.replicas", "1"))
-
-    @property
     def unclean_leader_election_enable(self) -> bool:
         return self.configs.get("unclean.leader.election.enable", "false").lower() == "true"
 
@@ -187,6 +181,14 @@ class ClusterModel:
     topics: dict[str, TopicState] = field(default_factory=dict)
     partitions: dict[TopicPartition, PartitionRecord] = field(default_factory=dict)
     deletions: dict[str, TopicDeletion] = field(default_factory=dict)
+    # The controller's own min.insync.replicas (`--min-insync-replicas`, as Kafka's KRaft
+    # controller's static config): the value of a topic without its own. Not stored in etcd;
+    # set it to the brokers' default, which the controller does not see.
+    min_insync_replicas: int = 1
+
+    def min_insync_replicas_of(self, topic: TopicState) -> int:
+        """The topic's override, else the controller's default."""
+        return int(topic.configs.get("min.insync.replicas", self.min_insync_replicas))
 
     def replicas(self, tp: TopicPartition) -> tuple[int, ...]:
         return self.topics[tp[0]].assignment[tp[1]]

@@ -34,6 +34,7 @@ async def run_controller(
     metadata_addresses: tuple[str, ...] = (),
     metrics_port: int | None = None,
     advertised_address: str = "",
+    min_insync_replicas: int = 1,
 ) -> None:
     """Serve until SIGTERM or SIGINT; campaign in the background all along. The advertised
     address (default: the bound one) is what the controller writes to etcd when active."""
@@ -53,6 +54,7 @@ async def run_controller(
             broker_session_timeout_ms=session_timeout_ms,
             leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
             metadata_addresses=metadata_addresses,
+            min_insync_replicas=min_insync_replicas,
         ),
         store,
         wall_clock_ms,

@@ -47,6 +47,9 @@ ETCD_ID = 1
 START_TIMEOUT_S = 120.0
 PROCESS_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
+# The brokers' default min.insync.replicas and the controllers' (their ELR rules must take
+# the brokers' value), from one place. Kafka's default: acks=all needs the leader only.
+MIN_INSYNC_REPLICAS = 1
 PROBE_TIMEOUT_S = 2.0
 # Clean shutdown order: brokers first (controlled shutdown needs the controllers), etcd last.
 STOP_ORDER = ("broker", "metadata", "controller", "etcd")
@@ -205,6 +208,7 @@ class LocalCluster:
                     listen,
                     metadata_addresses=(metadata,),
                     metrics_port=metrics_port,
+                    min_insync_replicas=MIN_INSYNC_REPLICAS,
                 ),
             )
             for controller_id in CONTROLLER_IDS
@@ -222,6 +226,7 @@ class LocalCluster:
                     {
                         "controllers": ",".join(controllers),
                         "controlled.shutdown.timeout.ms": "3000",
+                        "min.insync.replicas": str(MIN_INSYNC_REPLICAS),
                     },
                     metrics_port,
                 ),

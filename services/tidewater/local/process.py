@@ -185,7 +185,9 @@ def controller_args(
     leader_imbalance_check_interval_s: float = 300,
     metrics_port: int | None = None,
     advertised: str = "",
+    min_insync_replicas: int | None = None,
 ) -> list[str]:
+    """`min_insync_replicas`: the controller's default for topics (None: its own, 1)."""
     return [
         "controller",
         "--controller-id",
@@ -206,6 +208,11 @@ def controller_args(
         str(leader_imbalance_check_interval_s),
         *metrics_args(metrics_port),
         *advertised_args(advertised),
+        *(
+            []
+            if min_insync_replicas is None
+            else ["--min-insync-replicas", str(min_insync_replicas)]
+        ),
     ]
 
 

@@ -8,6 +8,7 @@ service for the SDK's clients), all killed at teardown."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -18,6 +19,9 @@ import aetcd
 import grpc
 import pytest
 
+from tidewater.controller.controller import Controller, ControllerConfig
+from tidewater.controller.model import PartitionRecord, TopicState
+from tidewater.controller.server import wall_clock_ms
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
 from tidewater.local.etcd import EtcdProcess
@@ -61,6 +65,78 @@ async def connect_store(
     yield connect
     for store in stores:
         await store.close()
+
+
+# -- a controller in the test's process ---------------------------------------------------------
+
+ConnectStore = Callable[..., Awaitable[ControllerStore]]
+RunController = Callable[..., tuple[Controller, "asyncio.Task[None]"]]
+IN_PROCESS_LEASE_TTL_S = 3
+# Also the grace period after election: a seeded broker that never heartbeats is fenced then.
+IN_PROCESS_SESSION_TIMEOUT_MS = 300
+
+
+async def seed(
+    connect_store: ConnectStore,
+    brokers: tuple[int, ...] = (1,),
+    replicas: tuple[int, ...] = (1,),
+    record: PartitionRecord | None = None,
+) -> int:
+    """What an earlier controller left in etcd: `brokers` registered, topic t with partition 0
+    on `replicas` (`record`: its LeaderAndIsr, else led by broker 1 alone). Returns that
+    controller's epoch."""
+    store = await connect_store()
+    epoch = await store.campaign(9, "127.0.0.1:9", IN_PROCESS_LEASE_TTL_S)
+    for broker_id in brokers:
+        registration = {
+            "broker_id": broker_id,
+            "host": "127.0.0.1",
+            "port": 9,
+            "rack": "",
+            "incarnation_id": "a",
+        }
+        await store.put_broker(epoch, broker_id, registration)
+    await store.put_topic(epoch, "t", TopicState("t", {}, {0: replicas}).to_json())
+    record = record or PartitionRecord(1, 0, (1,), epoch)
+    await store.write_partitions(epoch, [("t", 0, None, record.to_json())])
+    await store.resign()
+    return epoch
+
+
+@pytest.fixture
+async def run_controller() -> AsyncIterator[RunController]:
+    """Run a controller (campaigning at once) on a store: the controller and the task that
+    runs it, stopped at teardown."""
+    running: list[tuple[Controller, asyncio.Task[None]]] = []
+
+    def run(
+        store: ControllerStore,
+        session_timeout_ms: int = IN_PROCESS_SESSION_TIMEOUT_MS,
+        port: int = 1,
+        min_insync_replicas: int = 1,
+    ) -> tuple[Controller, asyncio.Task[None]]:
+        controller = Controller(
+            ControllerConfig(
+                controller_id=1,
+                host="127.0.0.1",
+                port=port,
+                lease_ttl_s=IN_PROCESS_LEASE_TTL_S,
+                broker_session_timeout_ms=session_timeout_ms,
+                session_check_interval_ms=50,
+                min_insync_replicas=min_insync_replicas,
+            ),
+            store,
+            wall_clock_ms,
+        )
+        running.append((controller, asyncio.create_task(controller.run())))
+        return running[-1]
+
+    yield run
+    for controller, task in running:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        controller.sender.reset()
 
 
 # -- a real cluster ------------------------------------------------------------------------------

@@ -10,19 +10,18 @@ fails."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import aetcd
 import grpc
 import pytest
+from conftest import IN_PROCESS_LEASE_TTL_S, ConnectStore, RunController, seed
 
 from tidewater.client.admin import Admin
-from tidewater.controller.controller import Controller, ControllerConfig, NotActive
-from tidewater.controller.model import PartitionRecord, TopicState
-from tidewater.controller.server import wall_clock_ms
+from tidewater.controller.controller import Controller, NotActive
+from tidewater.controller.model import TopicState
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
 from tidewater.errors import NotController, StoreUnavailable, TidewaterError
@@ -36,67 +35,8 @@ from tidewater.v1.errors_pb2 import ErrorCode
 if TYPE_CHECKING:
     from conftest import Eventually
 
-ConnectStore = Callable[..., Awaitable[ControllerStore]]
-RunController = Callable[..., tuple[Controller, "asyncio.Task[None]"]]
 # Short enough that an unanswered write fails well before the lease (3 s) counts as lost.
 REQUEST_TIMEOUT_S = 0.5
-LEASE_TTL_S = 3
-# Also the grace period after election: broker 1 never heartbeats, so it is fenced then.
-SESSION_TIMEOUT_MS = 300
-
-
-async def seed(connect_store: ConnectStore, brokers: tuple[int, ...] = (1,)) -> int:
-    """What an earlier controller left in etcd: `brokers` registered, topic t with partition 0
-    on broker 1 alone, led by it. Returns that controller's epoch."""
-    store = await connect_store()
-    epoch = await store.campaign(9, "127.0.0.1:9", LEASE_TTL_S)
-    for broker_id in brokers:
-        registration = {
-            "broker_id": broker_id,
-            "host": "127.0.0.1",
-            "port": 9,
-            "rack": "",
-            "incarnation_id": "a",
-        }
-        await store.put_broker(epoch, broker_id, registration)
-    await store.put_topic(epoch, "t", TopicState("t", {}, {0: (1,)}).to_json())
-    await store.write_partitions(
-        epoch, [("t", 0, None, PartitionRecord(1, 0, (1,), epoch).to_json())]
-    )
-    await store.resign()
-    return epoch
-
-
-@pytest.fixture
-async def run_controller() -> AsyncIterator[RunController]:
-    """Run a controller (campaigning at once) on a store: the controller and the task that
-    runs it, stopped at teardown."""
-    running: list[tuple[Controller, asyncio.Task[None]]] = []
-
-    def run(
-        store: ControllerStore, session_timeout_ms: int = SESSION_TIMEOUT_MS, port: int = 1
-    ) -> tuple[Controller, asyncio.Task[None]]:
-        controller = Controller(
-            ControllerConfig(
-                controller_id=1,
-                host="127.0.0.1",
-                port=port,
-                lease_ttl_s=LEASE_TTL_S,
-                broker_session_timeout_ms=session_timeout_ms,
-                session_check_interval_ms=50,
-            ),
-            store,
-            wall_clock_ms,
-        )
-        running.append((controller, asyncio.create_task(controller.run())))
-        return running[-1]
-
-    yield run
-    for controller, task in running:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        controller.sender.reset()
 
 
 async def test_a_write_whose_answer_is_lost_makes_the_controller_resign_not_die(
@@ -117,7 +57,7 @@ async def test_a_write_whose_answer_is_lost_makes_the_controller_resign_not_die(
         await eventually(lambda: not controller.active, 10)
         proxy.set_mode(LinkMode.PASS)
         # It campaigns again (once its unrevoked lease expired) and wins.
-        await eventually(lambda: controller.active, 3 * LEASE_TTL_S)
+        await eventually(lambda: controller.active, 3 * IN_PROCESS_LEASE_TTL_S)
         assert controller.epoch == seeded_epoch + 2
         # Its view is etcd's: the write that lost its answer had taken broker 1's leadership.
         record = controller.model.partitions["t", 0]
@@ -377,7 +317,7 @@ async def test_alter_configs_that_etcd_fails_part_way_answers_what_was_committed
     connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
 ) -> None:
     seeder = await connect_store()
-    seed_epoch = await seeder.campaign(9, "127.0.0.1:9", LEASE_TTL_S)
+    seed_epoch = await seeder.campaign(9, "127.0.0.1:9", IN_PROCESS_LEASE_TTL_S)
     for name in ("a", "b", "c"):
         await seeder.put_topic(seed_epoch, name, TopicState(name, {}, {0: (1,)}).to_json())
     await seeder.resign()

@@ -13,6 +13,7 @@ from tidewater.controller.core import (
     elr_changes_for_configs,
     initial_partition_records,
     resume_reassignment,
+    stale_elr_changes,
     start_reassignment,
     unclean_leader_change,
     validate_isr_change,
@@ -554,6 +555,24 @@ def test_deleting_a_topics_min_insync_falls_back_to_the_controllers() -> None:
     m.min_insync_replicas = 2
     (change,) = elr_changes_for_configs(m, deleted, EPOCH)
     assert change.tp == ("t", 1) and change.after.elr == ()
+
+
+def test_a_lower_controller_min_insync_clears_the_elrs_its_isrs_meet() -> None:
+    """The ELRs of a controller whose --min-insync-replicas was 3 (ISRs of two kept one); its
+    successor runs with 2: the partitions taking the default lose their ELR (a leader with two
+    in sync advances the HW without the third), one whose own value is 3 keeps it."""
+    m = model()
+    m.topics["u"] = TopicState("u", {"min.insync.replicas": "3"}, {0: (1, 2, 3)})
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1, 2), elr=(3,))
+    m.partitions[("t", 1)] = m.partitions[("t", 1)].with_(isr=(2,), elr=(3, 1))
+    m.partitions[("u", 0)] = m.partitions[("t", 0)]
+    m.min_insync_replicas = 3
+    assert stale_elr_changes(m, EPOCH) == []
+    m.min_insync_replicas = 2
+    (change,) = stale_elr_changes(m, EPOCH)
+    assert change.tp == ("t", 0) and (change.after.isr, change.after.elr) == ((1, 2), ())
+    assert change.after.leader_epoch == m.partitions[("t", 0)].leader_epoch + 1
+    assert change.after.controller_epoch == EPOCH
 
 
 def test_a_partition_record_stored_without_an_elr_loads_with_none() -> None:

@@ -28,6 +28,7 @@ from tidewater.controller.core import (
     elr_changes_for_configs,
     preferred_leader_change,
     resume_reassignment,
+    stale_elr_changes,
     start_reassignment,
 )
 from tidewater.controller.leader_election import imbalanced_brokers
@@ -157,6 +158,13 @@ class Controller:
         self._store_failed.clear()
         try:
             await self._load()
+            # Before any election: an ELR recorded under a higher min ISR than this
+            # controller's (its --min-insync-replicas lowered across a restart) may name
+            # replicas the leaders have left behind. Brokers, all fenced until they heartbeat,
+            # learn the new state when unfenced.
+            cleared = await self.commit_and_send(stale_elr_changes(self.model, self.epoch))
+            for change in cleared:
+                log.info("%s-%d: ELR cleared, its ISR meets min.insync.replicas", *change.tp)
         except (StoreUnavailable, NotController) as e:
             log.warning("controller %d could not load: %s", self.config.controller_id, e)
             await self.store.resign()

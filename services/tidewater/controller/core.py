@@ -252,6 +252,18 @@ def elr_changes_for_configs(
     return changes
 
 
+def stale_elr_changes(model: ClusterModel, controller_epoch: int) -> list[PartitionChange]:
+    """A new controller's first changes: every ELR whose ISR meets the effective min ISR goes,
+    by the config path's rule (elr_changes_for_configs). Such an ELR is stale: it was recorded
+    under a higher min ISR (the controller's --min-insync-replicas lowered across a restart),
+    and the leader may advance the HW without its members, so none of them may be elected."""
+    return [
+        c
+        for topic in model.topics.values()
+        for c in elr_changes_for_configs(model, topic, controller_epoch)
+    ]
+
+
 def _effective_min_isr(model: ClusterModel, topic: TopicState, replicas: tuple[int, ...]) -> int:
     """Kafka's effective min ISR: the topic's min.insync.replicas (or the controller's
     default), at most its replication factor, as the leaders' HW rule takes it."""

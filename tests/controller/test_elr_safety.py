@@ -1,18 +1,25 @@
 """The invariants the eligible leader replicas (KIP-966) rest on, at the controller's edges: a
-new controller's ELRs, brokers' min.insync.replicas at registration, the clean-shutdown proof.
+new controller's ELRs, brokers' min.insync.replicas at registration.
 
-Controllers run in the test's process on a real etcd."""
+Controllers run in the test's process on a real etcd (a broker's refusal: real processes)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from conftest import ConnectStore, RunController, seed
 
 from tidewater.controller.model import PartitionRecord
+from tidewater.controller.service import ControllerService
+from tidewater.local.process import ProcessFailed
+from tidewater.v1 import common_pb2
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:
-    from conftest import Eventually
+    from conftest import Cluster, Eventually
 
 # No grace period ends, so no election, within a test.
 LONG_SESSION_TIMEOUT_MS = 60_000
@@ -36,3 +43,66 @@ async def test_a_controller_with_a_lower_min_insync_clears_stale_elrs_when_it_be
     # A new leader epoch: the leader learns the new partition epoch.
     assert (value["leader_epoch"], value["controller_epoch"]) == (5, controller.epoch)
     assert controller.model.partitions["t", 0].elr == ()
+
+
+def registration(
+    broker_id: int,
+    incarnation_id: str,
+    previous_broker_epoch: int = 0,
+    min_insync_replicas: int = 0,
+) -> cpb.RegisterBrokerRequest:
+    return cpb.RegisterBrokerRequest(
+        broker=common_pb2.BrokerInfo(
+            broker_id=broker_id, endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9)
+        ),
+        incarnation_id=incarnation_id,
+        previous_broker_epoch=previous_broker_epoch,
+        min_insync_replicas=min_insync_replicas,
+    )
+
+
+async def register(service: ControllerService, request: cpb.RegisterBrokerRequest) -> int:
+    response = await service.RegisterBroker(request, None)  # type: ignore[arg-type]
+    assert response.error_code == ErrorCode.NONE, response.error_message
+    return response.broker_epoch
+
+
+async def test_a_broker_whose_min_insync_is_below_the_controllers_is_refused(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> None:
+    """The controller keeps replicas eligible while the ISR is below its 2; a broker holding
+    the HW only below 1 would commit records without them. Nothing is registered."""
+    store = await connect_store()
+    controller, _ = run_controller(store, min_insync_replicas=2)
+    await eventually(lambda: controller.active, 10)
+    service = ControllerService(controller)
+    request = registration(1, "a", min_insync_replicas=1)
+    refused = await service.RegisterBroker(request, None)  # type: ignore[arg-type]
+    assert refused.error_code == ErrorCode.INVALID_CONFIG
+    assert refused.error_message == (
+        "broker 1: its default min.insync.replicas 1 is below the controller's "
+        "--min-insync-replicas 2; set them alike"
+    )
+    assert await store.load_brokers() == {}
+    # At or above it, and from a broker too old to report it (0), registrations go through.
+    await register(service, registration(1, "a", min_insync_replicas=2))
+    await register(service, registration(2, "a", min_insync_replicas=3))
+    await register(service, registration(3, "a"))
+    assert sorted(await store.load_brokers()) == [1, 2, 3]
+
+
+async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_values(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    cluster = await make_cluster(broker_ids=(), min_insync_replicas=2)
+    # Its default, 1: it may be refused (and exit) before it announces its address.
+    with contextlib.suppress(ProcessFailed):
+        await cluster.start_broker(1)
+    broker = cluster.brokers[1]
+    await eventually(lambda: broker.proc is not None and broker.proc.poll() is not None, 30)
+    assert broker.proc is not None and broker.proc.returncode == 1
+    assert (
+        "tidewater: INVALID_CONFIG: broker 1: its default min.insync.replicas 1 is below the "
+        "controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
+    )
+    assert await cluster.store.load_brokers() == {}

@@ -52,14 +52,16 @@ class TopicError(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class RegisterBrokerRequest(_message.Message):
-    __slots__ = ("broker", "incarnation_id", "previous_broker_epoch")
+    __slots__ = ("broker", "incarnation_id", "previous_broker_epoch", "min_insync_replicas")
     BROKER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MIN_INSYNC_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     broker: _common_pb2.BrokerInfo
     incarnation_id: str
     previous_broker_epoch: int
-    def __init__(self, broker: _Optional[_Union[_common_pb2.BrokerInfo, _Mapping]] = ..., incarnation_id: _Optional[str] = ..., previous_broker_epoch: _Optional[int] = ...) -> None: ...
+    min_insync_replicas: int
+    def __init__(self, broker: _Optional[_Union[_common_pb2.BrokerInfo, _Mapping]] = ..., incarnation_id: _Optional[str] = ..., previous_broker_epoch: _Optional[int] = ..., min_insync_replicas: _Optional[int] = ...) -> None: ...
 
 class RegisterBrokerResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "controller", "broker_epoch")

@@ -16,6 +16,7 @@ import uuid
 
 from tidewater.broker import background
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
+from tidewater.errors import InvalidConfig
 from tidewater.rpc.address import HostPort
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
@@ -36,7 +37,10 @@ class BrokerLifecycle:
         rack: str,
         heartbeat_interval_ms: int,
         previous_broker_epoch: int = 0,
+        min_insync_replicas: int = 1,
     ) -> None:
+        """`min_insync_replicas`: the broker's default, reported at registration: the
+        controller refuses it below its own (`refusal`)."""
         self._controller = controller
         self._info = common_pb2.BrokerInfo(
             broker_id=broker_id,
@@ -47,15 +51,22 @@ class BrokerLifecycle:
         # The epoch the previous run shut down cleanly in, else 0 (KIP-966): without it the
         # controller takes this start for one after a crash.
         self._previous_broker_epoch = previous_broker_epoch
+        self._min_insync_replicas = min_insync_replicas
         self._interval_s = heartbeat_interval_ms / 1000
         self.broker_epoch = 0
         self.fenced = True
         self.registered = asyncio.Event()
+        # Set once the controller refused this broker's configuration (not retriable): the
+        # broker stops with it (run_broker).
+        self.refusal: InvalidConfig | None = None
+        self.refused = asyncio.Event()
 
     async def run(self) -> None:
         await background.every(self._interval_s, self._round, "broker-heartbeat", at_once=True)
 
     async def _round(self) -> None:
+        if self.refused.is_set():
+            return
         try:
             if not self.broker_epoch:
                 await self._register()
@@ -70,8 +81,14 @@ class BrokerLifecycle:
                 broker=self._info,
                 incarnation_id=self._incarnation_id,
                 previous_broker_epoch=self._previous_broker_epoch,
+                min_insync_replicas=self._min_insync_replicas,
             ),
         )
+        if response.error_code == ErrorCode.INVALID_CONFIG:
+            log.critical("registration refused: %s", response.error_message)
+            self.refusal = InvalidConfig(response.error_message)
+            self.refused.set()
+            return
         if response.error_code != ErrorCode.NONE:
             log.warning("registration refused: %s", response.error_message)
             return

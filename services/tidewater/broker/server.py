@@ -45,7 +45,7 @@ class BrokerServer:
         self.config = config
         self.metrics_port = metrics_port
         self.metrics: MetricsEndpoint | None = None
-        defaults = TopicConfig.from_properties(dict(config.topic_defaults))
+        defaults = self.topic_defaults = TopicConfig.from_properties(dict(config.topic_defaults))
         self.log_manager = LogManager(
             list(config.log_dirs),
             defaults.log,
@@ -81,6 +81,7 @@ class BrokerServer:
             self.config.rack,
             self.config.broker_heartbeat_interval_ms,
             self.log_manager.clean_shutdown_broker_epoch,
+            self.topic_defaults.min_insync_replicas,
         )
         self.replica_manager.broker_epoch = lambda: self.lifecycle.broker_epoch
         await self.host.start()
@@ -159,13 +160,21 @@ class BrokerServer:
 async def run_broker(
     config: BrokerConfig, ready_file: Path | None = None, metrics_port: int | None = None
 ) -> None:
-    """Run until SIGTERM or SIGINT, then shut down cleanly."""
+    """Run until SIGTERM or SIGINT, then shut down cleanly; until the controller refuses the
+    broker's registration, then stop and raise its refusal (InvalidConfig)."""
     tune_for_large_messages()
     raise_open_file_limit()
     server = BrokerServer(config, metrics_port)
     await server.start()
     metrics_address = "" if server.metrics is None else server.metrics.address
     announce(f"broker {config.broker_id}", server.address, ready_file, metrics_address)
-    await wait_for_stop_signal()
+    signalled = asyncio.create_task(wait_for_stop_signal())
+    refused = asyncio.create_task(server.lifecycle.refused.wait())
+    await asyncio.wait([signalled, refused], return_when=asyncio.FIRST_COMPLETED)
+    for task in (signalled, refused):
+        task.cancel()
+    if server.lifecycle.refusal is not None:
+        await server.stop()  # never registered: it leads nothing, and proves no clean shutdown
+        raise server.lifecycle.refusal
     await server.controlled_shutdown()
     await server.stop()

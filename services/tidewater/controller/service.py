@@ -33,6 +33,7 @@ from tidewater.controller.core import (
 )
 from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import (
+    InvalidConfig,
     InvalidRequest,
     NotController,
     StoreUnavailable,
@@ -160,6 +161,15 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 raise TidewaterError(
                     "a registration needs a broker id >= 0 and an endpoint",
                     ErrorCode.INVALID_REQUEST,
+                )
+            minimum = self._c.config.min_insync_replicas
+            if 0 < request.min_insync_replicas < minimum:
+                # Its leaders would advance the HW with an ISR the controller counts as below
+                # min ISR, past replicas the controller keeps eligible to lead (KIP-966).
+                raise InvalidConfig(
+                    f"broker {info.broker_id}: its default min.insync.replicas "
+                    f"{request.min_insync_replicas} is below the controller's "
+                    f"--min-insync-replicas {minimum}; set them alike"
                 )
             old = self._c.model.brokers.get(info.broker_id)
             if old is not None and old.incarnation_id == request.incarnation_id:

@@ -1,5 +1,5 @@
 """The invariants the eligible leader replicas (KIP-966) rest on, at the controller's edges: a
-new controller's ELRs, brokers' min.insync.replicas at registration.
+new controller's ELRs, brokers' min.insync.replicas at registration, the clean-shutdown proof.
 
 Controllers run in the test's process on a real etcd (a broker's refusal: real processes)."""
 
@@ -106,3 +106,31 @@ async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_value
         "controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
     )
     assert await cluster.store.load_brokers() == {}
+
+
+async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(
+    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+) -> None:
+    """Leader 1 alone in the ISR, 2 and 3 eligible (the controller's min ISR is 2). Each
+    broker registers again: with its last registration's epoch (clean: it stays eligible),
+    with an older one of its epochs (unclean: it leaves the ELR), with 0 (unclean)."""
+    stored = PartitionRecord(1, 4, (1,), 1, elr=(2, 3))
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=stored)
+    store = await connect_store()
+    controller, _ = run_controller(
+        store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS, min_insync_replicas=2
+    )
+    await eventually(lambda: controller.active, 10)
+    service = ControllerService(controller)
+
+    async def elr() -> list[int]:
+        value, _ = (await store.load_partitions())["t", 0]
+        return value["elr"]
+
+    first = controller.model.brokers[2].epoch
+    await register(service, registration(2, "b", previous_broker_epoch=first))
+    assert await elr() == [2, 3]
+    await register(service, registration(2, "c", previous_broker_epoch=first))
+    assert await elr() == [3]
+    await register(service, registration(3, "b", previous_broker_epoch=0))
+    assert await elr() == []

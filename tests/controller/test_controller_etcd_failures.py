@@ -323,7 +323,8 @@ async def test_alter_configs_that_etcd_fails_part_way_answers_what_was_committed
     await seeder.resign()
     store, controller, service = await leading(connect_store, run_controller, eventually)
     epoch = controller.epoch
-    fail_once(store, "put_topic", when=lambda epoch, name, value: name == "b")
+    # b's new value is written with its partitions' changes (none here), in one txn.
+    fail_once(store, "write_partitions", when=lambda e, u, topic: bool(topic) and topic[0] == "b")
     set_retention = [
         cpb.AlterableConfig(name="retention.ms", operation=cpb.CONFIG_OPERATION_SET, value="1000")
     ]

@@ -1,18 +1,22 @@
 """The invariants the eligible leader replicas (KIP-966) rest on, at the controller's edges: a
-new controller's ELRs, brokers' min.insync.replicas at registration, the clean-shutdown proof.
+new controller's ELRs, brokers' min.insync.replicas at registration, the clean-shutdown proof,
+a topic's lower min.insync.replicas.
 
 Controllers run in the test's process on a real etcd (a broker's refusal: real processes)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+import aetcd
 from conftest import ConnectStore, RunController, seed
 
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
+from tidewater.local.etcd import EtcdProcess
 from tidewater.local.process import ProcessFailed
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
@@ -134,3 +138,38 @@ async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(
     assert await elr() == [3]
     await register(service, registration(3, "b", previous_broker_epoch=0))
     assert await elr() == []
+
+
+async def test_a_lower_topic_min_insync_and_the_elr_it_clears_are_one_etcd_txn(
+    etcd: EtcdProcess,
+    cluster_name: str,
+    connect_store: ConnectStore,
+    run_controller: RunController,
+    eventually: Eventually,
+) -> None:
+    """ISR {1, 2}, ELR {3} under the controller's 3; the topic sets 2. Before, the ELR was
+    cleared in one txn and the value written in the next: a failover between them kept 3
+    (the leaders hold the HW) with 3 no longer eligible."""
+    stored = PartitionRecord(1, 4, (1, 2), 1, elr=(3,))
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=stored)
+    store = await connect_store()
+    controller, _ = run_controller(
+        store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS, min_insync_replicas=3
+    )
+    await eventually(lambda: controller.active, 10)
+    set_2 = cpb.AlterableConfig(
+        name="min.insync.replicas", operation=cpb.CONFIG_OPERATION_SET, value="2"
+    )
+    request = cpb.IncrementalAlterConfigsRequest(
+        topics=[cpb.AlterConfigsTopic(topic="t", configs=[set_2])]
+    )
+    response = await ControllerService(controller).IncrementalAlterConfigs(request, None)  # type: ignore[arg-type]
+    assert [t.error_code for t in response.topics] == [ErrorCode.NONE], response
+    host, _, port = etcd.endpoint.rpartition(":")
+    async with aetcd.Client(host, int(port)) as client:
+        topic = await client.get(f"/tidewater/{cluster_name}/topics/t".encode())
+        partition = await client.get(f"/tidewater/{cluster_name}/partitions/t/0".encode())
+    assert topic is not None and partition is not None
+    assert json.loads(topic.value)["configs"] == {"min.insync.replicas": "2"}
+    assert json.loads(partition.value)["elr"] == []
+    assert topic.mod_revision == partition.mod_revision

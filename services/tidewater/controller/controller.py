@@ -41,7 +41,7 @@ from tidewater.controller.model import (
     TopicState,
 )
 from tidewater.controller.sender import BrokerSender
-from tidewater.controller.store import ControllerStore
+from tidewater.controller.store import ControllerStore, Json
 from tidewater.errors import NotController, StoreUnavailable, TidewaterError
 from tidewater.telemetry import tracing
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -380,9 +380,11 @@ class Controller:
         before = self.model.topics[name]
         after = replace(before, configs=configs)
         # A lower min.insync.replicas lets leaders advance the HW past the ELR members: their
-        # ELR goes first, so no broker hears of the new value while they are still in it.
-        await self.commit_and_send(elr_changes_for_configs(self.model, after, self.epoch))
-        await self.store.put_topic(self.epoch, name, after.to_json())
+        # ELR goes in the same txn as the new value (the last, past etcd's ops per txn), so no
+        # broker hears of it while they are still in it, and no failover keeps the old value
+        # with the ELR cleared.
+        changes = elr_changes_for_configs(self.model, after, self.epoch)
+        await self.commit_and_send(changes, (name, after.to_json()))
         self.model.topics[name] = after
         self.sender.update_metadata([], configs_of=[name])
         log.info("topic %s: configs are now %s", name, configs)
@@ -514,26 +516,32 @@ class Controller:
 
     # -- commits -------------------------------------------------------------------------------
 
-    async def commit_and_send(self, changes: list[PartitionChange]) -> list[PartitionChange]:
+    async def commit_and_send(
+        self, changes: list[PartitionChange], topic: tuple[str, Json] | None = None
+    ) -> list[PartitionChange]:
         """Commit partition changes to etcd (fenced) and tell the brokers concerned; returns the
-        changes that committed."""
+        changes that committed. `topic`: a topic's value written with them (see
+        ControllerStore.write_partitions)."""
         elections = [c for c in changes if c.before is None or c.before.leader != c.after.leader]
         attributes = {
             "tidewater.partitions": len(elections),
             "tidewater.unclean": sum(c.unclean for c in elections),
         }
         with tracing.span("leader.election", attributes) if elections else contextlib.nullcontext():
-            committed = await self.commit(changes)
+            committed = await self.commit(changes, topic)
             if committed:
                 self.sender.leader_and_isr_changes(committed)
         return committed
 
-    async def commit(self, changes: list[PartitionChange]) -> list[PartitionChange]:
-        if not changes:
+    async def commit(
+        self, changes: list[PartitionChange], topic: tuple[str, Json] | None = None
+    ) -> list[PartitionChange]:
+        if not changes and topic is None:
             return []
         results = await self.store.write_partitions(
             self.epoch,
             [(c.tp[0], c.tp[1], c.expected_partition_epoch, c.after.to_json()) for c in changes],
+            topic,
         )
         committed, reloaded = [], []
         for change, result in zip(changes, results, strict=True):

@@ -302,20 +302,31 @@ class ControllerStore:
     # -- partitions ----------------------------------------------------------------------------
 
     async def write_partitions(
-        self, epoch: int, updates: Sequence[PartitionUpdate]
+        self,
+        epoch: int,
+        updates: Sequence[PartitionUpdate],
+        topic: tuple[str, Json] | None = None,
     ) -> list[WriteResult]:
         """Write LeaderAndIsr values, each only if its key's mod_revision (partition epoch) is
         still the expected one, in as few txns as etcd allows. A key already holding exactly the
-        value counts as written (a retried write). Results are in the order of `updates`."""
+        value counts as written (a retried write). Results are in the order of `updates`.
+
+        `topic` (name, value): a topic's configs and assignment, put in the txn of the last
+        updates (of all of them, up to PARTITIONS_PER_TXN), whether or not they are written,
+        so that no failover leaves the partitions written without it."""
+        starts = range(0, len(updates), PARTITIONS_PER_TXN)
+        chunks = [range(s, min(s + PARTITIONS_PER_TXN, len(updates))) for s in starts]
         results: dict[int, WriteResult] = {}
-        for start in range(0, len(updates), PARTITIONS_PER_TXN):
-            chunk = range(start, min(start + PARTITIONS_PER_TXN, len(updates)))
-            results.update(await self._write_partition_chunk(epoch, updates, list(chunk)))
+        for i, chunk in enumerate(chunks or [range(0)]):
+            also = [] if topic is None or i < len(chunks) - 1 else [self._topic_put(*topic)]
+            results.update(await self._write_partition_chunk(epoch, updates, list(chunk), also))
         return [results[i] for i in range(len(updates))]
 
     async def _write_partition_chunk(
-        self, epoch: int, updates: Sequence[PartitionUpdate], pending: list[int]
+        self, epoch: int, updates: Sequence[PartitionUpdate], pending: list[int], also: list[Any]
     ) -> dict[int, WriteResult]:
+        """`also`: ops to apply in the txn that writes the partitions (on their own if none
+        is written)."""
         results = {}
         keys = {i: self._partition_key(updates[i][0], updates[i][1]) for i in pending}
         # Every round settles at least one key (the one whose compare failed), so this ends.
@@ -323,7 +334,7 @@ class ControllerStore:
             ok, responses = await self._fenced(
                 epoch,
                 [self._ops.mod(keys[i]) == (updates[i][2] or 0) for i in pending],
-                [self._ops.put(keys[i], _encode(updates[i][3])) for i in pending],
+                [*(self._ops.put(keys[i], _encode(updates[i][3])) for i in pending), *also],
                 [self._ops.get(keys[i]) for i in pending],
             )
             if ok:
@@ -341,6 +352,8 @@ class ControllerStore:
                 else:
                     results[i] = WriteResult(current == updates[i][3], mod_revision, current)
             pending = retry
+        if also:
+            await self._fenced(epoch, [], also)
         return results
 
     async def load_partitions(self) -> dict[tuple[str, int], tuple[Json, int]]:
@@ -355,10 +368,11 @@ class ControllerStore:
 
     async def put_topic(self, epoch: int, name: str, config: Json) -> int:
         """Create or replace a topic's configs and assignment; returns the revision written."""
-        _, responses = await self._fenced(
-            epoch, [], [self._ops.put(self._key(f"topics/{name}"), _encode(config))]
-        )
+        _, responses = await self._fenced(epoch, [], [self._topic_put(name, config)])
         return _revision(responses[0])
+
+    def _topic_put(self, name: str, config: Json) -> Any:
+        return self._ops.put(self._key(f"topics/{name}"), _encode(config))
 
     async def delete_topic(self, epoch: int, name: str, deletion: Json) -> bool:
         """Delete a topic and all its partitions, and record its pending deletion, in one txn;

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING
 import aetcd
 from conftest import ConnectStore, RunController, seed
 
+from tidewater.controller.controller import Controller
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
+from tidewater.controller.store import ControllerStore
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.process import ProcessFailed
 from tidewater.v1 import common_pb2
@@ -29,19 +31,35 @@ if TYPE_CHECKING:
 LONG_SESSION_TIMEOUT_MS = 60_000
 
 
+async def active_on(
+    connect_store: ConnectStore,
+    run_controller: RunController,
+    eventually: Eventually,
+    record: PartitionRecord,
+    min_insync_replicas: int,
+) -> tuple[ControllerStore, Controller]:
+    """An active controller with `min_insync_replicas` on what an earlier one left: brokers
+    1, 2 and 3 registered, t-0 on them with `record`."""
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=record)
+    store = await connect_store()
+    controller, _ = run_controller(
+        store,
+        session_timeout_ms=LONG_SESSION_TIMEOUT_MS,
+        min_insync_replicas=min_insync_replicas,
+    )
+    await eventually(lambda: controller.active, 10)
+    return store, controller
+
+
 async def test_a_controller_with_a_lower_min_insync_clears_stale_elrs_when_it_becomes_active(
     connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
 ) -> None:
     """Recorded by a controller whose --min-insync-replicas was 3: ISR {1, 2}, ELR {3}. The
     operator lowers it to 2 and restarts the controllers: with two in sync, leader 1 advances
     the HW without 3, so 3 leaves the ELR before this controller elects anyone."""
-    stored = PartitionRecord(1, 4, (1, 2), 1, elr=(3,))
-    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=stored)
-    store = await connect_store()
-    controller, _ = run_controller(
-        store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS, min_insync_replicas=2
+    store, controller = await active_on(
+        connect_store, run_controller, eventually, PartitionRecord(1, 4, (1, 2), 1, elr=(3,)), 2
     )
-    await eventually(lambda: controller.active, 10)
     value, _ = (await store.load_partitions())["t", 0]
     assert (value["leader"], value["isr"], value["elr"]) == (1, [1, 2], [])
     # A new leader epoch: the leader learns the new partition epoch.
@@ -118,13 +136,9 @@ async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(
     """Leader 1 alone in the ISR, 2 and 3 eligible (the controller's min ISR is 2). Each
     broker registers again: with its last registration's epoch (clean: it stays eligible),
     with an older one of its epochs (unclean: it leaves the ELR), with 0 (unclean)."""
-    stored = PartitionRecord(1, 4, (1,), 1, elr=(2, 3))
-    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=stored)
-    store = await connect_store()
-    controller, _ = run_controller(
-        store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS, min_insync_replicas=2
+    store, controller = await active_on(
+        connect_store, run_controller, eventually, PartitionRecord(1, 4, (1,), 1, elr=(2, 3)), 2
     )
-    await eventually(lambda: controller.active, 10)
     service = ControllerService(controller)
 
     async def elr() -> list[int]:
@@ -150,13 +164,9 @@ async def test_a_lower_topic_min_insync_and_the_elr_it_clears_are_one_etcd_txn(
     """ISR {1, 2}, ELR {3} under the controller's 3; the topic sets 2. Before, the ELR was
     cleared in one txn and the value written in the next: a failover between them kept 3
     (the leaders hold the HW) with 3 no longer eligible."""
-    stored = PartitionRecord(1, 4, (1, 2), 1, elr=(3,))
-    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=stored)
-    store = await connect_store()
-    controller, _ = run_controller(
-        store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS, min_insync_replicas=3
+    _, controller = await active_on(
+        connect_store, run_controller, eventually, PartitionRecord(1, 4, (1, 2), 1, elr=(3,)), 3
     )
-    await eventually(lambda: controller.active, 10)
     set_2 = cpb.AlterableConfig(
         name="min.insync.replicas", operation=cpb.CONFIG_OPERATION_SET, value="2"
     )

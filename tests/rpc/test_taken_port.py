@@ -94,3 +94,21 @@ async def test_a_start_on_a_held_address_binds_once_the_holder_lets_go(
         await eventually(lambda: "cannot listen on" in process.log_tail(), 30)
     assert await started == address
     assert await answers_health(address)
+
+
+async def test_a_taken_metrics_port_fails_the_start_named(
+    tmp_path: Path, processes: list[ManagedProcess]
+) -> None:
+    """Before, the process exited with status 1 and "[Errno 98] Address already in use",
+    naming no address."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        process = ManagedProcess("metadata", metadata_args("127.0.0.1:0", port), tmp_path)
+        processes.append(process)
+        with pytest.raises(ListenRefused) as refused:
+            await asyncio.to_thread(process.start, START_TIMEOUT_S)
+    assert f"tidewater: cannot listen on 127.0.0.1:{port}: Address already in use" in str(
+        refused.value
+    )

@@ -24,6 +24,8 @@ from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 
+from tidewater.rpc.address import ListenFailed
+
 log = logging.getLogger(__name__)
 
 Attributes = Mapping[str, str | int]
@@ -59,7 +61,11 @@ class MetricsEndpoint:
             exemplar_filter=AlwaysOffExemplarFilter(),
         )
         self.meter = self._provider.get_meter(service_name)
-        self._server, self._thread = start_http_server(port, host, self._registry)
+        try:
+            self._server, self._thread = start_http_server(port, host, self._registry)
+        except OSError as e:  # as the gRPC port's: the process exits naming the address
+            self._provider.shutdown()
+            raise ListenFailed(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         self.address = f"{host}:{self._server.server_port}"
         log.info("metrics on http://%s/metrics", self.address)
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from grpc._cython import cygrpc
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.log import log as log_module
 from tidewater.broker.server import BrokerServer
 from tidewater.local.process import ManagedProcess, broker_args
+from tidewater.local.wait import eventually
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2_grpc
 
@@ -43,6 +47,51 @@ def every_grpc_channel_closed() -> Iterator[None]:
     left_open = [c for c in _channels_made if not c._channel.closed()]
     _channels_made.clear()
     assert not left_open, f"grpc.aio channels left open: {left_open}"
+
+
+# How long gRPC may take to deliver what is left of a test's calls once it is over.
+GRPC_SETTLE_S = 10.0
+
+
+def _grpc_operations_pending(loop: asyncio.AbstractEventLoop) -> list[asyncio.Future[Any]]:
+    """The futures of gRPC core operations begun on `loop` whose completion has not run on it
+    yet. grpc.aio's CallbackWrapper holds a reference to itself and its future from the start
+    of an operation until its completion has run on the operation's loop (gRPC has no public
+    way to ask). Left out: finished futures (their completion ran), and an unfinished one
+    nobody awaits: the shutdown of a server never started, which never comes."""
+    return [
+        future
+        for wrapper in gc.get_objects()
+        if type(wrapper) is cygrpc.CallbackWrapper
+        for future in gc.get_referents(wrapper)
+        if isinstance(future, asyncio.Future)
+        and future.get_loop() is loop
+        and (future.cancelled() or (not future.done() and future._callbacks))  # type: ignore[attr-defined]
+    ]
+
+
+def _grpc_settled(loop: asyncio.AbstractEventLoop) -> bool:
+    if not _grpc_operations_pending(loop):
+        return True
+    gc.collect()  # a cancelled operation's wrapper may be left in garbage once completed
+    return not _grpc_operations_pending(loop)
+
+
+@pytest.fixture(autouse=True)
+async def every_grpc_operation_completed() -> AsyncIterator[None]:
+    """Waits, once the test and its fixtures are done, until gRPC has run the completion of
+    every operation begun on the test's event loop, and fails the test if one never comes (a
+    server left running, a call left waiting). A call cancelled (aetcd's watch stream, when
+    a store closes) is finished by gRPC's core after close() returns: on a loop closed by
+    then, its completion reaches the next test's loop, where grpc.aio logs "Event loop is
+    closed" (and that test's check of its log fails)."""
+    yield
+    loop = asyncio.get_running_loop()
+    try:
+        await eventually(lambda: _grpc_settled(loop), GRPC_SETTLE_S)
+    except AssertionError:
+        pending = _grpc_operations_pending(loop)
+        raise AssertionError(f"gRPC operations never completed: {pending}") from None
 
 
 class BrokerClient:

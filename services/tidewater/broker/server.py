@@ -166,8 +166,7 @@ async def run_broker(
     raise_open_file_limit()
     server = BrokerServer(config, metrics_port)
     await server.start()
-    metrics_address = "" if server.metrics is None else server.metrics.address
-    announce(f"broker {config.broker_id}", server.address, ready_file, metrics_address)
+    announce(f"broker {config.broker_id}", server.address, ready_file, server.metrics)
     signalled = asyncio.create_task(wait_for_stop_signal())
     refused = asyncio.create_task(server.lifecycle.refused.wait())
     await asyncio.wait([signalled, refused], return_when=asyncio.FIRST_COMPLETED)

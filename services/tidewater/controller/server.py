@@ -77,8 +77,7 @@ async def run_controller(
         register_controller_metrics(metrics, controller)
     await host.start()
     await host.set_serving()
-    metrics_address = "" if metrics is None else metrics.address
-    announce(f"controller {controller_id}", f"{bind.host}:{port}", ready_file, metrics_address)
+    announce(f"controller {controller_id}", f"{bind.host}:{port}", ready_file, metrics)
     log.info("controller %d advertised as %s", controller_id, endpoint)
     campaign = asyncio.create_task(controller.run())
     stopped = asyncio.create_task(wait_for_stop_signal())

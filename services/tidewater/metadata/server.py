@@ -45,10 +45,6 @@ class MetadataServer:
     def address(self) -> str:
         return f"{self.listen_host}:{self.host.port}"
 
-    @property
-    def metrics_address(self) -> str:
-        return "" if self.metrics is None else self.metrics.address
-
     async def start(self) -> None:
         self.host.bind(self.listen_host, self.listen_port)
         if self.metrics_port is not None:
@@ -97,7 +93,7 @@ async def run_metadata(
     health SERVING means "has a cluster view"."""
     server = MetadataServer(listen, metrics_port)
     await server.start()
-    announce("metadata", server.address, ready_file, server.metrics_address)
+    announce("metadata", server.address, ready_file, server.metrics)
     await wait_for_stop_signal()
     await server.stop()
     log.info("metadata service on %s stopped", server.address)

@@ -7,6 +7,7 @@ import asyncio
 import signal
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -15,6 +16,9 @@ from grpc_reflection.v1alpha import reflection
 
 from tidewater.rpc.address import ListenFailed, bind_error
 from tidewater.telemetry import tracing
+
+if TYPE_CHECKING:  # the SDK client imports CHANNEL_OPTIONS, and needs no metrics stack
+    from tidewater.telemetry.metrics import MetricsEndpoint
 
 # Record batches of a few MiB must pass in one message.
 MAX_MESSAGE_BYTES = 128 * 1024 * 1024
@@ -85,14 +89,16 @@ class ServiceHost:
             await self.health.set(name, status)
 
 
-def announce(what: str, address: str, ready_file: Path | None, metrics_address: str = "") -> None:
+def announce(
+    what: str, address: str, ready_file: Path | None, metrics: MetricsEndpoint | None = None
+) -> None:
     """Tell whoever started this process that it listens: the address in the ready file
     (written atomically, so a reader never sees half of it) and a line on stdout. With
     metrics, their bound address is the file's second line: a starter that asked for port 0
     learns it there, where choosing a free port for the process would race other processes."""
     if ready_file is not None:
         tmp = ready_file.with_suffix(".tmp")
-        tmp.write_text(f"{address}\n{metrics_address}" if metrics_address else address)
+        tmp.write_text(address if metrics is None else f"{address}\n{metrics.address}")
         tmp.rename(ready_file)
     print(f"tidewater {what} listening on {address}", flush=True)
 

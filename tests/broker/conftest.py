@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.broker.logged import Logged
 from tidewater.local.standin_controller import StandinController
 
 
@@ -17,9 +18,6 @@ async def standin() -> AsyncIterator[tuple[StandinController, str]]:
     address = await controller.start()
     yield controller, address
     await controller.stop()
-
-
-Logged = Callable[..., bool]
 
 
 @pytest.fixture

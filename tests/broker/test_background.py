@@ -6,18 +6,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
+from tests.broker.logged import Logged
 from tidewater.broker import background
 from tidewater.broker.controller_client import ControllerClient
 from tidewater.local.standin_controller import StandinController
 from tidewater.local.wait import eventually
 from tidewater.replication.partition import AlterIsrProposal, Partition
-
-if TYPE_CHECKING:
-    from conftest import Logged
 
 WAIT_S = 10.0
 TOPIC = "upkeep"

@@ -8,13 +8,14 @@ import struct
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.broker.logged import Logged
 from tidewater.broker import replica_manager
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.local.fetch import consumer_fetch, list_offsets
@@ -31,9 +32,6 @@ from tidewater.records.header import (
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Logged
 
 TOPIC = "events"
 WAIT_S = 20.0

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_purgatory import FakeClock
 
+from tests.broker.fake_clock import FakeClock
 from tidewater.broker.delayed import Appended, DelayedProduce
 from tidewater.broker.purgatory import Purgatory
 from tidewater.local.standin_controller import make_leader

@@ -8,10 +8,11 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
+from tests.broker.logged import Logged
 from tidewater.broker.controller_client import ControllerClient
 from tidewater.broker.isr_channel import AlterIsrChannel, AlterIsrResultHandler
 from tidewater.broker.log.config import LogConfig
@@ -27,9 +28,6 @@ from tidewater.replication.partition import (
     Partition,
     ReplicationConfig,
 )
-
-if TYPE_CHECKING:
-    from conftest import Logged
 
 TOPIC = "isr"
 NOW_MS = 1_000_000

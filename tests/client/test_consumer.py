@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.client.cluster import Cluster
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import NoOffsetForPartition
 from tidewater.client.metadata import PartitionInfo, TopicInfo
@@ -38,7 +39,7 @@ async def poll_until(consumer: Consumer, count: int) -> list[tuple[int, bytes | 
 
 
 async def test_a_poll_returns_the_records_of_one_leader_without_waiting_for_the_others(
-    cluster: Any,
+    cluster: Cluster,
 ) -> None:
     # Partition p is led by broker p + 1: three leaders, each long-polled.
     await cluster.create_topic("spread", partitions=3)
@@ -61,7 +62,7 @@ async def test_a_poll_returns_the_records_of_one_leader_without_waiting_for_the_
         assert [consumer.position(tp) for tp in tps] == [1, 2, 1]
 
 
-async def test_a_seek_while_a_fetch_is_in_flight_wins_over_its_answer(cluster: Any) -> None:
+async def test_a_seek_while_a_fetch_is_in_flight_wins_over_its_answer(cluster: Cluster) -> None:
     await cluster.create_topic("seek")
     tp = ("seek", 0)
     async with (
@@ -178,7 +179,7 @@ async def test_the_position_takes_the_leader_epoch_of_the_last_records_batch() -
 
 
 async def test_an_out_of_range_position_is_reset_with_a_warning(
-    cluster: Any, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     await cluster.create_topic("range")
     tp = ("range", 0)
@@ -196,7 +197,7 @@ async def test_an_out_of_range_position_is_reset_with_a_warning(
 
 
 async def test_an_out_of_range_position_without_reset_policy_is_raised_by_every_poll(
-    cluster: Any,
+    cluster: Cluster,
 ) -> None:
     await cluster.create_topic("norange")
     tp = ("norange", 0)
@@ -461,7 +462,7 @@ async def test_a_reset_answered_not_leader_refreshes_the_metadata_and_is_retried
 
 
 async def test_a_reset_the_leader_does_not_answer_holds_up_its_partition_alone(
-    cluster: Any,
+    cluster: Cluster,
 ) -> None:
     """A reset by auto_offset_reset (ListOffsets) goes one per leader and outlives the poll
     that sent it, as Kafka's resetPositionsIfNeeded: while broker 1, behind a proxy that

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 import pytest
 
+from tests.client.cluster import Cluster
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import LogTruncation
 from tidewater.client.producer import Producer
@@ -20,7 +20,7 @@ DEADLINE_S = 90
 LONG_POLL_MS = 120_000
 
 
-async def produce(cluster: Any, *values: bytes) -> None:
+async def produce(cluster: Cluster, *values: bytes) -> None:
     async with Producer(cluster.bootstrap, acks=-1) as producer:
         for value in values:
             await producer.send_and_wait(TOPIC, value, partition=0)
@@ -34,7 +34,7 @@ async def poll_values(consumer: Consumer, count: int) -> list[tuple[int, bytes |
     return got
 
 
-async def unclean_election_under(cluster: Any, consumer: Consumer) -> None:
+async def unclean_election_under(cluster: Cluster, consumer: Consumer) -> None:
     """Broker 2 holds a, b (epoch 1) and goes down; broker 1 alone writes c, d, e (epoch 2),
     which `consumer` reads; then broker 1 dies and broker 2, restarted, is elected out of the
     ISR (epoch 3) and writes f, g, h, i at offsets 2-5. The consumer does not poll meanwhile,
@@ -64,7 +64,7 @@ NEW_HISTORY = [(2, b"f"), (3, b"g"), (4, b"h"), (5, b"i")]
 
 @pytest.mark.parametrize("policy", ["earliest", "latest"])
 async def test_a_truncation_under_the_position_is_read_on_from_the_divergence_point(
-    process_cluster: Any, policy: str, caplog: pytest.LogCaptureFixture
+    process_cluster: Cluster, policy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="tidewater.client.consumer")
     async with (
@@ -83,7 +83,7 @@ async def test_a_truncation_under_the_position_is_read_on_from_the_divergence_po
 
 
 async def test_a_truncation_under_the_position_without_reset_policy_is_raised(
-    process_cluster: Any,
+    process_cluster: Cluster,
 ) -> None:
     async with (
         asyncio.timeout(DEADLINE_S),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.client.cluster import Cluster
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import DeliveryTimeout
 from tidewater.client.producer import Producer, RecordMetadata
@@ -48,7 +49,7 @@ class Stream:
     """Sends RECORDS values "0", "1", ... round-robin over the partitions, a chunk at a time,
     and checks the log afterwards."""
 
-    def __init__(self, cluster: Any, topic: str) -> None:
+    def __init__(self, cluster: Cluster, topic: str) -> None:
         self.cluster = cluster
         self.topic = topic
         self.futures: list[Any] = []
@@ -88,7 +89,7 @@ class Stream:
 
 
 @pytest.fixture
-async def proxies(process_cluster: Any) -> AsyncIterator[dict[int, TcpProxy]]:
+async def proxies(process_cluster: Cluster) -> AsyncIterator[dict[int, TcpProxy]]:
     """A proxy in front of every broker, for the producer only (replicas talk directly)."""
     started = {}
     try:
@@ -103,7 +104,7 @@ async def proxies(process_cluster: Any) -> AsyncIterator[dict[int, TcpProxy]]:
 
 
 async def test_answers_lost_after_the_append_are_retried_without_duplicates(
-    process_cluster: Any, proxies: dict[int, TcpProxy], tmp_path: Path
+    process_cluster: Cluster, proxies: dict[int, TcpProxy], tmp_path: Path
 ) -> None:
     await process_cluster.create_topic("lost-answers", partitions=PARTITIONS)
     stream = Stream(process_cluster, "lost-answers")
@@ -127,7 +128,7 @@ async def test_answers_lost_after_the_append_are_retried_without_duplicates(
 
 
 async def test_leader_killed_mid_stream_fails_over_without_duplicates(
-    process_cluster: Any, tmp_path: Path
+    process_cluster: Cluster, tmp_path: Path
 ) -> None:
     await process_cluster.create_topic("failover", partitions=PARTITIONS)
     stream = Stream(process_cluster, "failover")
@@ -154,7 +155,7 @@ async def test_leader_killed_mid_stream_fails_over_without_duplicates(
 
 
 async def test_a_producer_the_broker_forgot_bumps_its_epoch_and_goes_on(
-    process_cluster: Any, tmp_path: Path
+    process_cluster: Cluster, tmp_path: Path
 ) -> None:
     # Tiny segments, retention keeping only the active one: another producer's records push
     # the quiet producer's batches out of the log, and the leader forgets it.
@@ -189,7 +190,7 @@ async def test_a_producer_the_broker_forgot_bumps_its_epoch_and_goes_on(
 
 
 async def test_batches_that_expired_unanswered_move_the_partition_to_a_new_epoch(
-    process_cluster: Any, proxies: dict[int, TcpProxy], tmp_path: Path
+    process_cluster: Cluster, proxies: dict[int, TcpProxy], tmp_path: Path
 ) -> None:
     await process_cluster.create_topic("expiring")
     tp = ("expiring", 0)

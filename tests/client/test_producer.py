@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import Counter
-from typing import Any
 
 import pytest
 
+from tests.client.cluster import Cluster
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import BufferExhausted, MetadataUnavailable, SenderFailed
 from tidewater.client.producer import Producer
@@ -18,7 +18,7 @@ NO_IDEMPOTENCE = {"enable_idempotence": False}
 DEADLINE_S = 30
 
 
-async def consume_all(cluster: Any, tps: list[tuple[str, int]], count: int) -> list:
+async def consume_all(cluster: Cluster, tps: list[tuple[str, int]], count: int) -> list:
     records: list = []
     async with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
         consumer.assign(tps)
@@ -31,7 +31,7 @@ async def consume_all(cluster: Any, tps: list[tuple[str, int]], count: int) -> l
 
 
 @pytest.mark.parametrize("compression", [None, "gzip", "lz4", "zstd"])
-async def test_round_trip(cluster: Any, compression: str | None) -> None:
+async def test_round_trip(cluster: Cluster, compression: str | None) -> None:
     await cluster.create_topic("rt", partitions=3)
     async with Producer(cluster.bootstrap, compression=compression, **NO_IDEMPOTENCE) as producer:
         futures = [
@@ -48,7 +48,9 @@ async def test_round_trip(cluster: Any, compression: str | None) -> None:
         assert offsets == list(range(len(offsets)))
 
 
-async def test_keyless_records_move_on_to_other_partitions_as_batches_fill(cluster: Any) -> None:
+async def test_keyless_records_move_on_to_other_partitions_as_batches_fill(
+    cluster: Cluster,
+) -> None:
     # Sent back to back, the sender never runs in between: only the partitioner's move to
     # another partition when the sticky one's batch is full (KIP-480) spreads them.
     await cluster.create_topic("spread", partitions=3)
@@ -61,7 +63,7 @@ async def test_keyless_records_move_on_to_other_partitions_as_batches_fill(clust
 
 
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
-async def test_nothing_lost_across_leader_moves(cluster: Any, idempotent: bool) -> None:
+async def test_nothing_lost_across_leader_moves(cluster: Cluster, idempotent: bool) -> None:
     await cluster.create_topic("moving")
     async with Producer(
         cluster.bootstrap, linger_ms=1, retry_backoff_ms=20, enable_idempotence=idempotent
@@ -84,14 +86,14 @@ async def test_nothing_lost_across_leader_moves(cluster: Any, idempotent: bool) 
         assert sorted(set(values)) == list(range(600))
 
 
-async def test_unknown_topic_is_a_clear_error(cluster: Any) -> None:
+async def test_unknown_topic_is_a_clear_error(cluster: Cluster) -> None:
     async with Producer(cluster.bootstrap, max_block_ms=300, **NO_IDEMPOTENCE) as producer:
         with pytest.raises(UnknownTopicOrPartition, match="nope"):
             await producer.send("nope", b"x")
 
 
 async def test_a_record_that_is_not_bytes_is_refused_by_send_and_the_producer_goes_on(
-    cluster: Any,
+    cluster: Cluster,
 ) -> None:
     """Before, the sender met it when encoding the batch and died: every future hung."""
     await cluster.create_topic("typed")
@@ -106,14 +108,14 @@ async def test_a_record_that_is_not_bytes_is_refused_by_send_and_the_producer_go
         assert future.result().offset == 0
 
 
-async def test_oversized_record_is_refused(cluster: Any) -> None:
+async def test_oversized_record_is_refused(cluster: Cluster) -> None:
     await cluster.create_topic("big")
     async with Producer(cluster.bootstrap, max_request_size=1000, **NO_IDEMPOTENCE) as producer:
         with pytest.raises(MessageTooLarge):
             await producer.send("big", bytes(2000))
 
 
-async def test_producer_id_waits_out_a_controller_election(cluster: Any) -> None:
+async def test_producer_id_waits_out_a_controller_election(cluster: Cluster) -> None:
     await cluster.create_topic("pid")
     # Two InitProducerIds in a row find no active controller behind the broker (the broker
     # asks three times per call): retriable, so the producer backs off and asks again.
@@ -124,7 +126,7 @@ async def test_producer_id_waits_out_a_controller_election(cluster: Any) -> None
     assert metadata.offset == 0
 
 
-async def test_buffer_exhausted_after_max_block(cluster: Any) -> None:
+async def test_buffer_exhausted_after_max_block(cluster: Cluster) -> None:
     await cluster.create_topic("full")
     # A leader that never answers in time: broker 1 is stopped after the metadata says it leads.
     producer = Producer(
@@ -166,7 +168,7 @@ async def test_silent_metadata_address_fails_fast() -> None:
 
 
 async def test_a_sender_that_dies_fails_every_pending_record_and_every_later_send(
-    cluster: Any, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The sender task meets a bug once: the records it held fail with SenderFailed naming
     the cause, flush() returns, and every later send() raises it at once (a fatal state, as

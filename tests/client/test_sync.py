@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+from tests.client.cluster import Cluster
 from tidewater.client.sync import Consumer, Producer
 
 
-async def test_blocking_producer_and_consumer_round_trip(cluster: Any) -> None:
+async def test_blocking_producer_and_consumer_round_trip(cluster: Cluster) -> None:
     await cluster.create_topic("blocking")
 
     def script() -> tuple[list[int], list[bytes]]:

@@ -6,15 +6,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.controller.model import TopicState
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 
 async def create(cluster: Cluster, **topic: object) -> cpb.CreatableTopicResult:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import pytest
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.client.admin import Admin
 from tidewater.errors import TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 
 async def test_admin_creates_grows_describes_and_deletes(

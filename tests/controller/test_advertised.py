@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import BROKER_SETTINGS, LEASE_TTL_S, SESSION_TIMEOUT_MS
 
+from tests.controller.cluster import BROKER_SETTINGS, LEASE_TTL_S, SESSION_TIMEOUT_MS
 from tidewater.client.admin import Admin
 from tidewater.client.consumer import Consumer
 from tidewater.client.metadata import ClusterMetadata

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 
 async def alter_isr(

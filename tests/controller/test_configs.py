@@ -7,15 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.local.fetch import list_offsets
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 SET, DELETE = cpb.CONFIG_OPERATION_SET, cpb.CONFIG_OPERATION_DELETE
 DYNAMIC, DEFAULT = cpb.CONFIG_SOURCE_DYNAMIC_TOPIC_CONFIG, cpb.CONFIG_SOURCE_DEFAULT_CONFIG

@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 
 async def test_create_topic_then_produce_and_consume(

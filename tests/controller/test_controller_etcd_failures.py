@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aetcd
 import grpc
 import pytest
-from conftest import IN_PROCESS_LEASE_TTL_S, ConnectStore, RunController, seed
 
+from tests.controller.cluster import Eventually
+from tests.controller.in_process import IN_PROCESS_LEASE_TTL_S, ConnectStore, RunController, seed
 from tidewater.client.admin import Admin
 from tidewater.controller.controller import Controller, NotActive
 from tidewater.controller.model import TopicState
@@ -31,9 +32,6 @@ from tidewater.rpc.server import SERVER_OPTIONS
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import controller_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Eventually
 
 # Short enough that an unanswered write fails well before the lease (3 s) counts as lost.
 REQUEST_TIMEOUT_S = 0.5

@@ -10,8 +10,9 @@ import re
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.local.tcp_proxy import LinkMode
@@ -26,9 +27,6 @@ UNREACHABLE_S = 5.0
 LONG_SESSION_TIMEOUT_MS = 15000
 # One that outlasts a whole test: only every broker heartbeating can end it.
 ENDLESS_SESSION_TIMEOUT_MS = 600_000
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 
 async def etcd_state(cluster: Cluster) -> dict[str, Any]:

@@ -8,12 +8,11 @@ min.insync.replicas=2 is the topic's own, or the cluster's: the controllers'
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
+from tests.controller.cluster import Cluster, Eventually
 
 TOPIC = "elr"
 # Broker 3, the last ISR member, cannot hand its leadership over: its controlled shutdown

@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import aetcd
-from conftest import ConnectStore, RunController, seed
 
+from tests.controller.cluster import Cluster, Eventually
+from tests.controller.in_process import ConnectStore, RunController, seed
 from tidewater.controller.controller import Controller
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
@@ -23,9 +23,6 @@ from tidewater.local.process import ProcessFailed
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 # No grace period ends, so no election, within a test.
 LONG_SESSION_TIMEOUT_MS = 60_000

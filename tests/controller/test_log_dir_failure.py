@@ -5,12 +5,9 @@ every acknowledged record."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.broker.log.dir_failure import HALT_EXIT_CODE
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 # The failing broker's files stop growing here: its partition's segment reaches it after
 # about 200 records of 1 KiB.

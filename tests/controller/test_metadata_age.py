@@ -7,18 +7,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.client.admin import Admin
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 MakeCluster = Callable[..., Awaitable["Cluster"]]
 MAX_AGE_MS = 500

@@ -5,10 +5,8 @@ bytes and latencies, log sizes and fetcher lag."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
+from tests.controller.cluster import Cluster, Eventually
 
 URP = "tidewater_replica_manager_under_replicated_partitions"
 OFFLINE = "tidewater_controller_offline_partitions_count"

@@ -26,11 +26,11 @@ import signal
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 import pytest
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.dir_failure import HALT_EXIT_CODE
 from tidewater.broker.log.log import Log
@@ -43,9 +43,6 @@ from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import decode_batches
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import controller_pb2 as cpb
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 TOPIC = "faults"
 PARTITIONS = 3

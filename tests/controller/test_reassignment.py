@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.controller.model import Reassignment, TopicState
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 
 async def reassign(cluster: Cluster, replicas: list[int] | None) -> None:

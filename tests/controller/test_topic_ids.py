@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
+from tests.controller.cluster import Cluster, Eventually
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
 from tidewater.controller.model import TopicState
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import metadata_pb2, metadata_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
-
-if TYPE_CHECKING:
-    from conftest import Cluster, Eventually
 
 MakeCluster = Callable[..., Awaitable["Cluster"]]
 TP = ("orders", 0)

@@ -5,7 +5,6 @@ commands (`topics`, `produce`, `consume`, `bench`) and their errors on one runni
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import pty
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.local.cluster_cli import kill_recorded, recorded_pids, tidewater
 from tidewater.broker.controller_client import ControllerClient
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer
@@ -29,18 +29,7 @@ from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
 pytestmark = pytest.mark.timeout(300)
-COMMAND_TIMEOUT_S = 180
 TOPIC = "events"
-
-
-def tidewater(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidewater", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_TIMEOUT_S,
-    )
 
 
 def alive(pid: int) -> bool:
@@ -49,29 +38,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def recorded_pids(data_dir: Path) -> set[int]:
-    """Every pid the cluster file has named (the supervisor's too)."""
-    try:
-        document = json.loads((data_dir / "cluster.json").read_text())
-    except FileNotFoundError:
-        return set()
-    return {document["supervisor_pid"], *(p["pid"] for p in document["processes"])}
-
-
-def kill_recorded(data_dir: Path) -> None:
-    for pid in recorded_pids(data_dir):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Iterator[Path]:
-    """The cluster's data dir; whatever it runs is killed at teardown, even after a failure."""
-    data_dir = tmp_path / "cluster"
-    yield data_dir
-    kill_recorded(data_dir)
 
 
 def status(data_dir: Path) -> list[dict[str, Any]]:

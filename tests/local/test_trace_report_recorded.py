@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cluster_cli import data_dir  # noqa: F401 - a fixture
-from test_tracing_cluster import Span, read_spans, record_produce
 
+from tests.local.traced_cluster import Span, read_spans, record_produce
 from tidewater.tracereport.otlp_json import read_trace_files
 from tidewater.tracereport.stages import STAGES, TOTAL, latency_report
 
@@ -49,7 +48,7 @@ def expected_stages(spans: list[Span], trace_id: str) -> tuple[dict[str, int], i
     return stages, wait["attrs"]["tidewater.last_follower_id"]
 
 
-def test_report_stages_match_the_recorded_spans(data_dir: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_report_stages_match_the_recorded_spans(data_dir: Path, tmp_path: Path) -> None:
     traces = record_produce(data_dir, batches=BATCHES)
 
     page = tmp_path / "latency.html"

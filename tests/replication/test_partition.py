@@ -4,10 +4,11 @@ Broker 1 is the leader unless a test says otherwise; 2 and 3 are its followers."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import pytest
 
+from tests.replication.in_memory import MemoryLog
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.errors import (
     FencedLeaderEpoch,
@@ -41,9 +42,6 @@ from tidewater.replication.partition import (
 from tidewater.replication.replica import UNKNOWN_OFFSET, FetchClock, Replica
 from tidewater.v1.errors_pb2 import ErrorCode
 
-if TYPE_CHECKING:
-    from conftest import MemoryLog
-
 T0 = 1_000_000
 LAG = 10_000
 CONFIG = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=2)
@@ -64,9 +62,9 @@ def leader_and_isr(
     return LeaderAndIsr(leader, leader_epoch, isr, REPLICAS, partition_epoch)
 
 
-def log_with(memory_log: type[MemoryLog], *epochs: int) -> MemoryLog:
+def log_with(*epochs: int) -> MemoryLog:
     """A log holding one single-record batch per epoch given, from offset 0."""
-    log = memory_log()
+    log = MemoryLog()
     for offset, epoch in enumerate(epochs):
         log.append_as_leader([f"r{offset}"], epoch)
     return log
@@ -137,8 +135,8 @@ def refuse(
 
 
 @pytest.fixture
-def log(memory_log: type[MemoryLog]) -> MemoryLog:
-    return log_with(memory_log, *[0] * 10)
+def log() -> MemoryLog:
+    return log_with(*[0] * 10)
 
 
 # -- ISR expansion ------------------------------------------------------------------------
@@ -386,15 +384,13 @@ def times(replica: Replica) -> tuple[int, int, int, int]:
     )
 
 
-def test_a_quiet_followers_fetches_count_as_if_each_were_processed(
-    memory_log: type[MemoryLog],
-) -> None:
+def test_a_quiet_followers_fetches_count_as_if_each_were_processed() -> None:
     """Follower 2 fetches at the LEO at T0, T0+500, T0+1000; the leader appends at T0+1200;
     2 fetches from the old LEO at T0+1500. Processed one by one (as Kafka does), or in a
     session where only the first is processed and the others only move the session's clock:
     the leader's view of 2 is the same at every step, and so is every ISR shrink decision."""
-    processed = new_leader(log_with(memory_log, *[0] * 10))
-    quiet = new_leader(log_with(memory_log, *[0] * 10))
+    processed = new_leader(log_with(*[0] * 10))
+    quiet = new_leader(log_with(*[0] * 10))
     clock = FetchClock()
     for now in (T0, T0 + 500, T0 + 1000):
         fetch(processed, 2, 10, now)
@@ -607,10 +603,8 @@ def test_min_insync_above_the_replication_factor_counts_as_the_replication_facto
 # -- roles --------------------------------------------------------------------------------
 
 
-def test_new_leader_starts_its_epoch_at_its_leo_and_offsets_continue(
-    memory_log: type[MemoryLog],
-) -> None:
-    log = log_with(memory_log, 0, 0, 0, 0, 0, 0, 0)
+def test_new_leader_starts_its_epoch_at_its_leo_and_offsets_continue() -> None:
+    log = log_with(0, 0, 0, 0, 0, 0, 0)
     partition = replica_on(log, checkpointed_hw=5)
     partition.make_follower(leader_and_isr(leader=2, leader_epoch=0))
     partition.make_leader(leader_and_isr(leader=1, leader_epoch=1), T0)
@@ -622,12 +616,10 @@ def test_new_leader_starts_its_epoch_at_its_leo_and_offsets_continue(
     assert log.leader_epoch_cache.end_offset_for(0, log.log_end_offset) == (0, 7)
 
 
-def test_an_append_survives_an_epoch_bump_that_kept_the_leader(
-    memory_log: type[MemoryLog],
-) -> None:
+def test_an_append_survives_an_epoch_bump_that_kept_the_leader() -> None:
     """The controller bumps the leader epoch when it fences a follower, and this broker goes
     on leading: an acks=all batch appended before the bump is still at its offsets."""
-    log = log_with(memory_log, 0)
+    log = log_with(0)
     partition = replica_on(log)
     partition.make_leader(leader_and_isr(leader_epoch=1), T0)
     batch = log.append_as_leader(["a", "b"], partition.leader_epoch)
@@ -636,13 +628,11 @@ def test_an_append_survives_an_epoch_bump_that_kept_the_leader(
     assert partition.holds_append(2, batch.last_offset + 1)
 
 
-def test_an_append_truncated_while_another_leader_led_is_not_held(
-    memory_log: type[MemoryLog],
-) -> None:
+def test_an_append_truncated_while_another_leader_led_is_not_held() -> None:
     """Review 4, finding 1: the leader lost the partition after its append, truncated the
     batch, copied the next leader's record to its offset and leads again. The log end is past
     the batch; its offset holds another record."""
-    log = log_with(memory_log, 0)
+    log = log_with(0)
     partition = replica_on(log)
     partition.make_leader(leader_and_isr(leader_epoch=1), T0)
     batch = log.append_as_leader(["mine"], partition.leader_epoch)
@@ -708,18 +698,16 @@ def test_fetch_from_a_broker_that_is_not_a_replica_is_refused(log: MemoryLog) ->
         fetch(partition, 9, 10)
 
 
-def test_leader_reports_a_diverging_epoch_it_never_had(memory_log: type[MemoryLog]) -> None:
+def test_leader_reports_a_diverging_epoch_it_never_had() -> None:
     # Epoch 0 wrote 0..2, epoch 2 wrote 3..5; the follower led epoch 1 and wrote 3..4 alone.
-    leader = new_leader(log_with(memory_log, 0, 0, 0, 2, 2, 2), leader_epoch=3)
+    leader = new_leader(log_with(0, 0, 0, 2, 2, 2), leader_epoch=3)
     outcome = fetch(leader, 2, 5, last_fetched_epoch=1)
     assert outcome == FollowerFetchOutcome(diverging_epoch=(0, 3))
     assert leader.remote_replicas[2].log_end_offset == UNKNOWN_OFFSET, "no progress recorded"
 
 
-def test_leader_reports_a_diverging_epoch_that_ends_before_the_fetch_offset(
-    memory_log: type[MemoryLog],
-) -> None:
-    leader = new_leader(log_with(memory_log, 0, 0, 0, 2, 2, 2), leader_epoch=3)
+def test_leader_reports_a_diverging_epoch_that_ends_before_the_fetch_offset() -> None:
+    leader = new_leader(log_with(0, 0, 0, 2, 2, 2), leader_epoch=3)
     # The follower got 3..4 of epoch 0 from an old leader; ours ended at 3.
     assert fetch(leader, 2, 5, last_fetched_epoch=0).diverging_epoch == (0, 3)
     assert fetch(leader, 2, 3, last_fetched_epoch=0).diverging_epoch is None
@@ -733,10 +721,8 @@ def test_follower_fetch_beyond_the_leader_leo_is_out_of_range(log: MemoryLog) ->
         fetch(partition, 2, 11)
 
 
-def test_follower_fetch_below_the_leader_log_start_is_out_of_range(
-    memory_log: type[MemoryLog],
-) -> None:
-    log = memory_log()
+def test_follower_fetch_below_the_leader_log_start_is_out_of_range() -> None:
+    log = MemoryLog()
     log.truncate_fully_and_start_at(100)
     log.append_as_leader(["a", "b"], 0)
     partition = new_leader(log)
@@ -764,10 +750,8 @@ def test_offset_in_range_after_all_fetches_again() -> None:
     assert on_offset_out_of_range("orders-0", 20, 30, 10, False) is None
 
 
-def test_applying_out_of_range_actions_keeps_the_hw_within_the_log(
-    memory_log: type[MemoryLog],
-) -> None:
-    log = log_with(memory_log, *[0] * 20)
+def test_applying_out_of_range_actions_keeps_the_hw_within_the_log() -> None:
+    log = log_with(*[0] * 20)
     follower = replica_on(log, broker_id=2, checkpointed_hw=18)
     apply_out_of_range(follower, log, TruncateTo(12))
     assert (log.log_end_offset, follower.high_watermark) == (12, 12)
@@ -776,10 +760,8 @@ def test_applying_out_of_range_actions_keeps_the_hw_within_the_log(
     assert log.leader_epoch_cache.epoch_entries == []
 
 
-def test_a_follower_lets_go_of_what_its_leader_let_go_of_up_to_its_hw(
-    memory_log: type[MemoryLog],
-) -> None:
-    log = log_with(memory_log, *[0] * 20)
+def test_a_follower_lets_go_of_what_its_leader_let_go_of_up_to_its_hw() -> None:
+    log = log_with(*[0] * 20)
     follower = replica_on(log, broker_id=2, checkpointed_hw=8)
     follow_leader_log_start(follower, log, 5)
     assert log.log_start_offset == 5
@@ -798,18 +780,17 @@ def test_a_follower_lets_go_of_what_its_leader_let_go_of_up_to_its_hw(
     ],
 )
 def test_truncation_when_the_leader_names_no_epoch(
-    memory_log: type[MemoryLog],
     diverging_epoch: tuple[int, int],
     local_end_offset: int,
     expected: int,
 ) -> None:
-    log = log_with(memory_log, *[0] * local_end_offset)
+    log = log_with(*[0] * local_end_offset)
     assert truncation_offset(log.leader_epoch_cache, local_end_offset, diverging_epoch) == expected
 
 
-def test_truncation_when_we_have_no_epoch_up_to_the_leaders(memory_log: type[MemoryLog]) -> None:
+def test_truncation_when_we_have_no_epoch_up_to_the_leaders() -> None:
     # Batches from before leader epochs: the cache is empty, the leader's offset decides.
-    log = log_with(memory_log, *[NO_EPOCH] * 8)
+    log = log_with(*[NO_EPOCH] * 8)
     assert log.leader_epoch_cache.epoch_entries == []
     assert truncation_offset(log.leader_epoch_cache, 8, (3, 5)) == 5
     assert truncation_offset(log.leader_epoch_cache, 8, (3, 10)) == 8
@@ -817,12 +798,12 @@ def test_truncation_when_we_have_no_epoch_up_to_the_leaders(memory_log: type[Mem
 
 @pytest.mark.parametrize("leader_end_offset", [12, 5])
 def test_truncation_to_the_end_of_our_largest_epoch_below_the_leaders(
-    memory_log: type[MemoryLog], leader_end_offset: int
+    leader_end_offset: int,
 ) -> None:
     # Ours: epoch 0 at 0, 1 at 4, 3 at 7. The leader says its epoch 2 ended at 12 (or 5); we
     # never had epoch 2, so we cut what epoch 3 wrote, whatever the leader's offset, and the
     # next fetch asks about epoch 1.
-    log = log_with(memory_log, 0, 0, 0, 0, 1, 1, 1, 3, 3)
+    log = log_with(0, 0, 0, 0, 1, 1, 1, 3, 3)
     assert truncation_offset(log.leader_epoch_cache, 9, (2, leader_end_offset)) == 7
 
 
@@ -834,12 +815,11 @@ def test_truncation_to_the_end_of_our_largest_epoch_below_the_leaders(
     ],
 )
 def test_truncation_in_an_epoch_we_share_is_at_the_first_end(
-    memory_log: type[MemoryLog],
     epochs: tuple[int, ...],
     diverging_epoch: tuple[int, int],
     expected: int,
 ) -> None:
-    log = log_with(memory_log, *epochs)
+    log = log_with(*epochs)
     assert truncation_offset(log.leader_epoch_cache, 9, diverging_epoch) == expected
 
 

@@ -5,10 +5,8 @@ user relies on: no acknowledged record is lost, and every replica holds the same
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from conftest import Batch, Cluster
+from tests.replication.in_memory import Batch, Cluster
 
 
 def assert_no_acked_record_lost(c: Cluster) -> None:
@@ -47,8 +45,8 @@ class Consumer:
             self.position = batch.last_offset + 1
 
 
-def test_basic_workflow(cluster: type[Cluster]) -> None:
-    c = cluster(3)
+def test_basic_workflow() -> None:
+    c = Cluster(3)
     c.elect(1)
     batches = [c.produce(f"m{i}") for i in range(3)]
     assert c.acked == []
@@ -75,10 +73,8 @@ def test_basic_workflow(cluster: type[Cluster]) -> None:
     assert_logs_identical(c)
 
 
-def test_acks_all_waits_for_a_dead_follower_until_it_leaves_the_isr(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(3)
+def test_acks_all_waits_for_a_dead_follower_until_it_leaves_the_isr() -> None:
+    c = Cluster(3)
     lag = c.config.replica_lag_time_max_ms
     c.elect(1)
     c.produce("a")
@@ -96,10 +92,8 @@ def test_acks_all_waits_for_a_dead_follower_until_it_leaves_the_isr(
     assert c.acked[-1] == b
 
 
-def test_no_divergent_logs_after_a_leader_change_while_followers_lag(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(3)
+def test_no_divergent_logs_after_a_leader_change_while_followers_lag() -> None:
+    c = Cluster(3)
     c.elect(1)
     c.produce("a")
     c.produce("b")
@@ -121,10 +115,8 @@ def test_no_divergent_logs_after_a_leader_change_while_followers_lag(
     assert c.state.isr == (1, 2, 3)
 
 
-def test_consumer_offsets_never_go_backwards_across_leader_changes(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(3)
+def test_consumer_offsets_never_go_backwards_across_leader_changes() -> None:
+    c = Cluster(3)
     consumer = Consumer()
     steps = [
         lambda: c.elect(1),
@@ -157,8 +149,8 @@ def test_consumer_offsets_never_go_backwards_across_leader_changes(
     assert_logs_identical(c)
 
 
-def test_survives_a_fast_leader_change(cluster: type[Cluster]) -> None:
-    c = cluster(3)
+def test_survives_a_fast_leader_change() -> None:
+    c = Cluster(3)
     c.elect(1)
     for i in range(4):
         c.produce(f"m{i}")
@@ -186,10 +178,8 @@ def test_survives_a_fast_leader_change(cluster: type[Cluster]) -> None:
     assert c.state.isr == (1, 2, 3)
 
 
-def test_follower_truncates_epoch_by_epoch_after_quick_leader_changes(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(3)
+def test_follower_truncates_epoch_by_epoch_after_quick_leader_changes() -> None:
+    c = Cluster(3)
     c.elect(1)  # epoch 0 writes 0..3 everywhere
     for i in range(4):
         c.produce(f"m{i}")
@@ -221,10 +211,8 @@ def test_follower_truncates_epoch_by_epoch_after_quick_leader_changes(
     assert not any(r.startswith("b") for r in payloads(c))
 
 
-def test_follower_behind_the_leaders_log_start_starts_over_there(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(2)
+def test_follower_behind_the_leaders_log_start_starts_over_there() -> None:
+    c = Cluster(2)
     c.elect(1)
     for i in range(4):
         c.produce(f"m{i}")
@@ -246,10 +234,8 @@ def test_follower_behind_the_leaders_log_start_starts_over_there(
     assert c.state.isr == (1, 2)
 
 
-def test_the_earliest_offset_does_not_move_back_when_a_follower_takes_over(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(2)
+def test_the_earliest_offset_does_not_move_back_when_a_follower_takes_over() -> None:
+    c = Cluster(2)
     c.elect(1)
     c.produce("m0", "m1", "m2")
     c.produce("m3", "m4", "m5")
@@ -263,9 +249,7 @@ def test_the_earliest_offset_does_not_move_back_when_a_follower_takes_over(
     assert_logs_identical(c)
 
 
-def test_no_message_loss_after_a_follower_restart_and_a_leader_failure(
-    cluster: type[Cluster],
-) -> None:
+def test_no_message_loss_after_a_follower_restart_and_a_leader_failure() -> None:
     # The first anomaly of HW-based truncation (002_b247bb521d694d9c.txt, KIP-101):
     # 1. A (1) leads, B (2) follows. m0 and m1 are produced with acks=all.
     # 2. B copies m1, and on its next fetch the leader's HW reaches 2: m1 is acknowledged.
@@ -275,7 +259,7 @@ def test_no_message_loss_after_a_follower_restart_and_a_leader_failure(
     # 5. A comes back as a follower and must copy B: with HW-based truncation m1, acknowledged,
     #    is gone from both. With leader epochs B keeps m1 at restart, its epoch 1 starts at 2,
     #    and A, whose epoch 0 ends at 2 as B's does, keeps m1 too.
-    c = cluster(2)
+    c = Cluster(2)
     c.elect(1)
     m0 = c.produce("m0")
     c.replicate()
@@ -302,7 +286,7 @@ def test_no_message_loss_after_a_follower_restart_and_a_leader_failure(
     assert c.state.isr == (1, 2)
 
 
-def test_no_divergence_after_every_replica_restarts(cluster: type[Cluster]) -> None:
+def test_no_divergence_after_every_replica_restarts() -> None:
     # The second anomaly of HW-based truncation (002_b247bb521d694d9c.txt, KIP-101):
     # 1. A (1) leads, B (2) follows. m0 and m1 are produced with acks=all and committed; B
     #    last checkpointed HW 1, A checkpointed 2.
@@ -315,7 +299,7 @@ def test_no_divergence_after_every_replica_restarts(cluster: type[Cluster]) -> N
     #    written y at 1, and A, whose HW is 2, would keep m1 there: divergent logs for good,
     #    and an acknowledged record lost. With leader epochs, B keeps m1; A learns that epoch
     #    0 ended at 2 on the leader and drops x; the logs end identical.
-    c = cluster(2)
+    c = Cluster(2)
     c.elect(1)
     m0 = c.produce("m0")
     c.replicate()
@@ -348,10 +332,8 @@ def test_no_divergence_after_every_replica_restarts(cluster: type[Cluster]) -> N
     assert payloads(c) == {"m0", "m1", "y"}
 
 
-def test_no_acked_record_lost_when_the_answer_to_an_isr_expansion_is_lost(
-    cluster: type[Cluster],
-) -> None:
-    c = cluster(2)
+def test_no_acked_record_lost_when_the_answer_to_an_isr_expansion_is_lost() -> None:
+    c = Cluster(2)
     c.elect(1)
     c.produce("m0")
     c.advance(c.config.replica_lag_time_max_ms + 1)

@@ -1,4 +1,5 @@
-"""Helpers for the log tests: raw batches, a settable clock, logs in tmp_path."""
+"""Fixtures of the log tests: raw batches, a settable clock (tests/broker/log/clock.py), logs
+in tmp_path."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.broker.log.clock import START_MS, Clock
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.records.header import (
@@ -19,8 +21,6 @@ from tidewater.records.header import (
     compute_crc,
     read_header,
 )
-
-START_MS = 1_700_000_000_000
 
 
 def _make_batch(
@@ -66,16 +66,6 @@ def _split(data: bytes | bytearray | memoryview) -> list[bytes]:
         out.append(data[position : position + size])
         position += size
     return out
-
-
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: int = START_MS) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @pytest.fixture

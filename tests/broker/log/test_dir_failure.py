@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.broker.log.clock import Clock
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.log import index as index_module
 from tidewater.broker.log.checkpoints import OffsetCheckpointWriter
@@ -29,9 +29,6 @@ from tidewater.broker.log.dir_failure import HALT_EXIT_CODE, LogDirFailureChanne
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.server import BrokerServer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange, StorageError
-
-if TYPE_CHECKING:
-    from conftest import Clock
 
 MakeBatch = Callable[..., bytearray]
 CONFIG = LogConfig(segment_bytes=1 << 20)

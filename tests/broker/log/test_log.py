@@ -9,12 +9,12 @@ import os
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 import tidewater.broker.log
 import tidewater.records
+from tests.broker.log.clock import Clock
 from tidewater.broker.log import segment as segment_module
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.config import LogConfig
@@ -33,9 +33,6 @@ from tidewater.records.header import (
     patch_base_offset_and_epoch,
     read_header,
 )
-
-if TYPE_CHECKING:
-    from conftest import Clock
 
 T0 = 1_750_000_000_000  # record timestamps: any fixed time
 MakeBatch = Callable[..., bytearray]

@@ -10,11 +10,11 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 from unittest.mock import patch
 
 import pytest
 
+from tests.broker.log.clock import Clock
 from tidewater.broker.log.checkpoints import EpochEntry, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob, Log
@@ -27,9 +27,6 @@ from tidewater.broker.log.manager import (
 from tidewater.errors import OffsetOutOfRange, StorageError, UnknownTopicOrPartition
 from tidewater.local.wait import eventually
 from tidewater.records.header import read_header
-
-if TYPE_CHECKING:
-    from conftest import Clock
 
 MakeBatch = Callable[..., bytearray]
 SMALL = LogConfig(segment_bytes=1000)

@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePath
 
-import pytest
-
 from tidewater.broker.log.checkpoints import EpochEntry
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.errors import OffsetOutOfRange, RequestTimedOut
@@ -377,13 +375,3 @@ class Cluster:
                 (b.broker_id, b.log.log_end_offset, b.partition.high_watermark) for b in self.live
             ),
         )
-
-
-@pytest.fixture
-def memory_log() -> type[MemoryLog]:
-    return MemoryLog
-
-
-@pytest.fixture
-def cluster() -> type[Cluster]:
-    return Cluster

@@ -59,11 +59,11 @@ async def connect_store(etcd: EtcdProcess, cluster_name: str) -> AsyncIterator[C
 
 @pytest.fixture
 async def run_controller() -> AsyncIterator[RunController]:
-    """Run a controller (campaigning at once) on a store: the controller and the task that
-    runs it, stopped at teardown."""
+    """Run a controller (campaigning at once) on a store: the controller, once it is active, and
+    the task that runs it, stopped at teardown."""
     running: list[tuple[Controller, asyncio.Task[None]]] = []
 
-    def run(
+    async def run(
         store: ControllerStore,
         session_timeout_ms: int = IN_PROCESS_SESSION_TIMEOUT_MS,
         port: int = 1,
@@ -83,6 +83,7 @@ async def run_controller() -> AsyncIterator[RunController]:
             wall_clock_ms,
         )
         running.append((controller, asyncio.create_task(controller.run())))
+        await eventually(lambda: controller.active, 10)
         return running[-1]
 
     yield run

@@ -12,7 +12,7 @@ from tidewater.controller.model import PartitionRecord, TopicState
 from tidewater.controller.store import ControllerStore
 
 ConnectStore = Callable[..., Awaitable[ControllerStore]]
-RunController = Callable[..., tuple[Controller, "asyncio.Task[None]"]]
+RunController = Callable[..., Awaitable[tuple[Controller, "asyncio.Task[None]"]]]
 IN_PROCESS_LEASE_TTL_S = 3
 # Also the grace period after election: a seeded broker that never heartbeats is fenced then.
 IN_PROCESS_SESSION_TIMEOUT_MS = 300

@@ -46,8 +46,7 @@ async def test_a_write_whose_answer_is_lost_makes_the_controller_resign_not_die(
     seeded_epoch = await seed(connect_store)
     async with TcpProxy(etcd.endpoint) as proxy:
         store = await connect_store(proxy.address, request_timeout_s=REQUEST_TIMEOUT_S)
-        controller, _ = run_controller(store)
-        await eventually(lambda: controller.active, 10)
+        controller, _ = await run_controller(store)
         assert controller.epoch == seeded_epoch + 1
         # etcd applies what the controller writes; the controller hears nothing back. The
         # first write is the session-expiry loop's, fencing broker 1 when the grace period ends.
@@ -71,8 +70,7 @@ async def test_a_controller_epoch_moved_on_makes_the_controller_resign_not_die(
 ) -> None:
     seeded_epoch = await seed(connect_store)
     # A grace period long enough to move the epoch before the fencing write at its end.
-    controller, _ = run_controller(await connect_store(), session_timeout_ms=2000)
-    await eventually(lambda: controller.active, 10)
+    controller, _ = await run_controller(await connect_store(), session_timeout_ms=2000)
     # Another controller's election, as etcd records it, before this one's fencing write.
     host, _, port = etcd.endpoint.rpartition(":")
     async with aetcd.Client(host, int(port)) as client:
@@ -88,11 +86,9 @@ async def test_a_controller_epoch_moved_on_makes_the_controller_resign_not_die(
 async def test_stepping_down_fails_the_queued_events(
     connect_store: ConnectStore,
     run_controller: RunController,
-    eventually: Eventually,
 ) -> None:
     store = await connect_store()
-    controller, _ = run_controller(store)
-    await eventually(lambda: controller.active, 10)
+    controller, _ = await run_controller(store)
     running, never = asyncio.Event(), asyncio.Event()
 
     async def blocking() -> None:
@@ -115,11 +111,9 @@ async def test_stepping_down_fails_the_queued_events(
 async def test_a_controller_stopped_while_it_steps_down_stops(
     connect_store: ConnectStore,
     run_controller: RunController,
-    eventually: Eventually,
 ) -> None:
     store = await connect_store()
-    controller, task = run_controller(store)
-    await eventually(lambda: controller.active, 10)
+    controller, task = await run_controller(store)
     stepping_down, release = asyncio.Event(), asyncio.Event()
 
     async def slow_to_stop() -> None:
@@ -194,12 +188,10 @@ async def failed_over(controller: Controller, epoch: int, eventually: Eventually
 async def leading(
     connect_store: ConnectStore,
     run_controller: RunController,
-    eventually: Eventually,
     port: int = 1,
 ) -> tuple[ControllerStore, Controller, ControllerService]:
     store = await connect_store()
-    controller, _ = run_controller(store, LONG_SESSION_TIMEOUT_MS, port)
-    await eventually(lambda: controller.active, 10)
+    controller, _ = await run_controller(store, LONG_SESSION_TIMEOUT_MS, port)
     await heartbeat(controller, *controller.model.brokers)
     return store, controller, ControllerService(controller)
 
@@ -220,7 +212,7 @@ async def test_create_topics_that_etcd_fails_resigns_and_the_failover_gives_it_i
     applied: bool,
 ) -> None:
     await seed(connect_store)
-    store, controller, service = await leading(connect_store, run_controller, eventually)
+    store, controller, service = await leading(connect_store, run_controller)
     epoch = controller.epoch
     # u is stored; the write of its partition's state fails. v is never tried.
     fail_once(store, "write_partitions", applied)
@@ -247,7 +239,7 @@ async def test_create_partitions_that_etcd_fails_resigns_and_the_failover_gives_
     connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
 ) -> None:
     await seed(connect_store)
-    store, controller, service = await leading(connect_store, run_controller, eventually)
+    store, controller, service = await leading(connect_store, run_controller)
     epoch = controller.epoch
     fail_once(store, "write_partitions")
     grow = cpb.CreatePartitionsRequest(
@@ -274,7 +266,7 @@ async def test_a_reassignment_that_etcd_fails_resigns_and_completes_after_the_fa
     connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
 ) -> None:
     await seed(connect_store, brokers=(1, 2))
-    store, controller, service = await leading(connect_store, run_controller, eventually)
+    store, controller, service = await leading(connect_store, run_controller)
     epoch = controller.epoch
     # etcd stores the reassignment of t-0 to broker 2; its answer is lost.
     fail_once(store, "put_topic", applied=True)
@@ -319,7 +311,7 @@ async def test_alter_configs_that_etcd_fails_part_way_answers_what_was_committed
     for name in ("a", "b", "c"):
         await seeder.put_topic(seed_epoch, name, TopicState(name, {}, {0: (1,)}).to_json())
     await seeder.resign()
-    store, controller, service = await leading(connect_store, run_controller, eventually)
+    store, controller, service = await leading(connect_store, run_controller)
     epoch = controller.epoch
     # b's new value is written with its partitions' changes (none here), in one txn.
     fail_once(store, "write_partitions", when=lambda e, u, topic: bool(topic) and topic[0] == "b")
@@ -343,14 +335,14 @@ async def test_alter_configs_that_etcd_fails_part_way_answers_what_was_committed
 
 @pytest.fixture
 async def served(
-    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+    connect_store: ConnectStore, run_controller: RunController
 ) -> AsyncIterator[tuple[ControllerStore, Controller, str]]:
     """A leading controller (broker 1 and topic t seeded) served on gRPC: its store, itself,
     and its address (the one it names itself by when active)."""
     await seed(connect_store)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     port = server.add_insecure_port("127.0.0.1:0")
-    store, controller, service = await leading(connect_store, run_controller, eventually, port)
+    store, controller, service = await leading(connect_store, run_controller, port)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(service, server)
     await server.start()
     yield store, controller, f"127.0.0.1:{port}"

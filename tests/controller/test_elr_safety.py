@@ -31,7 +31,6 @@ LONG_SESSION_TIMEOUT_MS = 60_000
 async def active_on(
     connect_store: ConnectStore,
     run_controller: RunController,
-    eventually: Eventually,
     record: PartitionRecord,
     min_insync_replicas: int,
 ) -> tuple[ControllerStore, Controller]:
@@ -39,23 +38,22 @@ async def active_on(
     1, 2 and 3 registered, t-0 on them with `record`."""
     await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=record)
     store = await connect_store()
-    controller, _ = run_controller(
+    controller, _ = await run_controller(
         store,
         session_timeout_ms=LONG_SESSION_TIMEOUT_MS,
         min_insync_replicas=min_insync_replicas,
     )
-    await eventually(lambda: controller.active, 10)
     return store, controller
 
 
 async def test_a_controller_with_a_lower_min_insync_clears_stale_elrs_when_it_becomes_active(
-    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+    connect_store: ConnectStore, run_controller: RunController
 ) -> None:
     """Recorded by a controller whose --min-insync-replicas was 3: ISR {1, 2}, ELR {3}. The
     operator lowers it to 2 and restarts the controllers: with two in sync, leader 1 advances
     the HW without 3, so 3 leaves the ELR before this controller elects anyone."""
     store, controller = await active_on(
-        connect_store, run_controller, eventually, PartitionRecord(1, 4, (1, 2), 1, elr=(3,)), 2
+        connect_store, run_controller, PartitionRecord(1, 4, (1, 2), 1, elr=(3,)), 2
     )
     value, _ = (await store.load_partitions())["t", 0]
     assert (value["leader"], value["isr"], value["elr"]) == (1, [1, 2], [])
@@ -87,13 +85,12 @@ async def register(service: ControllerService, request: cpb.RegisterBrokerReques
 
 
 async def test_a_broker_whose_min_insync_is_below_the_controllers_is_refused(
-    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+    connect_store: ConnectStore, run_controller: RunController
 ) -> None:
     """The controller keeps replicas eligible while the ISR is below its 2; a broker holding
     the HW only below 1 would commit records without them. Nothing is registered."""
     store = await connect_store()
-    controller, _ = run_controller(store, min_insync_replicas=2)
-    await eventually(lambda: controller.active, 10)
+    controller, _ = await run_controller(store, min_insync_replicas=2)
     service = ControllerService(controller)
     request = registration(1, "a", min_insync_replicas=1)
     refused = await service.RegisterBroker(request, None)  # type: ignore[arg-type]
@@ -128,13 +125,13 @@ async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_value
 
 
 async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(
-    connect_store: ConnectStore, run_controller: RunController, eventually: Eventually
+    connect_store: ConnectStore, run_controller: RunController
 ) -> None:
     """Leader 1 alone in the ISR, 2 and 3 eligible (the controller's min ISR is 2). Each
     broker registers again: with its last registration's epoch (clean: it stays eligible),
     with an older one of its epochs (unclean: it leaves the ELR), with 0 (unclean)."""
     store, controller = await active_on(
-        connect_store, run_controller, eventually, PartitionRecord(1, 4, (1,), 1, elr=(2, 3)), 2
+        connect_store, run_controller, PartitionRecord(1, 4, (1,), 1, elr=(2, 3)), 2
     )
     service = ControllerService(controller)
 
@@ -156,13 +153,12 @@ async def test_a_lower_topic_min_insync_and_the_elr_it_clears_are_one_etcd_txn(
     cluster_name: str,
     connect_store: ConnectStore,
     run_controller: RunController,
-    eventually: Eventually,
 ) -> None:
     """ISR {1, 2}, ELR {3} under the controller's 3; the topic sets 2. Before, the ELR was
     cleared in one txn and the value written in the next: a failover between them kept 3
     (the leaders hold the HW) with 3 no longer eligible."""
     _, controller = await active_on(
-        connect_store, run_controller, eventually, PartitionRecord(1, 4, (1, 2), 1, elr=(3,)), 3
+        connect_store, run_controller, PartitionRecord(1, 4, (1, 2), 1, elr=(3,)), 3
     )
     set_2 = cpb.AlterableConfig(
         name="min.insync.replicas", operation=cpb.CONFIG_OPERATION_SET, value="2"

@@ -104,6 +104,11 @@ async def consume(bootstrap: list[str], count: int) -> list[bytes]:
     return values
 
 
+def ports(processes: list[dict[str, Any]]) -> dict[str, tuple[str, int]]:
+    """Each process's address and metrics port, by its name in the supervisor's messages."""
+    return {f"{p['role']} {p['id']}": (p["address"], p["metrics_port"]) for p in processes}
+
+
 def addresses(processes: list[dict[str, Any]], role: str) -> list[str]:
     return [p["address"] for p in processes if p["role"] == role]
 
@@ -149,9 +154,19 @@ async def test_up_round_trip_down_and_restart_keeps_the_data(data_dir: Path) -> 
     first_pids = recorded_pids(data_dir)
     await asyncio.to_thread(down, data_dir, first_pids)
 
-    # The same data dir brings the same cluster back: the topic and its records are there.
+    # The same data dir brings the same cluster back: the topic and its records are there, on
+    # the same ports (a scrape configuration keeps working), but for a port another process
+    # took meanwhile, which the supervisor's log names.
+    first_ports = ports(processes)
     processes = await asyncio.to_thread(up, data_dir)
     assert {p["health"] for p in processes} == {"SERVING"}
+    log = (data_dir / "cluster.log").read_text()
+    moved = {
+        name: (was, ports(processes)[name])
+        for name, was in first_ports.items()
+        if ports(processes)[name] != was and f"tidewater: {name}: " not in log
+    }
+    assert not moved, "started on other ports, saying nothing"
     more = [b"after-restart"]
     bootstrap = addresses(processes, "metadata")
     await produce(bootstrap, more)

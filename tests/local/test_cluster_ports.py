@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tidewater.local import cluster as cluster_mod
-from tidewater.local.cluster import ClusterFile, LocalCluster, Member
+from tidewater.local.cluster import LocalCluster, Member, PortsFile
 
 
 def test_a_recorded_port_taken_after_the_check_gives_way_to_a_fresh_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before, the metrics port was chosen free here and bound later by the process: taken
     in between (a deterministic stand-in for another process's bind), the start failed."""
@@ -22,7 +22,7 @@ def test_a_recorded_port_taken_after_the_check_gives_way_to_a_fresh_one(
         taken.listen()
         port = taken.getsockname()[1]
         # What the last run recorded, and a check that saw the port free before it was taken.
-        ClusterFile(tmp_path, 0, (Member("metadata", 1, f"127.0.0.1:{port}", 0, port),)).write()
+        PortsFile(tmp_path).write((Member("metadata", 1, f"127.0.0.1:{port}", 0, port),), 0)
         monkeypatch.setattr(cluster_mod, "_port_if_free", lambda p: p)
         cluster = LocalCluster(tmp_path, brokers=1)
         try:
@@ -34,3 +34,6 @@ def test_a_recorded_port_taken_after_the_check_gives_way_to_a_fresh_one(
     assert port not in (metadata_port, metadata_metrics)
     # Every process reported the metrics port it bound.
     assert all(metrics for role, (_, metrics) in ports.items()), ports
+    assert (
+        "tidewater: metadata 1: recorded ports taken, fresh ones instead" in capsys.readouterr().err
+    )

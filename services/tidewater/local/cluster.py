@@ -4,7 +4,8 @@ One etcd, one metadata service, two controllers and N brokers, with their data, 
 cluster file (`cluster.json`: role, id, address and pid of every process) under one data dir.
 The `up` process supervises them; `--detach` runs that supervisor in its own session and
 returns once the cluster is healthy. A later `up` on the same data dir brings the same cluster
-(same etcd state, same broker logs) back, on the recorded ports when they are still free.
+(same etcd state, same broker logs) back, on the ports recorded in `ports.json` when they are
+still free.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess
 from tidewater.local.process import (
+    ListenRefused,
     ManagedProcess,
     ProcessFailed,
     broker_args,
@@ -41,6 +43,9 @@ from tidewater.v1 import controller_pb2 as cpb
 
 CLUSTER_NAME = "tidewater"
 CLUSTER_FILE = "cluster.json"
+# The ports each process last had: kept by `cluster down` (cluster.json, which names only what
+# runs, goes), so that the next `up` asks for them again.
+PORTS_FILE = "ports.json"
 CONTROLLER_IDS = (1, 2)
 METADATA_ID = 1
 ETCD_ID = 1
@@ -129,6 +134,44 @@ def _port_if_free(port: int) -> int:
     return port if port and bind_error(HOST, port) is None else 0
 
 
+def _say_moved(role: str, member_id: int, what: str) -> None:
+    """A scrape configuration or a client that had its ports must learn the new ones."""
+    print(f"tidewater: {role} {member_id}: {what}", file=sys.stderr, flush=True)
+
+
+class PortsFile:
+    """`ports.json`: per process ("broker-1", ...), the ports it last had ("listen",
+    "metrics"; etcd's "peer" too). Written whenever cluster.json is, never deleted."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / PORTS_FILE
+        try:
+            self.ports: dict[str, dict[str, int]] = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            self.ports = {}
+        except (OSError, ValueError) as e:
+            raise ClusterError(f"{self.path} is not a port record: {e}") from None
+
+    def if_free(self, role: str, member_id: int, kind: str) -> int:
+        """The recorded port where still free, else 0 (any free port), saying so when taken."""
+        port = int(self.ports.get(f"{role}-{member_id}", {}).get(kind, 0))
+        free = _port_if_free(port)
+        if port and not free:
+            _say_moved(role, member_id, f"recorded {kind} port {port} taken, a fresh one instead")
+        return free
+
+    def write(self, members: Iterable[Member], etcd_peer_port: int) -> None:
+        """Record the members' ports over what was recorded (a process not started yet keeps
+        its ports for the next `up`)."""
+        for m in members:
+            self.ports[f"{m.role}-{m.id}"] = {"listen": m.port, "metrics": m.metrics_port}
+            if m.role == "etcd":
+                self.ports[f"{m.role}-{m.id}"]["peer"] = etcd_peer_port
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.ports, indent=2, sort_keys=True) + "\n")
+        tmp.rename(self.path)
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -152,18 +195,9 @@ class LocalCluster:
         self.trace_dir = data_dir / "traces" if trace else None
         self.broker_ids = tuple(range(1, brokers + 1))
         self.log_dir = data_dir / "logs"
-        previous = ClusterFile.read(data_dir)
-        self._previous_ports = (
-            {(m.role, m.id): m.port for m in previous.members} if previous else {}
-        )
-        # The recorded metrics ports again when still free, so a scrape configuration keeps
-        # working across restarts; else port 0, which the process reports once bound.
-        self._previous_metrics_ports = {
-            (m.role, m.id): m.metrics_port
-            for m in (previous.members if previous else ())
-            if m.role != "etcd"
-        }
-        self._previous_etcd_peer_port = _read_int(data_dir / "etcd.peer-port")
+        # The recorded ports again when still free, so a scrape configuration keeps working
+        # across restarts; else port 0, which the process reports once bound.
+        self.ports = PortsFile(data_dir)
         self.etcd = EtcdProcess(data_dir / "etcd", self.log_dir / "etcd.log")
         self.processes: dict[tuple[str, int], ManagedProcess] = {}
 
@@ -181,14 +215,8 @@ class LocalCluster:
     def record(self) -> ClusterFile:
         state = ClusterFile(self.data_dir, os.getpid(), self.members())
         state.write()
+        self.ports.write(state.members, self.etcd.peer_port)
         return state
-
-    def _recorded_ports(self, role: str, member_id: int) -> tuple[int, int]:
-        """The listen and metrics ports it had, each where still free (else 0: any)."""
-        return (
-            _port_if_free(self._previous_ports.get((role, member_id), 0)),
-            _port_if_free(self._previous_metrics_ports.get((role, member_id), 0)),
-        )
 
     def start(self) -> ClusterFile:
         """Start everything and return once every process is healthy."""
@@ -235,8 +263,8 @@ class LocalCluster:
         return self.record()
 
     def _start_etcd(self) -> None:
-        client_port = _port_if_free(self._previous_ports.get(("etcd", ETCD_ID), 0))
-        peer_port = _port_if_free(self._previous_etcd_peer_port or 0)
+        client_port = self.ports.if_free("etcd", ETCD_ID, "listen")
+        peer_port = self.ports.if_free("etcd", ETCD_ID, "peer")
         if client_port and peer_port:
             # etcd keeps its peer URL in its data: the same ports bring the same member back.
             self.etcd.client_port, self.etcd.peer_port = client_port, peer_port
@@ -244,24 +272,26 @@ class LocalCluster:
                 self.etcd.start(PROCESS_START_TIMEOUT_S)
             except EtcdFailed:
                 # Taken since the check (by another process): fresh ones, as when taken before.
+                _say_moved("etcd", ETCD_ID, "recorded ports taken, fresh ones instead")
                 self.etcd.client_port = self.etcd.peer_port = 0
         if not self.etcd.running:
             self.etcd.start(PROCESS_START_TIMEOUT_S)
-        (self.data_dir / "etcd.peer-port").write_text(f"{self.etcd.peer_port}\n")
 
     def _start(
         self, role: str, member_id: int, make_args: Callable[[str, int], Sequence[str]]
     ) -> str:
         """Start on the ports it had (`make_args(listen address, metrics port)`), or on any
         when they are taken, even by a process that took one after the check here."""
-        listen_port, metrics_port = self._recorded_ports(role, member_id)
+        listen_port = self.ports.if_free(role, member_id, "listen")
+        metrics_port = self.ports.if_free(role, member_id, "metrics")
         try:
             address = self._start_on(
                 role, member_id, make_args(f"{HOST}:{listen_port}", metrics_port)
             )
-        except ProcessFailed:
+        except ListenRefused:
             if not (listen_port or metrics_port):
                 raise
+            _say_moved(role, member_id, "recorded ports taken, fresh ones instead")
             address = self._start_on(role, member_id, make_args(f"{HOST}:0", 0))
         self.record()
         return address
@@ -287,20 +317,13 @@ class LocalCluster:
 
     def stop(self) -> None:
         """SIGTERM each process in STOP_ORDER and wait (SIGKILL after a deadline); then the
-        cluster file goes: nothing is left to connect to."""
+        cluster file goes: nothing is left to connect to (the port record stays)."""
         for role in STOP_ORDER[:-1]:
             for (proc_role, _), proc in self.processes.items():
                 if proc_role == role:
                     proc.stop(STOP_TIMEOUT_S)
         self.etcd.stop(STOP_TIMEOUT_S)
         (self.data_dir / CLUSTER_FILE).unlink(missing_ok=True)
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 # -- health --------------------------------------------------------------------------------

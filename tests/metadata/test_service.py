@@ -3,14 +3,16 @@ FULL view, epoch fencing of UpdateMetadata, reflection, and the `tidewater metad
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tidewater.devtools.protogen import PROTO_ROOT, proto_files
 from tidewater.errors import InvalidConfig
 from tidewater.local.process import ManagedProcess
 from tidewater.metadata.server import MetadataServer
@@ -122,6 +124,43 @@ async def test_reflection_lists_both_services(client: Client) -> None:
     names = {s.name async for r in responses for s in r.list_services_response.service}
     assert set(SERVICES) <= names
     assert "grpc.health.v1.Health" in names
+
+
+async def test_reflection_serves_every_fields_json_name(client: Client) -> None:
+    """grpcurl 1.8 prints a field under the json_name of the descriptor reflection serves,
+    and under its proto name where it has none (`broker_id`, where newer versions print
+    `brokerId`): the grpcurl walkthrough's lowerCamelCase needs every field to have one."""
+    names = [str(p.relative_to(PROTO_ROOT)) for p in proto_files()]
+    responses = client.reflection.ServerReflectionInfo(
+        iter([reflection_pb2.ServerReflectionRequest(file_by_filename=n) for n in names])
+    )
+    files = {
+        f.name: f
+        async for r in responses
+        for f in map(
+            descriptor_pb2.FileDescriptorProto.FromString,
+            r.file_descriptor_response.file_descriptor_proto,
+        )
+    }
+    assert set(names) <= set(files)
+    without = [
+        f"{file.name}: {message.name}.{field.name}"
+        for file in files.values()
+        if file.name in names
+        for message in messages(file.message_type)
+        for field in message.field
+        if not field.json_name
+    ]
+    assert not without
+
+
+def messages(
+    declared: Iterable[descriptor_pb2.DescriptorProto],
+) -> Iterator[descriptor_pb2.DescriptorProto]:
+    """Every message declared, nested ones included."""
+    for message in declared:
+        yield message
+        yield from messages(message.nested_type)
 
 
 def test_metadata_process_serves_once_fed_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from tidewater.v1 import common_pb2 as tidewater_dot_v1_dot_common__pb2
 from tidewater.v1 import errors_pb2 as tidewater_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atidewater/v1/cluster.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/common.proto\x1a\x19tidewater/v1/errors.proto\"\xa2\x03\n\x15UpdateMetadataRequest\x12\x15\n\rcontroller_id\x18\x01 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12.\n\x04type\x18\x04 \x01(\x0e\x32 .tidewater.v1.UpdateMetadataType\x12.\n\x0clive_brokers\x18\x05 \x03(\x0b\x32\x18.tidewater.v1.BrokerInfo\x12\x44\n\x10partition_states\x18\x06 \x03(\x0b\x32*.tidewater.v1.UpdateMetadataPartitionState\x12\x16\n\x0e\x64\x65leted_topics\x18\x07 \x03(\t\x12\x30\n\rtopic_configs\x18\x08 \x03(\x0b\x32\x19.tidewater.v1.TopicConfig\x12\x33\n\x13\x63ontroller_endpoint\x18\t \x01(\x0b\x32\x16.tidewater.v1.Endpoint\x12\x17\n\x0f\x64\x65leting_topics\x18\n \x03(\tJ\x04\x08\x0b\x10\x14\"\xa4\x02\n\x1cUpdateMetadataPartitionState\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x18\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05\x12\x0e\n\x06leader\x18\x04 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05\x12\x17\n\x0fpartition_epoch\x18\x07 \x01(\x03\x12\x10\n\x08replicas\x18\x08 \x03(\x05\x12\x18\n\x10offline_replicas\x18\t \x03(\x05\x12\x10\n\x08topic_id\x18\n \x01(\x0c\x12 \n\x18\x65ligible_leader_replicas\x18\x0b \x03(\x05\x12\x16\n\x0elast_known_elr\x18\x0c \x03(\x05J\x04\x08\r\x10\x14\"b\n\x16UpdateMetadataResponse\x12+\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCode\x12\x15\n\rerror_message\x18\x02 \x01(\tJ\x04\x08\x03\x10\n*S\n\x12UpdateMetadataType\x12\x1e\n\x1aUPDATE_METADATA_TYPE_DELTA\x10\x00\x12\x1d\n\x19UPDATE_METADATA_TYPE_FULL\x10\x01\x42S\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atidewater/v1/cluster.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/common.proto\x1a\x19tidewater/v1/errors.proto\"\xb3\x04\n\x15UpdateMetadataRequest\x12#\n\rcontroller_id\x18\x01 \x01(\x05R\x0c\x63ontrollerId\x12)\n\x10\x63ontroller_epoch\x18\x02 \x01(\x05R\x0f\x63ontrollerEpoch\x12!\n\x0c\x62roker_epoch\x18\x03 \x01(\x03R\x0b\x62rokerEpoch\x12\x34\n\x04type\x18\x04 \x01(\x0e\x32 .tidewater.v1.UpdateMetadataTypeR\x04type\x12;\n\x0clive_brokers\x18\x05 \x03(\x0b\x32\x18.tidewater.v1.BrokerInfoR\x0bliveBrokers\x12U\n\x10partition_states\x18\x06 \x03(\x0b\x32*.tidewater.v1.UpdateMetadataPartitionStateR\x0fpartitionStates\x12%\n\x0e\x64\x65leted_topics\x18\x07 \x03(\tR\rdeletedTopics\x12>\n\rtopic_configs\x18\x08 \x03(\x0b\x32\x19.tidewater.v1.TopicConfigR\x0ctopicConfigs\x12G\n\x13\x63ontroller_endpoint\x18\t \x01(\x0b\x32\x16.tidewater.v1.EndpointR\x12\x63ontrollerEndpoint\x12\'\n\x0f\x64\x65leting_topics\x18\n \x03(\tR\x0e\x64\x65letingTopicsJ\x04\x08\x0b\x10\x14\"\xbb\x03\n\x1cUpdateMetadataPartitionState\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n\tpartition\x18\x02 \x01(\x05R\tpartition\x12)\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05R\x0f\x63ontrollerEpoch\x12\x16\n\x06leader\x18\x04 \x01(\x05R\x06leader\x12!\n\x0cleader_epoch\x18\x05 \x01(\x05R\x0bleaderEpoch\x12\x10\n\x03isr\x18\x06 \x03(\x05R\x03isr\x12\'\n\x0fpartition_epoch\x18\x07 \x01(\x03R\x0epartitionEpoch\x12\x1a\n\x08replicas\x18\x08 \x03(\x05R\x08replicas\x12)\n\x10offline_replicas\x18\t \x03(\x05R\x0fofflineReplicas\x12\x19\n\x08topic_id\x18\n \x01(\x0cR\x07topicId\x12\x38\n\x18\x65ligible_leader_replicas\x18\x0b \x03(\x05R\x16\x65ligibleLeaderReplicas\x12$\n\x0elast_known_elr\x18\x0c \x03(\x05R\x0clastKnownElrJ\x04\x08\r\x10\x14\"{\n\x16UpdateMetadataResponse\x12\x36\n\nerror_code\x18\x01 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x02 \x01(\tR\x0c\x65rrorMessageJ\x04\x08\x03\x10\n*S\n\x12UpdateMetadataType\x12\x1e\n\x1aUPDATE_METADATA_TYPE_DELTA\x10\x00\x12\x1d\n\x19UPDATE_METADATA_TYPE_FULL\x10\x01\x42S\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,12 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tidewater.v1.cluster_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017io.tidewater.v1P\001Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1'
-  _globals['_UPDATEMETADATATYPE']._serialized_start=914
-  _globals['_UPDATEMETADATATYPE']._serialized_end=997
+  _globals['_UPDATEMETADATATYPE']._serialized_start=1235
+  _globals['_UPDATEMETADATATYPE']._serialized_end=1318
   _globals['_UPDATEMETADATAREQUEST']._serialized_start=99
-  _globals['_UPDATEMETADATAREQUEST']._serialized_end=517
-  _globals['_UPDATEMETADATAPARTITIONSTATE']._serialized_start=520
-  _globals['_UPDATEMETADATAPARTITIONSTATE']._serialized_end=812
-  _globals['_UPDATEMETADATARESPONSE']._serialized_start=814
-  _globals['_UPDATEMETADATARESPONSE']._serialized_end=912
+  _globals['_UPDATEMETADATAREQUEST']._serialized_end=662
+  _globals['_UPDATEMETADATAPARTITIONSTATE']._serialized_start=665
+  _globals['_UPDATEMETADATAPARTITIONSTATE']._serialized_end=1108
+  _globals['_UPDATEMETADATARESPONSE']._serialized_start=1110
+  _globals['_UPDATEMETADATARESPONSE']._serialized_end=1233
 # @@protoc_insertion_point(module_scope)

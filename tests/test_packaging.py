@@ -1,8 +1,10 @@
-"""The generated code is current and the distribution ships every package."""
+"""The generated code is current, the distribution ships every package, and the README's
+Layout names each one."""
 
 from __future__ import annotations
 
 import filecmp
+import re
 import tomllib
 from pathlib import Path
 
@@ -28,3 +30,16 @@ def test_every_package_is_listed_in_pyproject() -> None:
         for init in (REPO_ROOT / "services").rglob("__init__.py")
     }
     assert on_disk | {"tidewater.v1"} == listed
+
+
+def test_readme_layout_names_every_package_and_module() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    layout = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    package = REPO_ROOT / "services" / "tidewater"
+    entries = {
+        f"{p.name}/" if p.is_dir() else p.name
+        for p in package.iterdir()
+        if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())
+    }
+    named = set(re.findall(r"[\w.]+/?", layout))
+    assert sorted(entries - named) == []

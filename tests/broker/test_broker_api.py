@@ -511,6 +511,35 @@ async def test_not_leader_after_becoming_follower(leader: Any) -> None:
     assert fetched.partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
+async def test_a_newer_partition_epoch_alone_keeps_the_role_and_the_fetch(
+    start_broker: Callable[..., Any],
+) -> None:
+    """The controller changed the ISR or ELR alone, in the leader epoch the replicas have
+    (KRaft's partition change): the follower takes the partition epoch and goes on with the
+    fetch it had (before, the request was refused, FENCED_LEADER_EPOCH); the same partition
+    epoch again is refused, as before."""
+    server, client = await start_broker(1)
+    # Broker 2 does not run: this broker's fetches to it just fail and back off.
+    follow = leader_and_isr_request(
+        TOPIC, 0, leader=2, leader_epoch=3, replicas=[1, 2], leaders={2: "127.0.0.1:1"}
+    )
+
+    async def answer() -> int:
+        response = await client.control.LeaderAndIsr(follow)
+        return response.partition_errors[0].error_code
+
+    assert await answer() == ErrorCode.NONE
+    fetchers = server.replica_manager.fetcher_manager.fetchers
+    (fetching,) = [f.partitions[TOPIC, 0] for f in fetchers.values()]
+    follow.partition_states[0].partition_epoch = 4
+    follow.partition_states[0].isr[:] = [2]
+    assert await answer() == ErrorCode.NONE
+    assert server.replica_manager.partitions[TOPIC, 0].state.partition_epoch == 4
+    (still,) = [f.partitions[TOPIC, 0] for f in fetchers.values()]
+    assert still is fetching
+    assert await answer() == ErrorCode.FENCED_LEADER_EPOCH
+
+
 @pytest.mark.usefixtures("off_loop_writes")
 async def test_concurrent_produces_to_a_partition_append_in_arrival_order(
     start_broker: Callable[..., Any],

@@ -482,10 +482,45 @@ def test_an_unclean_restart_leaves_the_elr_and_the_partition_stays_offline() -> 
     (change,) = [
         c for c in changes_for_unusable_broker(m, 2, EPOCH, unclean_restart=True) if c.tp[1] == 0
     ]
-    assert (change.after.isr, change.after.elr, change.after.leader_epoch) == ((), (3,), 9)
+    # The ELR alone changes: the leader epoch stays (Kafka's), only the partition epoch moves.
+    assert (change.after.isr, change.after.elr, change.after.leader_epoch) == ((), (3,), 8)
     commit(m, [change])
     m.brokers[1].fenced = m.brokers[2].fenced = False
     assert [c for c in changes_for_offline_partitions(m, EPOCH) if c.tp[1] == 0] == []
+
+
+def test_an_unclean_restart_of_an_elr_member_keeps_the_leader_and_its_epoch() -> None:
+    """Leader 1 alone in the ISR, 2 and 3 eligible; 2 comes back from a crash. Only the ELR
+    changes: the leader epoch stays (before, it moved, and the followers restarted their
+    fetch), the write is fenced by the partition epoch it read, and the ISR and last known
+    leader stay as they were."""
+    m = min_isr_2(fenced=(2,))
+    before = PartitionRecord(1, 8, (1,), 1, 100, (2, 3))
+    m.partitions[("t", 0)] = before
+    (change,) = [
+        c for c in changes_for_unusable_broker(m, 2, EPOCH, unclean_restart=True) if c.tp[1] == 0
+    ]
+    assert change.after == before.with_(elr=(3,), controller_epoch=EPOCH)
+    assert change.expected_partition_epoch == 100
+
+
+def test_an_isr_proposal_naming_the_partition_epoch_before_an_elr_only_change_is_stale() -> None:
+    """Leader 1 proposed ISR {1, 2} at partition epoch 100 when an unclean restart of 3 took
+    it out of the ELR (committed at 130, the leader epoch kept): the proposal is refused as
+    stale, though its leader epoch is current, and the leader keeps its committed ISR. Its
+    next proposal, at the partition epoch its LeaderAndIsr tells it, commits."""
+    m = min_isr_2(fenced=(3,))
+    m.partitions[("t", 0)] = PartitionRecord(1, 5, (1,), 1, 100, (2, 3))
+    (change,) = [
+        c for c in changes_for_unusable_broker(m, 3, EPOCH, unclean_restart=True) if c.tp[1] == 0
+    ]
+    m.partitions[("t", 0)] = change.after.with_(partition_epoch=130)
+    with pytest.raises(TidewaterError) as info:
+        validate_isr_change(m, 1, ("t", 0), 5, 100, (1, 2), EPOCH)
+    assert info.value.code == ErrorCode.INVALID_UPDATE_VERSION
+    again = validate_isr_change(m, 1, ("t", 0), 5, 130, (1, 2), EPOCH)
+    assert again is not None and (again.after.isr, again.after.elr) == ((1, 2), ())
+    assert again.after.leader_epoch == 5
 
 
 def test_a_fenced_last_isr_member_hands_over_to_a_live_elr_member_at_once() -> None:
@@ -523,8 +558,8 @@ def test_a_lower_min_insync_clears_the_elr_of_isrs_that_meet_it() -> None:
     lower = TopicState("t", {"min.insync.replicas": "2"}, m.topics["t"].assignment)
     (change,) = elr_changes_for_configs(m, lower, EPOCH)
     assert change.tp == ("t", 1) and change.after.elr == ()
-    # A new leader epoch, so that the leader learns the new partition epoch.
-    assert change.after.leader_epoch == m.partitions[("t", 1)].leader_epoch + 1
+    # The leader epoch stays (Kafka's): brokers apply the newer partition epoch alone.
+    assert change.after.leader_epoch == m.partitions[("t", 1)].leader_epoch
 
 
 def test_a_topic_without_its_own_min_insync_takes_the_controllers() -> None:
@@ -571,7 +606,7 @@ def test_a_lower_controller_min_insync_clears_the_elrs_its_isrs_meet() -> None:
     m.min_insync_replicas = 2
     (change,) = stale_elr_changes(m, EPOCH)
     assert change.tp == ("t", 0) and (change.after.isr, change.after.elr) == ((1, 2), ())
-    assert change.after.leader_epoch == m.partitions[("t", 0)].leader_epoch + 1
+    assert change.after.leader_epoch == m.partitions[("t", 0)].leader_epoch
     assert change.after.controller_epoch == EPOCH
 
 

@@ -1,7 +1,8 @@
 """Eligible leader replicas (KIP-966) against a real cluster (etcd, two controller processes,
 three broker processes): after a whole-cluster shutdown a partition whose last ISR member
 never comes back is led again, cleanly, by a replica that left the ISR while it was below
-min.insync.replicas, if that replica shut down cleanly; after kill -9 it stays offline.
+min.insync.replicas, if that replica shut down cleanly; after kill -9 it stays offline. A
+change of the ELR alone keeps the leader epoch.
 min.insync.replicas=2 is the topic's own, or the cluster's: the controllers'
 --min-insync-replicas and the brokers' default."""
 
@@ -13,6 +14,9 @@ from typing import Any
 import pytest
 
 from tests.controller.cluster import Cluster, Eventually
+from tidewater.broker.log.checkpoints import LeaderEpochCheckpoint
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 TOPIC = "elr"
 # Broker 3, the last ISR member, cannot hand its leadership over: its controlled shutdown
@@ -140,3 +144,71 @@ async def test_after_kill_9_of_the_whole_cluster_no_eligible_leader_replica_lead
         return {v: seen.get(v) for v in acked} == acked
 
     await eventually(served, 30)
+
+
+async def test_a_change_of_the_elr_alone_keeps_the_leader_epoch(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    """min.insync.replicas=3 on three replicas: broker 3 stops cleanly, ISR {1, 2}, ELR {3}.
+    The topic's value goes down to 2, which clears the ELR alone: the leader epoch stays (it
+    moved before) and only the partition epoch does. Leader 1 starts no new epoch in its
+    epoch cache; follower 2 applies the partition epoch without becoming a follower again
+    (no fetch restart, no truncation), and the records it copies after it are still in the
+    old epoch. 3 comes back and joins the ISR: the leader's AlterIsr names the new partition
+    epoch, so the leader applied it."""
+    topic = "elr-only"
+    await cluster.create_topic(topic, assignments=[(1, 2, 3)], **{"min.insync.replicas": "3"})
+    await eventually(lambda: cluster.settled([topic]), 20)
+    await cluster.produce_all(topic, 0, [b"three-%d" % i for i in range(5)])
+    assert cluster.brokers[3].stop() == 0
+
+    async def current() -> dict[str, Any]:
+        return (await cluster.partitions(topic))[0]
+
+    async def followed_without_3() -> bool:
+        s = await current()
+        if (s["isr"], s["elr"]) != ([1, 2], [3]):
+            return False
+        return all([await cluster.replica_sees(b, topic, 0, 1, s["leader_epoch"]) for b in (1, 2)])
+
+    await eventually(followed_without_3, 20)
+    _, since = (await cluster.store.load_partitions())[topic, 0]
+    leader_epoch = (await current())["leader_epoch"]
+    epochs = {
+        b: LeaderEpochCheckpoint(
+            cluster.root / f"broker-{b}" / f"{topic}-0" / "leader-epoch-checkpoint"
+        )
+        for b in (1, 2)
+    }
+    leader_entries = epochs[1].read()
+    follower_log = cluster.brokers[2].log_file
+    became = f"became follower of {topic}-0"
+    followed = follower_log.read_text(errors="replace").count(became)
+
+    set_2 = cpb.AlterableConfig(
+        name="min.insync.replicas", operation=cpb.CONFIG_OPERATION_SET, value="2"
+    )
+    response = await cluster.call_controller(
+        "IncrementalAlterConfigs",
+        cpb.IncrementalAlterConfigsRequest(
+            topics=[cpb.AlterConfigsTopic(topic=topic, configs=[set_2])]
+        ),
+    )
+    assert [t.error_code for t in response.topics] == [ErrorCode.NONE], response
+    history = await cluster.partition_history(topic, 0, since)
+    assert [(s["leader_epoch"], s["isr"], s["elr"]) for s in history] == [
+        (leader_epoch, [1, 2], [])
+    ]
+    applied = f"{topic}-0: partition epoch"
+    await eventually(lambda: applied in follower_log.read_text(errors="replace"), 20)
+    # ISR {1, 2} meets 2: acks=all goes through, in the leader epoch it had.
+    acked = await eventually(lambda: cluster.produce(topic, 0, b"two"), 20)
+    assert epochs[1].read() == leader_entries
+    assert max(e.epoch for e in epochs[2].read()) == leader_epoch
+    assert follower_log.read_text(errors="replace").count(became) == followed
+
+    await cluster.start_broker(3)
+    await eventually(lambda: cluster.settled([topic]), 30)
+    assert (await current())["leader_epoch"] == leader_epoch
+    seen = await cluster.read(1, topic, 0)
+    assert seen[b"two"] == acked

@@ -57,8 +57,8 @@ async def test_a_controller_with_a_lower_min_insync_clears_stale_elrs_when_it_be
     )
     value, _ = (await store.load_partitions())["t", 0]
     assert (value["leader"], value["isr"], value["elr"]) == (1, [1, 2], [])
-    # A new leader epoch: the leader learns the new partition epoch.
-    assert (value["leader_epoch"], value["controller_epoch"]) == (5, controller.epoch)
+    # The leader epoch stays: brokers apply the new partition epoch alone.
+    assert (value["leader_epoch"], value["controller_epoch"]) == (4, controller.epoch)
     assert controller.model.partitions["t", 0].elr == ()
 
 

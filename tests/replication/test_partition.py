@@ -657,6 +657,84 @@ def test_make_follower_says_whether_the_fetcher_must_restart(log: MemoryLog) -> 
     assert (partition.leader, partition.leader_epoch) == (3, 7)
 
 
+def test_a_newer_partition_epoch_alone_updates_the_leader_without_a_new_epoch(
+    log: MemoryLog,
+) -> None:
+    """KRaft's partition change that keeps the leader epoch (the ELR changed alone: here a
+    lower min.insync.replicas cleared it). The leader takes the new committed ISR, partition
+    epoch and min ISR: its HW moves now that ISR {1, 2} meets 2. The followers' fetch state,
+    the epoch's start offset and the epoch cache stay (before, the controller moved the
+    leader epoch, and a new one started at the LEO with the followers' state reset)."""
+    min_isr_3 = ReplicationConfig(replica_lag_time_max_ms=LAG, min_insync_replicas=3)
+    partition = new_leader(log, isr=(1, 2), leader_epoch=3, checkpointed_hw=10, config=min_isr_3)
+    assert partition.partition_epoch == 0
+    fetch(partition, 2, 10)
+    append(partition, 5, T0 + 1)
+    fetch(partition, 2, 15, T0 + 2)
+    fetch(partition, 3, 12, T0 + 3)
+    assert partition.high_watermark == 10, "ISR {1, 2} is below min.insync.replicas=3"
+    followers = {b: times(r) for b, r in partition.remote_replicas.items()}
+    entries = list(log.leader_epoch_cache.epoch_entries)
+    partition.config = CONFIG
+    lowered = leader_and_isr(1, 3, (1, 2), partition_epoch=1)
+    partition.check_newer(lowered)
+    assert partition.make_leader(lowered, T0 + LAG) is True
+    assert partition.high_watermark == 15
+    assert (partition.leader_epoch, partition.partition_epoch, partition.isr) == (3, 1, {1, 2})
+    assert partition.leader_epoch_start_offset == 10
+    assert log.leader_epoch_cache.epoch_entries == entries
+    assert {b: times(r) for b, r in partition.remote_replicas.items()} == followers
+
+
+def test_a_leader_and_isr_is_applied_only_when_newer(log: MemoryLog) -> None:
+    """A newer leader epoch, or the same one in a newer partition epoch; the same state again
+    (a new controller's resend), an older one, or another leader in the same epoch is
+    FENCED_LEADER_EPOCH."""
+    partition = replica_on(log, broker_id=2)
+    partition.check_newer(leader_and_isr(leader=1, leader_epoch=0))  # nothing known yet
+    assert partition.make_follower(leader_and_isr(leader=1, leader_epoch=3, partition_epoch=7))
+    for stale in [
+        leader_and_isr(leader=1, leader_epoch=3, partition_epoch=7),
+        leader_and_isr(leader=1, leader_epoch=3, partition_epoch=6),
+        leader_and_isr(leader=1, leader_epoch=2, partition_epoch=9),
+        leader_and_isr(leader=3, leader_epoch=3, partition_epoch=8),
+    ]:
+        with pytest.raises(FencedLeaderEpoch):
+            partition.check_newer(stale)
+    partition.check_newer(leader_and_isr(leader=3, leader_epoch=4, partition_epoch=8))
+    # The ISR or ELR changed alone: the follower goes on fetching, truncating nothing.
+    isr_only = leader_and_isr(leader=1, leader_epoch=3, isr=(1, 2), partition_epoch=8)
+    partition.check_newer(isr_only)
+    assert partition.make_follower(isr_only) is False
+    assert (partition.leader, partition.leader_epoch, partition.partition_epoch) == (1, 3, 8)
+
+
+def test_a_newer_partition_epoch_supersedes_a_proposal_in_flight(log: MemoryLog) -> None:
+    """Leader 1 proposes ISR {1, 2} at partition epoch 0 when the controller changes the ELR
+    alone (partition epoch 1, the leader epoch kept). Its proposal is stale: the controller
+    refuses it, and its answer, whichever comes, changes nothing; the next proposal names
+    partition epoch 1. An AlterIsr answer that taught the leader a later partition epoch is
+    not undone by a LeaderAndIsr of an earlier one arriving after it."""
+    partition = new_leader(log)
+    fetch(partition, 2, 10)
+    shrink = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert shrink is not None and shrink.partition_epoch == 0
+    elr_only = leader_and_isr(1, 0, REPLICAS, partition_epoch=1)
+    partition.check_newer(elr_only)
+    partition.make_leader(elr_only, T0 + LAG + 1)
+    assert not partition.isr_state.in_flight and not partition.awaits_answer(shrink)
+    assert refuse(partition, shrink, T0 + LAG + 1) is False
+    assert commit(partition, shrink, T0 + LAG + 1) is False
+    assert (partition.isr, partition.partition_epoch) == ({1, 2, 3}, 1)
+    again = partition.maybe_shrink_isr(T0 + LAG + 2)
+    assert again is not None and (again.new_isr, again.partition_epoch) == ((1, 2), 1)
+    committed = leader_and_isr(1, 0, (1, 2), partition_epoch=3)
+    partition.on_alter_isr_result(again, committed, None, T0 + LAG + 2)
+    with pytest.raises(FencedLeaderEpoch):
+        partition.check_newer(leader_and_isr(1, 0, REPLICAS, partition_epoch=2))
+    assert (partition.isr, partition.partition_epoch) == ({1, 2}, 3)
+
+
 def test_former_leader_refuses_appends_and_follower_fetches(log: MemoryLog) -> None:
     partition = new_leader(log)
     fetch(partition, 2, 10)

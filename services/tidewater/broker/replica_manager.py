@@ -196,13 +196,17 @@ class ReplicaManager:
                     f"(replicas {list(ps.replicas)})"
                 )
             self._check_topic_id(ps)
+            state = LeaderAndIsr(
+                leader=ps.leader,
+                leader_epoch=ps.leader_epoch,
+                isr=tuple(ps.isr),
+                replicas=tuple(ps.replicas),
+                partition_epoch=ps.partition_epoch,
+                controller_epoch=ps.controller_epoch,
+            )
             hosted = self.partitions.get(tp)
-            if hosted is not None and ps.leader_epoch <= hosted.state.leader_epoch:
-                return TidewaterError(
-                    f"{ps.topic}-{ps.partition}: leader epoch {ps.leader_epoch} is not newer "
-                    f"than the current {hosted.state.leader_epoch}; ignored",
-                    ErrorCode.FENCED_LEADER_EPOCH,
-                )
+            if hosted is not None:
+                hosted.state.check_newer(state)
             config = self._topic_config(topic_props)
             if ps.leader not in (self.broker_id, NO_LEADER) and ps.leader not in leaders:
                 raise InvalidRequest(
@@ -218,43 +222,60 @@ class ReplicaManager:
             if ps.topic_id and not hosted.log.topic_id:
                 # A log written before topic ids adopts the first one it is told.
                 self.log_manager.assign_topic_id(hosted.log, ps.topic_id)
-            # The new role starts at the LEO, which must include a batch still being written.
-            hosted.log.take_in_pending_write()
-            state = LeaderAndIsr(
-                leader=ps.leader,
-                leader_epoch=ps.leader_epoch,
-                isr=tuple(ps.isr),
-                replicas=tuple(ps.replicas),
-                partition_epoch=ps.partition_epoch,
-                controller_epoch=ps.controller_epoch,
-            )
-            if ps.leader == self.broker_id:
-                self.fetcher_manager.remove_partitions([tp])
-                hosted.state.make_leader(state, self.time_ms())
-                log.info(
-                    "became leader of %s-%d at epoch %d, LEO %d, HW %d",
-                    *tp,
-                    ps.leader_epoch,
-                    hosted.log.log_end_offset,
-                    hosted.state.high_watermark,
-                )
+            if ps.leader_epoch == hosted.state.leader_epoch:
+                # A newer partition epoch alone (the ISR or ELR changed): the role, fetcher,
+                # log and epoch cache stay as they are (Kafka's isNewLeaderEpoch false).
+                self._apply_partition_epoch(hosted, state)
             else:
-                if ps.leader == NO_LEADER:
-                    # Offline: nothing to follow until the controller elects a leader.
-                    self.fetcher_manager.remove_partitions([tp])
-                    hosted.state.make_follower(state)
-                elif hosted.state.make_follower(state):
-                    self.fetcher_manager.add_partition(tp, leaders[ps.leader], ps.leader_epoch)
-                log.info(
-                    "became follower of %s-%d at epoch %d (leader %d)",
-                    *tp,
-                    ps.leader_epoch,
-                    ps.leader,
-                )
+                self._apply_leader_epoch(hosted, state, leaders)
             self._partition_changed(tp)
         except TidewaterError as e:
             return e
         return None
+
+    def _apply_leader_epoch(
+        self, hosted: HostedPartition, state: LeaderAndIsr, leaders: dict[int, SourceBroker]
+    ) -> None:
+        tp = hosted.state.key
+        # The new role starts at the LEO, which must include a batch still being written.
+        hosted.log.take_in_pending_write()
+        if state.leader == self.broker_id:
+            self.fetcher_manager.remove_partitions([tp])
+            hosted.state.make_leader(state, self.time_ms())
+            log.info(
+                "became leader of %s-%d at epoch %d, LEO %d, HW %d",
+                *tp,
+                state.leader_epoch,
+                hosted.log.log_end_offset,
+                hosted.state.high_watermark,
+            )
+            return
+        if state.leader == NO_LEADER:
+            # Offline: nothing to follow until the controller elects a leader.
+            self.fetcher_manager.remove_partitions([tp])
+            hosted.state.make_follower(state)
+        elif hosted.state.make_follower(state):
+            self.fetcher_manager.add_partition(tp, leaders[state.leader], state.leader_epoch)
+        log.info(
+            "became follower of %s-%d at epoch %d (leader %d)",
+            *tp,
+            state.leader_epoch,
+            state.leader,
+        )
+
+    def _apply_partition_epoch(self, hosted: HostedPartition, state: LeaderAndIsr) -> None:
+        if hosted.state.is_leader:
+            hosted.state.make_leader(state, self.time_ms())
+        else:
+            hosted.state.make_follower(state)
+        log.info(
+            "%s-%d: partition epoch %d (ISR %s) in leader epoch %d (leader %d), kept",
+            *hosted.state.key,
+            state.partition_epoch,
+            list(state.isr),
+            state.leader_epoch,
+            state.leader,
+        )
 
     def _check_topic_id(self, ps: pb.LeaderAndIsrPartitionState) -> None:
         """Kafka's hasConsistentTopicId in becomeLeaderOrFollower: a log holding another topic

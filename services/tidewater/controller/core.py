@@ -271,10 +271,12 @@ def _effective_min_isr(model: ClusterModel, topic: TopicState, replicas: tuple[i
 
 
 def _elr_only(record: PartitionRecord, controller_epoch: int) -> PartitionRecord:
-    """The record for a change of its ELR alone. Kafka keeps the leader epoch; here it moves,
-    because brokers apply only a LeaderAndIsr in a newer leader epoch, and a leader left with
-    the old partition epoch would have every later AlterIsr refused."""
-    return record.with_(leader_epoch=record.leader_epoch + 1, controller_epoch=controller_epoch)
+    """The record for a change of its ELR alone: the leader epoch stays, as Kafka's, and only
+    the partition epoch (the etcd write's revision) moves. Brokers apply a LeaderAndIsr in the
+    leader epoch they have with a newer partition epoch without a new role: followers neither
+    restart their fetch nor truncate, and the leader learns the partition epoch its next
+    AlterIsr must name."""
+    return record.with_(controller_epoch=controller_epoch)
 
 
 def validate_isr_change(

@@ -6,10 +6,10 @@ and leader epoch cache through `ReplicaLog` and never changes the log: appends a
 are the caller's, who tells the partition afterwards. Time is an argument. So every rule here
 runs in a unit test in microseconds, with no files, sockets or event loop.
 
-Inputs:  make_leader / make_follower (LeaderAndIsr), check_append + after_leader_append
-         (produce), on_follower_fetch (a follower's fetch, on the leader), maybe_shrink_isr
-         (the periodic check), on_alter_isr_result (the controller's answer, or its absence),
-         update_follower_high_watermark (a fetch response, on a follower).
+Inputs:  check_newer + make_leader / make_follower (LeaderAndIsr), check_append +
+         after_leader_append (produce), on_follower_fetch (a follower's fetch, on the leader),
+         maybe_shrink_isr (the periodic check), on_alter_isr_result (the controller's answer,
+         or its absence), update_follower_high_watermark (a fetch response, on a follower).
 Outputs: return values — whether the HW moved (so delayed operations can complete), ISR
          change proposals for the controller and whether one awaits an answer still (to be
          sent again), diverging epochs for followers.
@@ -218,24 +218,57 @@ class Partition:
 
     # -- LeaderAndIsr ------------------------------------------------------------------------
 
+    def check_newer(self, state: LeaderAndIsr) -> None:
+        """Whether a LeaderAndIsr is news to this replica (Kafka's checks before makeLeader /
+        makeFollower): a newer leader epoch, or the leader epoch it has in a newer partition
+        epoch, where the controller changed the ISR or ELR alone and kept the leader (KRaft's
+        partition change). Anything else is FENCED_LEADER_EPOCH and changes nothing: the same
+        state again (a new controller's resend), an older one, or the partition epoch an
+        AlterIsr answer taught this leader already."""
+        if state.leader_epoch > self.leader_epoch:
+            return
+        if state.leader_epoch < self.leader_epoch or state.partition_epoch <= self.partition_epoch:
+            raise FencedLeaderEpoch(
+                f"{self.name}: leader epoch {state.leader_epoch}, partition epoch "
+                f"{state.partition_epoch} is not newer than the current leader epoch "
+                f"{self.leader_epoch}, partition epoch {self.partition_epoch}; ignored"
+            )
+        if state.leader != self.leader:
+            # A leader change always comes in a new leader epoch: followers must truncate.
+            raise FencedLeaderEpoch(
+                f"{self.name}: leader {state.leader} in leader epoch {state.leader_epoch}, "
+                f"which leader {self.leader} has; ignored"
+            )
+
     def make_leader(self, state: LeaderAndIsr, now_ms: int) -> bool:
-        """Kafka's makeLeader. Returns whether the HW moved."""
+        """Kafka's makeLeader. Returns whether the HW moved. A new leader epoch starts at the
+        LEO, in the epoch cache too, and the followers' fetch state starts over; in the leader
+        epoch this leader has (a newer partition epoch: the ISR or ELR changed alone) only
+        the replicas, committed ISR and partition epoch change, as Kafka's isNewLeaderEpoch
+        false. A proposal in flight is superseded either way (its answer is ignored)."""
         is_new_leader = not self.is_leader
+        is_new_leader_epoch = is_new_leader or state.leader_epoch != self.leader_epoch
         self._apply(state)
-        leader_end_offset = self.log.log_end_offset
-        self.leader_epoch_start_offset = leader_end_offset
-        self.log.leader_epoch_cache.assign(state.leader_epoch, leader_end_offset)
         followers = [r for r in state.replicas if r != self.local_broker_id]
         known = {} if is_new_leader else self.remote_replicas
         self.remote_replicas = {r: known.get(r) or Replica(r) for r in followers}
-        for replica in self.remote_replicas.values():
-            replica.reset(now_ms, leader_end_offset, is_new_leader, replica.broker_id in self.isr)
-        # The ISR may be just us now, so the HW may move at once.
+        if is_new_leader_epoch:
+            leader_end_offset = self.log.log_end_offset
+            self.leader_epoch_start_offset = leader_end_offset
+            self.log.leader_epoch_cache.assign(state.leader_epoch, leader_end_offset)
+            for replica in self.remote_replicas.values():
+                replica.reset(
+                    now_ms, leader_end_offset, is_new_leader, replica.broker_id in self.isr
+                )
+        # The ISR may be just us now, so the HW may move at once; or it meets a lower
+        # min.insync.replicas now.
         return self._maybe_increment_high_watermark(now_ms)
 
     def make_follower(self, state: LeaderAndIsr) -> bool:
         """Kafka's makeFollower. Returns whether the fetcher must (re)start: the leader or its
-        epoch changed, even when the leader id is the same (an update we missed)."""
+        epoch changed, even when the leader id is the same (an update we missed). A newer
+        partition epoch alone (the ISR or ELR changed) restarts nothing and truncates
+        nothing."""
         changed = state.leader != self.leader or state.leader_epoch != self.leader_epoch
         self._apply(state)
         self.isr_state = IsrState(frozenset(), state.partition_epoch)

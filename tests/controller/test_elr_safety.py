@@ -1,6 +1,6 @@
 """The invariants the eligible leader replicas (KIP-966) rest on, at the controller's edges: a
-new controller's ELRs, brokers' min.insync.replicas at registration, the clean-shutdown proof,
-a topic's lower min.insync.replicas.
+new controller's ELRs, brokers' min.insync.replicas at registration and at heartbeats, the
+clean-shutdown proof, a topic's lower min.insync.replicas.
 
 Controllers run in the test's process on a real etcd (a broker's refusal: real processes)."""
 
@@ -14,6 +14,7 @@ import aetcd
 
 from tests.controller.cluster import Cluster, Eventually
 from tests.controller.in_process import ConnectStore, RunController, seed
+from tidewater.broker.log.manager import CLEAN_SHUTDOWN_FILE
 from tidewater.controller.controller import Controller
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
@@ -33,10 +34,12 @@ async def active_on(
     run_controller: RunController,
     record: PartitionRecord,
     min_insync_replicas: int,
+    reported: dict[int, int] | None = None,
 ) -> tuple[ControllerStore, Controller]:
     """An active controller with `min_insync_replicas` on what an earlier one left: brokers
-    1, 2 and 3 registered, t-0 on them with `record`."""
-    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=record)
+    1, 2 and 3 registered (`reported`: the default min.insync.replicas some reported), t-0 on
+    them with `record`."""
+    await seed(connect_store, (1, 2, 3), (1, 2, 3), record, reported)
     store = await connect_store()
     controller, _ = await run_controller(
         store,
@@ -104,7 +107,40 @@ async def test_a_broker_whose_min_insync_is_below_the_controllers_is_refused(
     await register(service, registration(1, "a", min_insync_replicas=2))
     await register(service, registration(2, "a", min_insync_replicas=3))
     await register(service, registration(3, "a"))
-    assert sorted(await store.load_brokers()) == [1, 2, 3]
+    stored = await store.load_brokers()
+    assert {b: r.get("min_insync_replicas") for b, r in stored.items()} == {1: 2, 2: 3, 3: 0}
+
+
+async def test_a_registered_broker_below_a_new_controllers_min_insync_stays_fenced(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Broker 1 registered reporting 1 under a controller whose --min-insync-replicas was 1;
+    this one runs with 2 (raised across a restart). Before, only registrations were checked:
+    its first heartbeat unfenced it, and its leaders went on advancing the HW with one in
+    sync while this controller kept the replicas that left eligible. Its heartbeats are
+    refused now, naming both values, and it stays fenced. 2 reported 2; 3 was stored by an
+    older controller (no value): both are unfenced."""
+    _, controller = await active_on(
+        connect_store, run_controller, PartitionRecord(1, 4, (1, 2, 3), 1), 2, {1: 1, 2: 2}
+    )
+    service = ControllerService(controller)
+
+    async def heartbeat(broker_id: int) -> cpb.BrokerHeartbeatResponse:
+        epoch = controller.model.brokers[broker_id].epoch
+        request = cpb.BrokerHeartbeatRequest(broker_id=broker_id, broker_epoch=epoch)
+        return await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+
+    refused = await heartbeat(1)
+    assert refused.error_code == ErrorCode.INVALID_CONFIG
+    assert refused.error_message == (
+        "broker 1: its default min.insync.replicas 1 is below the controller's "
+        "--min-insync-replicas 2; set them alike"
+    )
+    assert controller.model.brokers[1].fenced
+    for broker_id in (2, 3):
+        response = await heartbeat(broker_id)
+        assert (response.error_code, response.is_fenced) == (ErrorCode.NONE, False)
+    assert controller.model.brokers[1].fenced
 
 
 async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_values(
@@ -122,6 +158,34 @@ async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_value
         "controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
     )
     assert await cluster.store.load_brokers() == {}
+
+
+async def test_a_registered_broker_stops_when_the_controllers_come_back_with_a_higher_min_insync(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
+) -> None:
+    """Brokers 1 and 2 registered with their default 1 under controllers with 1; the
+    controllers restart (at their addresses) with 2. Before, nothing refused the brokers,
+    registered already; now their first heartbeats are refused and they stop, naming both
+    values, with the clean-shutdown proof of flushed logs."""
+    cluster = await make_cluster(broker_ids=(1, 2))
+    addresses = {c: proc.address for c, proc in cluster.controllers.items()}
+    for proc in cluster.controllers.values():
+        proc.kill()
+    cluster.min_insync_replicas = 2
+    for controller_id, address in addresses.items():
+        await cluster.start_controller(controller_id, listen=address)
+    registered = await cluster.store.load_brokers()
+    for broker_id in (1, 2):
+        broker = cluster.brokers[broker_id]
+        await eventually(lambda b=broker: b.proc is not None and b.proc.poll() is not None, 30)
+        assert broker.proc is not None and broker.proc.returncode == 1
+        assert (
+            f"tidewater: INVALID_CONFIG: broker {broker_id}: its default min.insync.replicas 1 "
+            "is below the controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
+        )
+        proof = json.loads((cluster.root / f"broker-{broker_id}" / CLEAN_SHUTDOWN_FILE).read_text())
+        assert proof["broker_epoch"] == registered[broker_id]["epoch"]
+    assert sorted(await cluster.store.load_brokers()) == [1, 2]
 
 
 async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(

@@ -85,9 +85,7 @@ class BrokerLifecycle:
             ),
         )
         if response.error_code == ErrorCode.INVALID_CONFIG:
-            log.critical("registration refused: %s", response.error_message)
-            self.refusal = InvalidConfig(response.error_message)
-            self.refused.set()
+            self._refuse("registration", response.error_message)
             return
         if response.error_code != ErrorCode.NONE:
             log.warning("registration refused: %s", response.error_message)
@@ -112,10 +110,20 @@ class BrokerLifecycle:
             log.warning("controller does not know this broker's epoch; registering again")
             self.broker_epoch = 0
             return
+        if response.error_code == ErrorCode.INVALID_CONFIG:
+            # A controller started (or taken over) with a higher --min-insync-replicas than
+            # this broker registered with: it keeps the broker fenced.
+            self._refuse("heartbeat", response.error_message)
+            return
         if response.error_code == ErrorCode.NONE:
             if self.fenced != response.is_fenced:
                 log.info("broker is %s", "fenced" if response.is_fenced else "unfenced")
             self.fenced = response.is_fenced
+
+    def _refuse(self, request: str, message: str) -> None:
+        log.critical("%s refused: %s", request, message)
+        self.refusal = InvalidConfig(message)
+        self.refused.set()
 
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         """Ask the controller to move leadership off this broker before it stops (Kafka's

@@ -161,7 +161,8 @@ async def run_broker(
     config: BrokerConfig, ready_file: Path | None = None, metrics_port: int | None = None
 ) -> None:
     """Run until SIGTERM or SIGINT, then shut down cleanly; until the controller refuses the
-    broker's registration, then stop and raise its refusal (InvalidConfig)."""
+    broker's configuration (at registration, or at a heartbeat to a controller with a higher
+    --min-insync-replicas), then stop and raise its refusal (InvalidConfig)."""
     tune_for_large_messages()
     raise_open_file_limit()
     server = BrokerServer(config, metrics_port)
@@ -173,7 +174,9 @@ async def run_broker(
     for task in (signalled, refused):
         task.cancel()
     if server.lifecycle.refusal is not None:
-        await server.stop()  # never registered: it leads nothing, and proves no clean shutdown
+        # Fenced (refused at registration: never registered), so no controlled shutdown: it
+        # stops at once. A registered one's flushed logs prove a clean shutdown, as on SIGTERM.
+        await server.stop()
         raise server.lifecycle.refusal
     await server.controlled_shutdown()
     await server.stop()

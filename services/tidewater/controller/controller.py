@@ -244,6 +244,7 @@ class Controller:
                 incarnation_id=value.get("incarnation_id", ""),
                 epoch=int(value["epoch"]),
                 last_heartbeat_ms=now,
+                min_insync_replicas=int(value.get("min_insync_replicas", 0)),
             )
         for name, value in (await self.store.load_topics()).items():
             topic = model.topics[name] = TopicState.from_json(name, value)

@@ -26,6 +26,7 @@ from tidewater.controller.controller import Controller
 from tidewater.controller.core import (
     PartitionChange,
     changes_for_controlled_shutdown,
+    check_broker_min_insync,
     initial_partition_records,
     preferred_leader_change,
     unclean_leader_change,
@@ -33,7 +34,6 @@ from tidewater.controller.core import (
 )
 from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import (
-    InvalidConfig,
     InvalidRequest,
     NotController,
     StoreUnavailable,
@@ -162,15 +162,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     "a registration needs a broker id >= 0 and an endpoint",
                     ErrorCode.INVALID_REQUEST,
                 )
-            minimum = self._c.config.min_insync_replicas
-            if 0 < request.min_insync_replicas < minimum:
-                # Its leaders would advance the HW with an ISR the controller counts as below
-                # min ISR, past replicas the controller keeps eligible to lead (KIP-966).
-                raise InvalidConfig(
-                    f"broker {info.broker_id}: its default min.insync.replicas "
-                    f"{request.min_insync_replicas} is below the controller's "
-                    f"--min-insync-replicas {minimum}; set them alike"
-                )
+            check_broker_min_insync(self._c.model, info.broker_id, request.min_insync_replicas)
             old = self._c.model.brokers.get(info.broker_id)
             if old is not None and old.incarnation_id == request.incarnation_id:
                 response.broker_epoch = old.epoch
@@ -197,6 +189,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 incarnation_id=request.incarnation_id,
                 epoch=0,
                 last_heartbeat_ms=self._c.time_ms(),
+                min_insync_replicas=request.min_insync_replicas,
             )
             broker.epoch = await self._c.store.put_broker(
                 self._c.epoch, info.broker_id, broker.to_json()
@@ -219,6 +212,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
+            # Registered under a controller with a lower --min-insync-replicas: it stays
+            # fenced (its leaderships move once the grace period is over) and stops.
+            check_broker_min_insync(self._c.model, broker.broker_id, broker.min_insync_replicas)
             broker.last_heartbeat_ms = self._c.time_ms()
             if broker.fenced and not broker.shutting_down:
                 await self._c.unfence(broker)

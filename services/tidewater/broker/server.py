@@ -174,8 +174,8 @@ async def run_broker(
     for task in (signalled, refused):
         task.cancel()
     if server.lifecycle.refusal is not None:
-        # Fenced (refused at registration: never registered), so no controlled shutdown: it
-        # stops at once. A registered one's flushed logs prove a clean shutdown, as on SIGTERM.
+        # Never registered, or fenced by the controller: no controlled shutdown, it stops at
+        # once. A registered broker's flushed logs prove a clean shutdown, as on SIGTERM.
         await server.stop()
         raise server.lifecycle.refusal
     await server.controlled_shutdown()

@@ -62,6 +62,29 @@ async def test_a_poll_returns_the_records_of_one_leader_without_waiting_for_the_
         assert [consumer.position(tp) for tp in tps] == [1, 2, 1]
 
 
+async def test_the_first_poll_after_assign_waits_for_the_records(cluster: Cluster) -> None:
+    """No leader is known right after assign(): the poll waits for the metadata and the
+    reset, up to its timeout, instead of returning nothing after the retry backoff."""
+    await cluster.create_topic("first")
+    async with Producer(cluster.bootstrap) as producer:
+        await producer.send_and_wait("first", b"x", partition=0)
+    async with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([("first", 0)])
+        async with asyncio.timeout(DEADLINE_S):
+            records = await consumer.poll(LONG_POLL_MS)
+    assert [(r.offset, r.value) for r in records] == [(0, b"x")]
+
+
+async def test_a_poll_of_an_empty_topic_returns_nothing_at_its_timeout(cluster: Cluster) -> None:
+    await cluster.create_topic("empty")
+    async with Consumer(cluster.bootstrap, fetch_max_wait_ms=LONG_POLL_MS) as consumer:
+        consumer.assign([("empty", 0)])
+        async with asyncio.timeout(DEADLINE_S):
+            assert await consumer.poll(500) == []
+            assert await consumer.poll(500) == []
+        assert consumer.position(("empty", 0)) == 0
+
+
 async def test_a_seek_while_a_fetch_is_in_flight_wins_over_its_answer(cluster: Cluster) -> None:
     await cluster.create_topic("seek")
     tp = ("seek", 0)

@@ -5,11 +5,13 @@ that alone: a topic a metadata service does not know keeps its epochs."""
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
+from tidewater.client.errors import MetadataUnavailable
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.v1 import common_pb2, metadata_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -104,3 +106,17 @@ async def test_a_metadata_service_that_does_not_know_the_topic_yet_leaves_its_ep
     assert metadata.leader(TP) is None
     metadata._apply(answer(leader=1, leader_epoch=4))
     assert leader(metadata) == (1, 4)
+
+
+async def test_a_refused_connection_is_not_reported_as_the_deadline_running_out() -> None:
+    """A closed port fails at once: the error says what happened, not "within 10s"."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    metadata = ClusterMetadata([address], request_timeout_s=10)
+    try:
+        with pytest.raises(MetadataUnavailable) as raised:
+            await metadata.refresh(["orders"])
+    finally:
+        await metadata.close()
+    assert str(raised.value) == f"no metadata service answered: {address}: UNAVAILABLE"

@@ -155,6 +155,15 @@ def test_invalid_config_values(config: dict) -> None:
         Producer(["127.0.0.1:1"], **config)
 
 
+def test_a_bad_compression_is_refused_naming_every_value_it_takes() -> None:
+    with pytest.raises(InvalidConfig) as raised:
+        Producer(["127.0.0.1:1"], compression="snappy")
+    assert raised.value.message == (
+        "compression must be None, 'none', 'gzip', 'lz4' or 'zstd', got 'snappy'"
+    )
+    Producer(["127.0.0.1:1"], compression="none")  # as the CLI passes it
+
+
 async def test_silent_metadata_address_fails_fast() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

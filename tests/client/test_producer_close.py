@@ -256,6 +256,37 @@ async def test_a_batch_in_flight_expires_at_the_delivery_timeout(
     assert (b.producer_epoch, b.base_sequence, producer._sequences.bumps) == (0, 1, 0)
 
 
+async def test_a_delivery_timeout_names_the_retriable_error_it_was_last_answered_with(
+    hand_driven_producer: Callable[..., Producer], sent: list[ProducerBatch]
+) -> None:
+    """Retried on NOT_ENOUGH_REPLICAS until delivery_timeout_ms (as in Kafka); the timeout
+    says which error kept it from being written, and carries it as `last_error`."""
+    producer = hand_driven_producer(delivery_timeout_ms=120_000, request_timeout_ms=30_000)
+    t0 = time.monotonic()
+    a = append(producer, b"A", t0)
+    producer._drain(t0)
+    reason = "t-0: ISR [1, 2] is smaller than min.insync.replicas=3"
+    producer._completed(
+        a,
+        pb.PartitionProduceResponse(
+            topic="t",
+            partition=0,
+            error_code=ErrorCode.NOT_ENOUGH_REPLICAS,
+            error_message=reason,
+        ),
+    )
+    assert a.error is None  # queued again, to be retried
+    producer._drain(t0 + 121)
+    assert isinstance(a.error, DeliveryTimeout)
+    assert a.error.last_error is not None
+    assert a.error.last_error.code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert a.error.last_error.message == reason  # the partition named once
+    assert str(a.error) == (
+        "REQUEST_TIMED_OUT: t-0: not acknowledged within delivery_timeout_ms (120000 ms); "
+        "last error NOT_ENOUGH_REPLICAS: ISR [1, 2] is smaller than min.insync.replicas=3"
+    )
+
+
 async def test_a_batch_expired_in_flight_is_not_sent_again_after_its_answer(
     hand_driven_producer: Callable[..., Producer], sent: list[ProducerBatch]
 ) -> None:

@@ -28,3 +28,18 @@ async def test_blocking_producer_and_consumer_round_trip(cluster: Cluster) -> No
     offsets, values = await asyncio.to_thread(script)
     assert offsets == list(range(50))
     assert values == [f"b{i}".encode() for i in range(50)]
+
+
+async def test_the_first_blocking_poll_after_assign_waits_for_the_records(cluster: Cluster) -> None:
+    await cluster.create_topic("first")
+
+    def script() -> list[bytes | None]:
+        with Producer(cluster.bootstrap) as producer:
+            producer.send("first", b"x", partition=0).result(10)
+        with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([("first", 0)])
+            # One poll: the first after assign() waits for the records up to its timeout.
+            return [r.value for r in consumer.poll(20_000)]
+
+    async with asyncio.timeout(60):
+        assert await asyncio.to_thread(script) == [b"x"]

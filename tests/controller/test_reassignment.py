@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.controller.cluster import Cluster, Eventually
+from tidewater.client import Admin, PartitionReassignment
 from tidewater.controller.model import Reassignment, TopicState
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
@@ -68,6 +69,31 @@ async def test_cancelling_a_reassignment_takes_its_added_replicas_out_of_the_isr
     seen = await cluster.read(1, "moving", 0)
     assert {b"before", b"after"} <= set(seen)
     await eventually(lambda: not (cluster.root / "broker-2" / "moving-0").exists(), 10)
+
+
+async def test_admin_lists_the_reassignments_in_progress(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    """Admin.list_partition_reassignments (Kafka's listPartitionReassignments): one held up by
+    a broker that is down, all of them or by partition, and none once it is cancelled."""
+    await cluster.create_topic("moving", assignments=[(1, 3)])
+    await cluster.create_topic("staying", assignments=[(1, 2)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    cluster.brokers[3].kill()  # the target [2, 3] cannot complete without it
+    controllers = [p.address for p in cluster.controllers.values()]
+    async with Admin(controllers) as admin:
+        assert await admin.list_partition_reassignments() == {}
+        await admin.reassign({("moving", 0): [2, 3]})
+        listed = PartitionReassignment(
+            replicas=(2, 3, 1), adding_replicas=(2,), removing_replicas=(1,)
+        )
+        assert await admin.list_partition_reassignments() == {("moving", 0): listed}
+        assert await admin.list_partition_reassignments([("moving", 0), ("nope", 0)]) == {
+            ("moving", 0): listed
+        }
+        assert await admin.list_partition_reassignments([("staying", 0)]) == {}
+        await admin.reassign({("moving", 0): None})
+        assert await admin.list_partition_reassignments() == {}
 
 
 @pytest.mark.parametrize(

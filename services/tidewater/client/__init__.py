@@ -1,2 +1,25 @@
 """The Python client SDK: an asyncio Producer, Consumer and Admin, and blocking facades in
-`tidewater.client.sync`."""
+`tidewater.client.sync`.
+
+    from tidewater.client import Consumer, Producer
+"""
+
+from tidewater.client.accumulator import RecordFuture, RecordMetadata
+from tidewater.client.admin import Admin, PartitionReassignment
+from tidewater.client.consumer import Consumer
+from tidewater.client.metadata import TopicPartition
+from tidewater.client.producer import Producer
+from tidewater.errors import TidewaterError
+from tidewater.records.batch import ConsumerRecord
+
+__all__ = [
+    "Admin",
+    "Consumer",
+    "ConsumerRecord",
+    "PartitionReassignment",
+    "Producer",
+    "RecordFuture",
+    "RecordMetadata",
+    "TidewaterError",
+    "TopicPartition",
+]

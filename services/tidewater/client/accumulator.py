@@ -88,6 +88,7 @@ class ProducerBatch:
         "data",
         "done",
         "error",
+        "last_error",
         "log_append_time_ms",
         "now_ms",
         "order",
@@ -120,6 +121,9 @@ class ProducerBatch:
         self.base_offset = -1
         self.log_append_time_ms = -1
         self.error: BaseException | None = None
+        # The retriable error its last attempt was answered with (code, message), for its
+        # DeliveryTimeout to name.
+        self.last_error: tuple[int, str] | None = None
         # Spans of this batch when the producer traces (tidewater.client.spans).
         self.trace: BatchTrace | None = None
 

@@ -1,7 +1,7 @@
-"""Admin client: topics, partitions, reassignments and leader elections through the active
-controller (ControllerService, following NOT_CONTROLLER), and topic descriptions from a
-metadata service. Given only metadata addresses, it asks them where the active controller is,
-as a Kafka admin client needs only bootstrap servers.
+"""Admin client: topics, partitions, reassignments (made and listed) and leader elections
+through the active controller (ControllerService, following NOT_CONTROLLER), and topic
+descriptions from a metadata service. Given only metadata addresses, it asks them where the
+active controller is, as a Kafka admin client needs only bootstrap servers.
 
 As Kafka's AdminClient retries a retriable error until default.api.timeout.ms, a request the
 controller cut short (REQUEST_TIMED_OUT or NOT_CONTROLLER at the top level, with per-item
@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
@@ -34,6 +35,18 @@ TopicPartition = tuple[str, int]
 # A request (or item) cut short by the controller's resignation: sent again.
 RETRY = (ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_CONTROLLER)
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PartitionReassignment:
+    """A reassignment in progress (Kafka's PartitionReassignment): `replicas`, the partition's
+    replicas now (the target's and the original's together); `adding_replicas`, the target's
+    not in the original; `removing_replicas`, the original's not in the target, removed once
+    every adding replica is in the ISR."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
 
 
 class Admin:
@@ -209,6 +222,25 @@ class Admin:
             "AlterPartitionReassignments", request, "partitions", "partitions"
         ):
             _raise_if(result.error_code, result.error_message)
+
+    async def list_partition_reassignments(
+        self, partitions: Sequence[TopicPartition] = ()
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments in progress, of `partitions` (every partition when none is
+        named), as Kafka's AdminClient.listPartitionReassignments: a partition without one, or
+        that does not exist, is left out."""
+        response = await self._call(
+            "ListPartitionReassignments",
+            cpb.ListPartitionReassignmentsRequest(
+                partitions=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in partitions]
+            ),
+        )
+        return {
+            (r.topic, r.partition): PartitionReassignment(
+                tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
+            )
+            for r in response.reassignments  # type: ignore[attr-defined]
+        }
 
     async def elect_leaders(
         self, unclean: bool = False, partitions: Sequence[TopicPartition] = ()

@@ -211,8 +211,15 @@ class Consumer:
             self._send_requests()
             pending = [call.answer for kind in kinds for call in kind.in_flight.values()]
             if not pending:
-                await asyncio.sleep(min(timeout_ms / 1000, self.retry_backoff_s))
-                return fetched
+                # Nothing to wait for yet: leaders unknown (the metadata on its way) or every
+                # request backing off. Wait for the refresh, or the backoff, and ask again;
+                # only the deadline ends a poll without records (before, the first poll after
+                # assign() returned nothing after retry_backoff_ms).
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return fetched
+                await self.metadata.refreshed(min(remaining, self.retry_backoff_s))
+                continue
             await asyncio.wait(
                 pending,
                 timeout=max(deadline - loop.time(), 0),

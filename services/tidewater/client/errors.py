@@ -16,7 +16,7 @@ class ClientError(Exception):
 
 
 class MetadataUnavailable(ClientError):
-    """No metadata address answered within its deadline."""
+    """No metadata address answered: each refused, failed or let its deadline pass."""
 
 
 class BufferExhausted(ClientError):
@@ -41,9 +41,14 @@ class NoOffsetForPartition(ClientError):
 
 class DeliveryTimeout(TidewaterError):
     """A record was not acknowledged within delivery_timeout_ms (retries and a request in
-    flight included). Once sent, its outcome is unknown: it may be in the log."""
+    flight included). Once sent, its outcome is unknown: it may be in the log. `last_error`:
+    the retriable error of its last attempt answered, if any (NOT_ENOUGH_REPLICAS, ...)."""
 
     code = ErrorCode.REQUEST_TIMED_OUT
+
+    def __init__(self, message: str, last_error: TidewaterError | None = None) -> None:
+        super().__init__(message)
+        self.last_error = last_error
 
 
 class LogTruncation(OffsetOutOfRange):

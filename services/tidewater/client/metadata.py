@@ -103,6 +103,15 @@ class ClusterMetadata:
         delay = max(0.0, self._last_refresh + self.retry_backoff_s - time.monotonic())
         self._refreshing = asyncio.ensure_future(self._delayed_fetch(delay))
 
+    async def refreshed(self, timeout_s: float) -> None:
+        """Wait until the refresh under way ends, for at most `timeout_s` (all of it when
+        none is under way); its failure is not raised."""
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            await asyncio.sleep(timeout_s)
+        else:
+            await asyncio.wait([refreshing], timeout=timeout_s)
+
     async def _delayed_fetch(self, delay: float) -> None:
         await asyncio.sleep(delay)
         # On failure the next stale answer asks again.
@@ -130,7 +139,7 @@ class ClusterMetadata:
         return await self._fetch(topics)
 
     async def _fetch(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
-        errors = []
+        errors: list[tuple[str, grpc.StatusCode]] = []
         for _ in range(len(self.addresses)):
             address = self.addresses[self._current]
             stub = metadata_pb2_grpc.MetadataServiceStub(self._channel(address))
@@ -140,15 +149,20 @@ class ClusterMetadata:
                     timeout=self.request_timeout_s,
                 )
             except grpc.aio.AioRpcError as e:
-                errors.append(f"{address}: {e.code().name}")
+                errors.append((address, e.code()))
                 self._current = (self._current + 1) % len(self.addresses)
                 continue
             self._last_refresh = self._last_view = time.monotonic()
             self._apply(response)
             return response
         self._last_refresh = time.monotonic()
+        # "within Ns" only when the deadline is what ran out: a refused connection fails at
+        # once, and saying it took the deadline would mislead.
+        timed_out = all(code == grpc.StatusCode.DEADLINE_EXCEEDED for _, code in errors)
+        within = f" within {self.request_timeout_s:g}s" if timed_out else ""
         raise MetadataUnavailable(
-            f"no metadata service answered within {self.request_timeout_s:g}s: " + ", ".join(errors)
+            f"no metadata service answered{within}: "
+            + ", ".join(f"{address}: {code.name}" for address, code in errors)
         )
 
     def _apply(self, response: metadata_pb2.GetMetadataResponse) -> None:

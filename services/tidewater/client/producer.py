@@ -93,7 +93,8 @@ class ProducerConfig:
             raise InvalidConfig(f"acks must be -1 (all), 0 or 1, got {self.acks!r}")
         if values["compression"] not in COMPRESSIONS:
             raise InvalidConfig(
-                f"compression must be None, 'gzip', 'lz4' or 'zstd', got {values['compression']!r}"
+                "compression must be None, 'none', 'gzip', 'lz4' or 'zstd', "
+                f"got {values['compression']!r}"
             )
         self.compression = COMPRESSIONS[values["compression"]]
         for name in ("batch_size", "buffer_memory", "max_request_size", "request_timeout_ms"):
@@ -531,7 +532,8 @@ class Producer:
         by_leader: dict[str, list[ProducerBatch]] = {}
         for tp, queue in self._accumulator.queues.items():
             while queue and now - queue[0].created > config.delivery_timeout_s:
-                self._fail(queue.popleft(), DeliveryTimeout(_expired(config, tp)))
+                batch = queue.popleft()
+                self._fail(batch, _delivery_timeout(config, batch))
             if not queue:
                 continue
             head = queue[0]
@@ -581,7 +583,7 @@ class Producer:
         Returns how long until the next one expires."""
         timeout_s = self.config.delivery_timeout_s
         wait_s = timeout_s
-        for tp, sending in self._in_flight.items():
+        for sending in self._in_flight.values():
             for batch in sending:
                 if batch.done.done():
                     continue
@@ -591,9 +593,7 @@ class Producer:
                     continue
                 if self.config.idempotent:
                     self._sequences.expired(batch)
-                batch.fail(
-                    DeliveryTimeout(f"{_expired(self.config, tp)}; in flight: it may be in the log")
-                )
+                batch.fail(_delivery_timeout(self.config, batch, "in flight: it may be in the log"))
                 self._release(batch)
         return wait_s
 
@@ -636,17 +636,16 @@ class Producer:
             if config.idempotent:
                 self._sequences.failed(batch)
         elif not retriable or batch.attempts > config.retries:
-            message = f"{batch.tp[0]}-{batch.tp[1]}: {message}"
+            message = _about(batch.tp, message)
             if retriable and code not in REFUSED_BEFORE_APPEND:
                 # Retries ran out on an answer that may follow an append: outcome unknown.
                 message += "; retries exhausted, the batch may be in the log"
             self._fail(batch, error_for(code, message))
         elif now - batch.created + config.retry_backoff_s > config.delivery_timeout_s:
-            self._fail(
-                batch,
-                DeliveryTimeout(f"{_expired(config, batch.tp)}; last error {message}"),
-            )
+            batch.last_error = (code, message)
+            self._fail(batch, _delivery_timeout(config, batch))
         else:
+            batch.last_error = (code, message)
             self._muted_until[batch.tp] = now + config.retry_backoff_s
             self._accumulator.requeue(batch)  # type: ignore[union-attr]
 
@@ -657,11 +656,31 @@ class Producer:
         self._release(batch)
 
 
-def _expired(config: ProducerConfig, tp: TopicPartition) -> str:
-    return (
-        f"{tp[0]}-{tp[1]}: not acknowledged within delivery_timeout_ms "
-        f"({config.delivery_timeout_s * 1000:g} ms)"
+def _delivery_timeout(
+    config: ProducerConfig, batch: ProducerBatch, note: str = ""
+) -> DeliveryTimeout:
+    """The batch's DeliveryTimeout, with the retriable error it was last answered with."""
+    message = _about(
+        batch.tp,
+        f"not acknowledged within delivery_timeout_ms ({config.delivery_timeout_s * 1000:g} ms)",
     )
+    last_error = None
+    if batch.last_error is not None:
+        code, reason = batch.last_error
+        last_error = error_for(code, _about(batch.tp, reason))
+        message += f"; last error {last_error.code_name}: {_unnamed(batch.tp, reason)}"
+    if note:
+        message += f"; {note}"
+    return DeliveryTimeout(message, last_error)
+
+
+def _about(tp: TopicPartition, reason: str) -> str:
+    """`reason`, naming the partition once (a broker's message may name it already)."""
+    return f"{tp[0]}-{tp[1]}: {_unnamed(tp, reason)}"
+
+
+def _unnamed(tp: TopicPartition, reason: str) -> str:
+    return reason.removeprefix(f"{tp[0]}-{tp[1]}: ")
 
 
 class _BrokerLink:

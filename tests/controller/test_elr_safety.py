@@ -157,6 +157,8 @@ async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_value
         "tidewater: INVALID_CONFIG: broker 1: its default min.insync.replicas 1 is below the "
         "controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
     )
+    assert "broker 1 stopped: the controller refused its configuration" in broker.log_tail()
+    assert "stopped cleanly" not in broker.log_tail()
     assert await cluster.store.load_brokers() == {}
 
 
@@ -183,6 +185,7 @@ async def test_a_registered_broker_stops_when_the_controllers_come_back_with_a_h
             f"tidewater: INVALID_CONFIG: broker {broker_id}: its default min.insync.replicas 1 "
             "is below the controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
         )
+        assert "stopped cleanly" not in broker.log_tail()
         proof = json.loads((cluster.root / f"broker-{broker_id}" / CLEAN_SHUTDOWN_FILE).read_text())
         assert proof["broker_epoch"] == registered[broker_id]["epoch"]
     assert sorted(await cluster.store.load_brokers()) == [1, 2]

@@ -37,3 +37,7 @@ def test_demo_round_trip_on_a_local_cluster(tmp_path: Path) -> None:
     assert "produce-to-ack latency: p50" in result.stdout
     assert "consumed all 500 records back" in result.stdout
     assert "stopped" in result.stdout
+    assert "Bootstrap (metadata service): 127.0.0.1:" in result.stdout
+    # No hints to reach or stop a cluster the demo stops and deletes itself.
+    for hint in ("Running in the background", "Stop:", "Status:"):
+        assert hint not in result.stdout

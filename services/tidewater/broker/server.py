@@ -154,7 +154,16 @@ class BrokerServer:
         self.log_manager.shutdown(self.lifecycle.broker_epoch)
         if self.metrics is not None:
             self.metrics.close()
-        log.info("broker %d stopped cleanly", self.config.broker_id)
+        if self.lifecycle.refusal is not None:
+            # The process exits with the refusal (status 1), at registration or at a
+            # heartbeat: not the clean stop it did not ask for, though a registered broker's
+            # flushed logs prove a clean shutdown to the controller.
+            log.info(
+                "broker %d stopped: the controller refused its configuration",
+                self.config.broker_id,
+            )
+        else:
+            log.info("broker %d stopped cleanly", self.config.broker_id)
 
 
 async def run_broker(

@@ -415,14 +415,17 @@ def _is_ours(pid: int) -> bool:
     return b"tidewater" in command or b"etcd" in command
 
 
-def describe(state: ClusterFile) -> str:
+def describe(state: ClusterFile, hints: bool = True) -> str:
+    """The processes and the bootstrap address; `hints`: how to connect, watch and stop it
+    (not for a cluster about to be stopped, as `tidewater demo`'s)."""
     metadata = ",".join(m.address for m in state.find("metadata"))
     lines = [_table(state.members, None), ""]
     lines.append(f"Bootstrap (metadata service): {metadata}")
-    lines.append(
-        "Connect:  Producer([" + ", ".join(repr(m.address) for m in state.find("metadata")) + "])"
-        " / Consumer([...]) from tidewater.client"
-    )
+    if not hints:
+        return "\n".join(lines)
+    addresses = ", ".join(repr(m.address) for m in state.find("metadata"))
+    lines.append("Connect:  from tidewater.client import Consumer, Producer")
+    lines.append(f"          Producer([{addresses}]) / Consumer([{addresses}])")
     lines.append(f"          grpcurl -plaintext {metadata} list")
     lines.append("Metrics:  curl http://<METRICS>/metrics (Prometheus text, every process)")
     lines.append(f"Status:   tidewater cluster status --data-dir {state.data_dir}")

@@ -11,27 +11,29 @@ import tempfile
 import time
 from pathlib import Path
 
-from tidewater.client.admin import Admin
-from tidewater.client.consumer import Consumer
-from tidewater.client.producer import Producer
-from tidewater.local.cluster import ClusterFile
+from tidewater.client import Admin, Consumer, Producer
+from tidewater.local.cluster import ClusterFile, describe
 from tidewater.stats import percentile
 
 TOPIC = "demo"
 PARTITIONS = 3
 
 
-def _cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "tidewater", *args], check=True)
+def _cli(*args: str, quiet: bool = False) -> None:
+    """`quiet`: its output not shown (errors are: they go to stderr)."""
+    stdout = subprocess.DEVNULL if quiet else None
+    subprocess.run([sys.executable, "-m", "tidewater", *args], check=True, stdout=stdout)
 
 
 async def run_demo(records: int, data_dir: Path | None) -> int:
     with tempfile.TemporaryDirectory(prefix="tidewater-demo-") as tmp:
         root = data_dir or Path(tmp)
-        _cli("cluster", "up", "--detach", "--data-dir", str(root))
+        # Its banner would tell how to reach and stop a cluster that this demo stops itself.
+        _cli("cluster", "up", "--detach", "--data-dir", str(root), quiet=True)
         try:
             state = ClusterFile.read(root)
             assert state is not None, "cluster up wrote no cluster.json"
+            print(describe(state, hints=False), flush=True)
             bootstrap = [m.address for m in state.find("metadata")]
             controllers = [m.address for m in state.find("controller")]
             async with Admin(controllers, bootstrap) as admin:

@@ -21,9 +21,11 @@ from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed
 from tidewater.telemetry import tracing
 from tidewater.tools import bench, consume, produce, topics
-from tidewater.tools.options import key_value
+from tidewater.tools.options import UsageError, at_least, key_value
 from tidewater.tracereport import ReportError
 
+# A usage error: a missing or unknown flag, or a flag value the command cannot take.
+USAGE_EXIT = 2
 # What a command can fail with that the user must see as one line, not a traceback.
 USER_ERRORS = (TidewaterError, ClientError, ControllerUnavailable, ReportError, OSError)
 
@@ -32,7 +34,7 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors as one line (`tidewater: error: ...`), exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def min_insync_replicas(text: str) -> int:
@@ -130,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     cluster = commands.add_parser("cluster", help="a local cluster: up, down, status")
     actions = cluster.add_subparsers(dest="action", required=True)
     up = actions.add_parser("up", help="start etcd, 2 controllers, metadata and brokers")
-    up.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    up.add_argument("--brokers", type=at_least(1), default=3, help="number of brokers (default 3)")
     up.add_argument("--detach", action="store_true", help="leave it running and return")
     # The detached supervisor tells `up --detach` it is ready through this file.
     up.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
@@ -158,7 +160,7 @@ def parser() -> argparse.ArgumentParser:
         "demo",
         help="start a local cluster, produce records with acks=all, consume them, stop it",
     )
-    demo.add_argument("--records", type=int, default=10_000)
+    demo.add_argument("--records", type=at_least(1), default=10_000)
     demo.add_argument("--data-dir", type=Path, help="keep data here (default: a temp dir)")
 
     trace = commands.add_parser("trace", help="read recorded trace files")
@@ -225,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`... | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except UsageError as e:
+        print(f"tidewater: error: {e} (see --help)", file=sys.stderr)
+        return USAGE_EXIT
     except ListenFailed as e:
         print(f"tidewater: {e}", file=sys.stderr)
         return LISTEN_FAILED_EXIT

@@ -15,15 +15,15 @@ from tqdm import tqdm
 
 from tidewater.client.consumer import Consumer
 from tidewater.client.producer import Producer, RecordFuture
-from tidewater.errors import InvalidConfig, RequestTimedOut
+from tidewater.errors import RequestTimedOut
 from tidewater.stats import percentile
 from tidewater.tools.options import (
     add_connection_options,
+    at_least,
     bootstrap,
     partition_count,
-    request_timeout_s,
 )
-from tidewater.tools.produce import add_producer_options, producer_config
+from tidewater.tools.produce import add_producer_options, delivery_failure, producer_config
 
 MIB = 1024 * 1024
 PERCENTILES = (0.5, 0.95, 0.99, 0.999)
@@ -36,39 +36,46 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "produce", help="send records as fast as allowed; throughput and ack latency"
     )
     produce.add_argument("--topic", required=True)
-    produce.add_argument("--num-records", type=int, required=True)
-    produce.add_argument("--record-size", type=int, required=True, help="value bytes")
+    produce.add_argument("--num-records", type=at_least(1), required=True)
+    produce.add_argument("--record-size", type=at_least(1), required=True, help="value bytes")
     produce.add_argument(
-        "--throughput", type=float, required=True, help="records/s to aim at; -1: no limit"
+        "--throughput", type=throughput_arg, required=True, help="records/s to aim at; -1: no limit"
     )
     add_producer_options(produce)
     consume = kinds.add_parser(
         "consume", help="read records from the beginning; throughput and poll latency"
     )
     consume.add_argument("--topic", required=True)
-    consume.add_argument("--num-records", type=int, required=True)
+    consume.add_argument("--num-records", type=at_least(1), required=True)
     consume.add_argument(
-        "--timeout-ms", type=int, default=10000, help="give up after this long without a record"
+        "--timeout-ms",
+        type=at_least(1),
+        default=10000,
+        help="give up after this long without a record",
     )
     for kind in (produce, consume):
         add_connection_options(kind)
         kind.set_defaults(run=run)
 
 
+def throughput_arg(text: str) -> float:
+    try:
+        throughput = float(text)
+    except ValueError:
+        throughput = 0.0
+    if throughput <= 0 and throughput != -1:
+        raise argparse.ArgumentTypeError(f"expected records/s > 0 or -1, got {text!r}")
+    return throughput
+
+
 async def run(args: argparse.Namespace) -> int:
-    request_timeout_s(args)
-    if args.num_records < 1:
-        raise InvalidConfig(f"--num-records must be at least 1, got {args.num_records}")
     if args.kind == "produce":
         return await _produce(args)
     return await _consume(args)
 
 
 async def _produce(args: argparse.Namespace) -> int:
-    if args.record_size < 1:
-        raise InvalidConfig(f"--record-size must be at least 1, got {args.record_size}")
-    if args.throughput <= 0 and args.throughput != -1:
-        raise InvalidConfig(f"--throughput must be positive or -1, got {args.throughput:g}")
+    config = producer_config(args)  # its usage errors before anything else
     # Like Kafka's tool: one payload of random letters, sent again and again.
     payload = "".join(random.choices(string.ascii_uppercase, k=args.record_size)).encode()
     latencies: list[float] = []
@@ -82,7 +89,7 @@ async def _produce(args: argparse.Namespace) -> int:
             latencies.append(time.perf_counter() - sent)
         progress.update()
 
-    async with Producer(bootstrap(args), **producer_config(args)) as producer:
+    async with Producer(bootstrap(args), **config) as producer:
         await partition_count(producer.metadata, args.topic)
         interval = 1 / args.throughput if args.throughput > 0 else 0.0
         started = time.perf_counter()
@@ -98,7 +105,7 @@ async def _produce(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - started
     progress.close()
     if failures:
-        raise failures[0]
+        raise delivery_failure(failures[0], args)
     latencies.sort()
     rate = len(latencies) / elapsed
     print(
@@ -111,8 +118,6 @@ async def _produce(args: argparse.Namespace) -> int:
 
 
 async def _consume(args: argparse.Namespace) -> int:
-    if args.timeout_ms < 1:
-        raise InvalidConfig(f"--timeout-ms must be positive, got {args.timeout_ms}")
     poll_latencies: list[float] = []
     count = size = 0
     progress = tqdm(total=args.num_records, unit="rec", file=sys.stderr, disable=None)

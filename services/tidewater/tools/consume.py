@@ -12,14 +12,13 @@ import time
 from collections.abc import Callable
 
 from tidewater.client.consumer import Consumer, ConsumerRecord
-from tidewater.errors import InvalidConfig
 from tidewater.tools.options import (
     add_connection_options,
+    at_least,
     bootstrap,
     check_partitions,
     partition_count,
     partitions_arg,
-    request_timeout_s,
 )
 
 POLL_MS = 500
@@ -36,16 +35,21 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     start.add_argument("--from-beginning", action="store_true", help="start at the earliest record")
     start.add_argument(
         "--offset",
+        type=offset_arg,
+        default="latest",
         help="start at this offset in each partition read, or earliest / latest (default)",
     )
     start.add_argument(
         "--from-timestamp",
+        type=timestamp_arg,
         help="start at the first record at or after this time: epoch milliseconds or "
         "ISO 8601 (e.g. 2026-11-22T10:00:00+00:00)",
     )
-    consume.add_argument("--max-messages", type=int, help="stop after this many records")
+    consume.add_argument("--max-messages", type=at_least(1), help="stop after this many records")
     consume.add_argument(
-        "--timeout-ms", type=int, help="stop when no record came for this long (default: never)"
+        "--timeout-ms",
+        type=at_least(1),
+        help="stop when no record came for this long (default: never)",
     )
     consume.add_argument(
         "--format",
@@ -60,13 +64,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    request_timeout_s(args)
-    if args.max_messages is not None and args.max_messages < 1:
-        raise InvalidConfig(f"--max-messages must be at least 1, got {args.max_messages}")
-    if args.timeout_ms is not None and args.timeout_ms < 1:
-        raise InvalidConfig(f"--timeout-ms must be positive, got {args.timeout_ms}")
-    offset = "earliest" if args.from_beginning else (args.offset or "latest")
-    timestamp_ms = _timestamp_ms(args.from_timestamp) if args.from_timestamp else None
+    offset = "earliest" if args.from_beginning else args.offset
+    timestamp_ms = args.from_timestamp
     write = _write_json if args.format == "json" else _raw_writer(args)
     limit = args.max_messages
     count = 0
@@ -83,8 +82,8 @@ async def run(args: argparse.Namespace) -> int:
         for tp in tps:
             if timestamp_ms is not None:
                 await consumer.seek_to_timestamp(tp, timestamp_ms)
-            elif offset not in ("earliest", "latest"):
-                consumer.seek(tp, _offset(offset))
+            elif isinstance(offset, int):
+                consumer.seek(tp, offset)
         last_record = time.monotonic()
         while limit is None or count < limit:
             fetched = await consumer.poll_partitions(POLL_MS)
@@ -101,24 +100,27 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _offset(text: str) -> int:
+def offset_arg(text: str) -> int | str:
+    """`--offset`: earliest, latest or an offset >= 0."""
+    if text in ("earliest", "latest"):
+        return text
     try:
-        offset = int(text)
-    except ValueError:
-        offset = -1
-    if offset < 0:
-        raise InvalidConfig(f"--offset must be earliest, latest or an offset >= 0, got {text!r}")
-    return offset
+        return at_least(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected earliest, latest or an offset >= 0, got {text!r}"
+        ) from None
 
 
-def _timestamp_ms(text: str) -> int:
+def timestamp_arg(text: str) -> int:
+    """`--from-timestamp`: epoch milliseconds or ISO 8601."""
     if text.isdigit():
         return int(text)
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise InvalidConfig(
-            f"--from-timestamp must be epoch milliseconds or ISO 8601, got {text!r}"
+        raise argparse.ArgumentTypeError(
+            f"expected epoch milliseconds or ISO 8601, got {text!r}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.astimezone()  # local time, as a user typing it means

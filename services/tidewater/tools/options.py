@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tidewater.client.errors import ClientError, error_for
@@ -25,6 +26,11 @@ class NoCluster(ClientError):
     """No bootstrap address was given and no local cluster is recorded."""
 
 
+class UsageError(ClientError):
+    """A flag value the command cannot take, found after parsing (a flag checked against
+    another, an empty separator): a usage error, exit status 2, as argparse's own."""
+
+
 def key_value(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key:
@@ -32,10 +38,26 @@ def key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum, else a usage error naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def add_connection_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap",
         "--bootstrap-server",
+        type=bootstrap_arg,
         metavar="HOST:PORT[,...]",
         help=f"metadata service addresses (default: ${BOOTSTRAP_ENV}, else the local cluster)",
     )
@@ -47,7 +69,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--request-timeout-ms",
-        type=int,
+        type=at_least(1),
         default=DEFAULT_REQUEST_TIMEOUT_MS,
         help=f"deadline of each request to the cluster (default {DEFAULT_REQUEST_TIMEOUT_MS})",
     )
@@ -62,7 +84,9 @@ def bootstrap(args: argparse.Namespace) -> list[str]:
     """The metadata service addresses to use, by the rules in this module's docstring."""
     from tidewater.local.cluster import ClusterFile, default_data_dir
 
-    text = args.bootstrap or os.environ.get(BOOTSTRAP_ENV, "")
+    if args.bootstrap:
+        return args.bootstrap
+    text = os.environ.get(BOOTSTRAP_ENV, "")
     if text.strip():
         return parse_addresses(text)
     data_dir = args.data_dir or default_data_dir()
@@ -84,10 +108,12 @@ def parse_addresses(text: str) -> list[str]:
     return addresses
 
 
-def request_timeout_s(args: argparse.Namespace) -> float:
-    if args.request_timeout_ms < 1:
-        raise InvalidConfig(f"--request-timeout-ms must be positive, got {args.request_timeout_ms}")
-    return args.request_timeout_ms / 1000
+def bootstrap_arg(text: str) -> list[str]:
+    """`--bootstrap`: checked as the command line is parsed (a usage error)."""
+    try:
+        return parse_addresses(text)
+    except InvalidConfig as e:
+        raise argparse.ArgumentTypeError(e.message) from None
 
 
 async def partition_count(metadata: ClusterMetadata, topic: str) -> int:
@@ -98,7 +124,8 @@ async def partition_count(metadata: ClusterMetadata, topic: str) -> int:
     if info is None or info.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
         raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic!r} does not exist")
     if info.error_code != ErrorCode.NONE:
-        raise error_for(info.error_code, f"topic {topic!r}: {info.error_message}")
+        # The metadata service's message names the topic where it helps (INVALID_TOPIC).
+        raise error_for(info.error_code, info.error_message or f"topic {topic!r}")
     return info.num_partitions
 
 

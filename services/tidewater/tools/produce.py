@@ -12,52 +12,81 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import BinaryIO
 
-from tidewater.client.producer import COMPRESSIONS, Producer, RecordFuture
+from tidewater.client.errors import DeliveryTimeout, error_for
+from tidewater.client.producer import COMPRESSIONS, DEFAULTS, Producer, RecordFuture
 from tidewater.errors import InvalidRequest
 from tidewater.tools.options import (
+    UsageError,
     add_connection_options,
+    at_least,
     bootstrap,
     check_partitions,
     partition_count,
-    request_timeout_s,
 )
 
 READ_SIZE = 256 * 1024
 
 
 def acks_arg(text: str) -> int:
-    """Kafka's acks values: all (= -1), -1, 0, 1; anything else is left to the producer's
-    validation, which names the setting."""
-    if text == "all":
-        return -1
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"acks must be all, -1, 0 or 1, got {text!r}") from None
+    """Kafka's acks values: all (= -1), -1, 0, 1."""
+    acks = {"all": -1, "-1": -1, "0": 0, "1": 1}.get(text)
+    if acks is None:
+        raise argparse.ArgumentTypeError(f"acks must be all, -1, 0 or 1, got {text!r}")
+    return acks
 
 
 def add_producer_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acks", type=acks_arg, default=-1, help="all (default), 1 or 0")
     parser.add_argument(
         "--compression",
+        choices=[c for c in COMPRESSIONS if c],
         default="none",
-        help=f"{', '.join(c for c in COMPRESSIONS if c)} (default none)",
+        help="default none",
     )
-    parser.add_argument("--linger-ms", type=int, default=5, help="default 5")
-    parser.add_argument("--batch-size", type=int, default=16384, help="bytes (default 16384)")
+    parser.add_argument("--linger-ms", type=at_least(0), default=5, help="default 5")
+    parser.add_argument(
+        "--batch-size", type=at_least(1), default=16384, help="bytes (default 16384)"
+    )
+    parser.add_argument(
+        "--delivery-timeout-ms",
+        type=at_least(1),
+        default=DEFAULTS["delivery_timeout_ms"],
+        help="give up on a record not acknowledged within this long, retries included "
+        "(default %(default)s)",
+    )
 
 
 def producer_config(args: argparse.Namespace) -> dict[str, object]:
     """The SDK producer's settings; idempotence (the default) needs acks=all, so other acks
     turn it off as Kafka's producer does when acks is set explicitly."""
+    if args.delivery_timeout_ms < args.linger_ms + args.request_timeout_ms:
+        raise UsageError(
+            "--delivery-timeout-ms must be at least --linger-ms + --request-timeout-ms "
+            f"({args.linger_ms + args.request_timeout_ms}), got {args.delivery_timeout_ms}"
+        )
     return {
         "acks": args.acks,
         "compression": args.compression,
         "linger_ms": args.linger_ms,
         "batch_size": args.batch_size,
         "request_timeout_ms": args.request_timeout_ms,
+        "delivery_timeout_ms": args.delivery_timeout_ms,
         "enable_idempotence": args.acks == -1,
     }
+
+
+def delivery_failure(error: BaseException, args: argparse.Namespace) -> BaseException:
+    """What a failed record's error says on the command line: a delivery timeout after
+    retriable errors leads with the last one (NOT_ENOUGH_REPLICAS, ...), which is what to
+    fix, and says how long it was retried."""
+    if isinstance(error, DeliveryTimeout) and error.last_error is not None:
+        last = error.last_error
+        return error_for(
+            last.code,
+            f"{last.message} (still failing after retrying for --delivery-timeout-ms "
+            f"{args.delivery_timeout_ms}; not produced)",
+        )
+    return error
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -69,7 +98,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="split each line at the first SEP into key and value (default: no key)",
     )
     produce.add_argument(
-        "--partition", type=int, help="send every record to this partition (default: by key)"
+        "--partition",
+        type=at_least(0),
+        help="send every record to this partition (default: by key)",
     )
     add_producer_options(produce)
     add_connection_options(produce)
@@ -77,10 +108,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    request_timeout_s(args)
     separator = args.key_separator.encode() if args.key_separator is not None else None
     if separator == b"":
-        raise InvalidRequest("--key-separator must not be empty")
+        raise UsageError("--key-separator must not be empty")
+    config = producer_config(args)
     source = args.file.open("rb") if args.file is not None else sys.stdin.buffer
     sent = 0
     failures: list[BaseException] = []
@@ -90,7 +121,7 @@ async def run(args: argparse.Namespace) -> int:
             failures.append(future.exception())  # type: ignore[arg-type]
 
     try:
-        async with Producer(bootstrap(args), **producer_config(args)) as producer:
+        async with Producer(bootstrap(args), **config) as producer:
             count = await partition_count(producer.metadata, args.topic)
             if args.partition is not None:
                 check_partitions(args.topic, [args.partition], count)
@@ -106,8 +137,9 @@ async def run(args: argparse.Namespace) -> int:
         if args.file is not None:
             source.close()
     if failures:
-        raise failures[0]
-    print(f"Produced {sent} records to {args.topic}.", file=sys.stderr)
+        raise delivery_failure(failures[0], args)
+    records = "record" if sent == 1 else "records"
+    print(f"Produced {sent} {records} to {args.topic}.", file=sys.stderr)
     return 0
 
 

@@ -10,12 +10,13 @@ import time
 import uuid
 
 from tidewater.client.admin import Admin
-from tidewater.errors import InvalidConfig, RequestTimedOut, UnknownTopicOrPartition
+from tidewater.errors import RequestTimedOut, UnknownTopicOrPartition
 from tidewater.tools.options import (
+    UsageError,
     add_connection_options,
+    at_least,
     bootstrap,
     key_value,
-    request_timeout_s,
 )
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import metadata_pb2
@@ -32,8 +33,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     actions = topics.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a topic (waits until it has leaders)")
     create.add_argument("--topic", required=True)
-    create.add_argument("--partitions", type=int, default=1, help="default 1")
-    create.add_argument("--replication-factor", type=int, default=3, help="default 3")
+    create.add_argument("--partitions", type=at_least(1), default=1, help="default 1")
+    create.add_argument("--replication-factor", type=at_least(1), default=3, help="default 3")
     create.add_argument(
         "--config",
         type=key_value,
@@ -76,7 +77,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    timeout_s = request_timeout_s(args)
+    if args.action == "alter-configs" and not args.set and not args.delete:
+        raise UsageError("alter-configs needs --set KEY=VALUE or --delete KEY")
+    timeout_s = args.request_timeout_ms / 1000
     async with Admin((), bootstrap(args), request_timeout_s=timeout_s) as admin:
         if args.action == "create":
             topic_id = await admin.create_topic(
@@ -88,8 +91,6 @@ async def run(args: argparse.Namespace) -> int:
             await admin.delete_topics([args.topic])
             print(f"Deleted topic {args.topic}.")
         elif args.action == "alter-configs":
-            if not args.set and not args.delete:
-                raise InvalidConfig("alter-configs needs --set KEY=VALUE or --delete KEY")
             await admin.incremental_alter_configs(
                 args.topic, dict(args.set), args.delete, validate_only=args.validate_only
             )

@@ -1,11 +1,16 @@
-"""Trace context through retries: a batch the producer sends twice (the first leader moved
-away) stays one trace, each attempt's Produce a child of the batch's `send` span."""
+"""Trace context between the producer and real brokers: a batch the producer sends twice (the
+first leader moved away) stays one trace, each attempt's Produce a child of the batch's `send`
+span; a batch sampled out is recorded nowhere and carries nothing, its stream having declared
+the producer's not sampled constant once; other clients' streams, which declare nothing, are
+traced as any message without context."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -13,7 +18,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, ParentBasedTraceIdRatio
 
 from tidewater.client.producer import Producer
+from tidewater.records.batch import Record, build_batch
 from tidewater.telemetry import tracing
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import broker_pb2_grpc
+from tidewater.v1.errors_pb2 import ErrorCode
 
 
 @pytest.fixture
@@ -103,6 +112,149 @@ async def test_a_traced_batch_links_sampled_out_fetches_by_their_fetchers_consta
     finished = exporter.get_finished_spans()
     assert not {s.name for s in finished} & {"replica.fetch", "Fetch"}
     [wait] = [s for s in finished if s.name == "replication.wait"]
+    constants = {}
+    for follower in (2, 3):
+        fetchers = cluster.brokers[follower].replica_manager.fetcher_manager.fetchers.values()
+        [fetcher] = [f for f in fetchers if f.source.broker_id == 1]
+        constants[follower] = (fetcher.new_traces.trace_id, fetcher.new_traces.span_id)
+    linked = {
+        link.attributes["tidewater.follower_id"]: (link.context.trace_id, link.context.span_id)
+        for link in wait.links
+    }
+    assert linked == constants
+
+
+@pytest.fixture
+def brokers_at_ratio_1() -> Iterator[InMemorySpanExporter]:
+    """The brokers trace into memory, keeping every trace they start themselves
+    (parentbased_traceidratio 1.0): only a parent's decision keeps them from a span."""
+    exporter = InMemorySpanExporter()
+    services = TracerProvider(sampler=ParentBasedTraceIdRatio(1.0))
+    services.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(services)
+    yield exporter
+    tracing.shutdown()
+
+
+def carried(cluster: Any, monkeypatch: pytest.MonkeyPatch, leader: int) -> list[dict[str, str]]:
+    """The trace_context of each partition batch the leader is sent, as it arrives."""
+    replica_manager = cluster.brokers[leader].replica_manager
+    produce = replica_manager.produce
+    contexts: list[dict[str, str]] = []
+
+    def recording(request: pb.ProduceRequest, *args: Any) -> Any:
+        contexts.extend(dict(data.trace_context) for data in request.partitions)
+        return produce(request, *args)
+
+    monkeypatch.setattr(replica_manager, "produce", recording)
+    return contexts
+
+
+async def test_a_sampled_out_batch_carries_nothing_and_no_broker_starts_a_trace_for_it(
+    cluster, monkeypatch, brokers_at_ratio_1
+) -> None:
+    """The producer's stream declared its not sampled constant: the batch carries no
+    traceparent, and the leader, whose sampler keeps every trace it starts, starts none."""
+    await cluster.create_topic("bare")  # leader 1
+    contexts = carried(cluster, monkeypatch, 1)
+    client = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
+    client.add_span_processor(SimpleSpanProcessor(brokers_at_ratio_1))
+    async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
+        for _ in range(3):
+            await asyncio.wait_for(producer.send_and_wait("bare", b"v", partition=0), 30)
+    assert contexts == [{}, {}, {}]
+    finished = brokers_at_ratio_1.get_finished_spans()
+    assert not {s.name for s in finished} & {"send bare", "Produce", "replication.wait"}
+    # The only appends recorded are the followers', in their own fetches' traces.
+    fetches = {s.context.span_id for s in finished if s.name == "replica.fetch"}
+    assert fetches
+    for append in (s for s in finished if s.name == "log.append"):
+        assert append.parent is not None and append.parent.span_id in fetches
+
+
+async def test_a_stream_that_declares_nothing_has_its_bare_batches_traced_as_before(
+    cluster, brokers_at_ratio_1
+) -> None:
+    """Other clients (grpcurl, other languages): on a stream that declared nothing, a batch
+    without context starts the leader's own trace, as does a unary call without one, and a
+    unary call's metadata is its parent. Only a stream that declared its sampled-out parent
+    (tidewater-sampled-out-parent, as the SDK's producer does) has such batches untraced."""
+    await cluster.create_topic("others")  # leader 1
+    sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sampled_out = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-02"
+
+    def request(value: bytes) -> pb.ProduceRequest:
+        batch = build_batch([Record(value=value)])
+        return pb.ProduceRequest(
+            acks=1, partitions=[pb.PartitionProduceData(topic="others", record_batch=batch)]
+        )
+
+    async def stream(value: bytes, metadata: Any) -> None:
+        call = stub.ProduceStream(metadata=metadata)
+        await call.write(request(value))
+        response = await asyncio.wait_for(call.read(), 30)
+        assert response.partitions[0].error_code == ErrorCode.NONE
+        await call.done_writing()
+
+    async with grpc.aio.insecure_channel(cluster.brokers[1].address) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+        await stream(b"undeclared", None)
+        await stream(b"declared", (("tidewater-sampled-out-parent", sampled_out),))
+        await stub.Produce(request(b"unary"), timeout=30)
+        await stub.Produce(request(b"unary, in a trace"), metadata=(("traceparent", sampled),))
+
+    produces = [s for s in brokers_at_ratio_1.get_finished_spans() if s.name == "Produce"]
+    assert [s.attributes["tidewater.base_offset"] for s in produces] == [0, 2, 3]
+    roots = [s for s in produces if s.parent is None]
+    assert [s.attributes["tidewater.base_offset"] for s in roots] == [0, 2]
+    [child] = [s for s in produces if s.parent is not None]
+    assert child.parent.span_id == 0xB7AD6B7169203331 and child.parent.is_remote
+
+
+async def test_a_sampled_batch_after_sampled_out_ones_on_a_stream_is_traced_in_full(
+    cluster, monkeypatch
+) -> None:
+    """Client at 50%, brokers at 0%: the sampled-out batches carry nothing on the producer's
+    stream, and a sampled one after them carries its traceparent: its trace is complete,
+    replication.wait linking each follower's fetch by the constant its fetch stream declared."""
+    exporter = InMemorySpanExporter()
+    services = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
+    services.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(services)
+    try:
+        await cluster.create_topic("mixed")  # leader 1
+        contexts = carried(cluster, monkeypatch, 1)
+        client = TracerProvider(sampler=ParentBasedTraceIdRatio(0.5))
+        client.add_span_processor(SimpleSpanProcessor(exporter))
+        async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
+            # One batch at a time until one is sampled after at least two that are not (at
+            # 50%, 64 batches miss that once in ~10^8 runs).
+            for _ in range(64):
+                await asyncio.wait_for(producer.send_and_wait("mixed", b"v", partition=0), 30)
+                sends = [s for s in exporter.get_finished_spans() if s.name == "send mixed"]
+                if not sends:
+                    continue  # sampled out
+                if len(contexts) > 2:
+                    break
+                exporter.clear()  # sampled too soon: again
+                contexts.clear()
+    finally:
+        tracing.shutdown()
+    [send] = sends
+    *bare, last = contexts
+    assert len(bare) >= 2 and all(context == {} for context in bare)
+    assert last["traceparent"].split("-")[1:3] == [
+        f"{send.context.trace_id:032x}",
+        f"{send.context.span_id:016x}",
+    ]
+    finished = exporter.get_finished_spans()
+    [produce] = [s for s in finished if s.name == "Produce"]
+    assert produce.parent is not None and produce.parent.span_id == send.context.span_id
+    assert produce.context.trace_id == send.context.trace_id
+    [wait] = [s for s in finished if s.name == "replication.wait"]
+    [append] = [s for s in finished if s.name == "log.append"]
+    for child in (wait, append):
+        assert child.parent is not None and child.parent.span_id == produce.context.span_id
     constants = {}
     for follower in (2, 3):
         fetchers = cluster.brokers[follower].replica_manager.fetcher_manager.fetchers.values()

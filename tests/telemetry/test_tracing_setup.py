@@ -235,6 +235,82 @@ def test_a_sampled_out_produce_makes_no_span(exporter: InMemorySpanExporter) -> 
     assert ProduceTrace.start(sampled, -1, None) is not None
 
 
+DECLARED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-02"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "declared"),
+    [
+        ((("tidewater-sampled-out-parent", DECLARED),), True),
+        ((("x", "y"), ("tidewater-sampled-out-parent", UNSAMPLED)), True),
+        (None, False),
+        ((), False),
+        ((("traceparent", DECLARED),), False),  # the call's parent: unary calls only
+        ((("tidewater-sampled-out-parent", DECLARED[:-2] + "03"),), False),  # sampled
+        ((("tidewater-sampled-out-parent", DECLARED[:-1]),), False),
+        ((("tidewater-sampled-out-parent", "01" + DECLARED[2:]),), False),
+    ],
+)
+def test_a_stream_declares_only_a_sampled_out_parent(metadata: Any, declared: bool) -> None:
+    parent = tracing.stream_parent(metadata)
+    if not declared:
+        assert parent is None
+        return
+    assert parent is not None and parent.is_remote and not parent.trace_flags.sampled
+    assert (parent.trace_id, parent.span_id) == (
+        0x0AF7651916CD43DD8448EB211C80319C,
+        0xB7AD6B7169203331,
+    )
+
+
+def produce_request(*contexts: dict[str, str]) -> pb.ProduceRequest:
+    return pb.ProduceRequest(
+        acks=-1,
+        partitions=[
+            pb.PartitionProduceData(topic="t", partition=p, trace_context=context)
+            for p, context in enumerate(contexts)
+        ],
+    )
+
+
+def test_a_produce_on_a_declaring_stream_traces_only_batches_that_carry_a_context(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """The leader's sampler (parent-based always-on) keeps every trace it starts itself: a
+    batch without context on a stream that declared nothing starts one, as before; on one
+    that declared its sampled-out parent it makes nothing, and the produce no list."""
+    declared = tracing.stream_parent((("tidewater-sampled-out-parent", DECLARED),))
+    bare = produce_request({}, {}, {})
+    assert ProduceTrace.start_all(bare, None, declared) is None
+    undeclared = ProduceTrace.start_all(bare, None, None)
+    assert undeclared is not None and all(undeclared)
+    carrying = produce_request({}, {"traceparent": TRACEPARENT}, {"traceparent": UNSAMPLED})
+    traces = ProduceTrace.start_all(carrying, None, declared)
+    assert traces is not None and [t is not None for t in traces] == [False, True, False]
+    assert traces[1] is not None
+    assert traces[1].span.get_span_context().trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert FetchTrace.start(pb.FetchRequest(replica_id=2), None, declared) is None
+    assert FetchTrace.start(pb.FetchRequest(replica_id=2), None, None) is not None
+
+
+def test_a_sampler_that_ignores_the_parent_decides_on_a_streams_declared_one() -> None:
+    """As on a sampled-out parent carried in the message."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_ON)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        declared = tracing.stream_parent((("tidewater-sampled-out-parent", DECLARED),))
+        traces = ProduceTrace.start_all(produce_request({}), None, declared)
+        assert traces is not None and traces[0] is not None
+        traces[0].end(pb.PartitionProduceResponse())
+        [span] = exporter.get_finished_spans()
+        assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
+        assert span.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    finally:
+        tracing.shutdown()
+
+
 def test_a_sampler_that_ignores_the_parent_decides_on_a_sampled_out_one() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_ON)
@@ -332,12 +408,14 @@ def test_a_fetch_of_a_follower_starts_a_trace_its_sampler_decides_on() -> None:
     tracing.install(provider)
     try:
         request = pb.FetchRequest(replica_id=2)
-        # Sampled out, it still hands its (not sampled) context to the leader, whose
-        # parent-based sampler then records nothing either.
-        assert ReplicaFetchTrace.start(request, 1, tracing.NewTraces()) is None
-        carried = tracing.carried_span_context(request.trace_context)
-        assert carried.is_valid and not carried.trace_flags.sampled
-        assert FetchTrace.start(request, None) is None
+        new_traces = tracing.NewTraces()
+        # Sampled out, it carries nothing: its stream declared the fetcher's (not sampled)
+        # constant, which the leader's parent-based sampler follows, recording nothing.
+        assert ReplicaFetchTrace.start(request, 1, new_traces) is None
+        assert not request.trace_context
+        declared = tracing.stream_parent(new_traces.metadata)
+        assert declared is not None and not declared.trace_flags.sampled
+        assert FetchTrace.start(request, None, declared) is None
         assert exporter.get_finished_spans() == ()
     finally:
         tracing.shutdown()
@@ -383,13 +461,12 @@ def test_a_fetchers_fetch_is_sampled_as_its_sdk_sampler_decides_on_the_same_id(
         request = pb.FetchRequest(replica_id=2)
         fetch = ReplicaFetchTrace.start(request, 1, new_traces)
         assert (fetch is not None) is expected, hex(trace_id)
-        carried = tracing.carried_span_context(request.trace_context)
-        assert carried.trace_flags.sampled is expected
-        assert carried.trace_flags.random_trace_id
         if fetch is None:
-            assert dict(request.trace_context) == {"traceparent": new_traces.traceparent}
+            assert not request.trace_context  # its stream declared the constant
             continue
         kept += 1
+        carried = tracing.carried_span_context(request.trace_context)
+        assert carried.trace_flags.sampled and carried.trace_flags.random_trace_id
         assert carried.trace_id == trace_id
         assert sampler.should_sample(None, carried.trace_id, "x").decision.is_sampled()
         span = fetch.span.get_span_context()
@@ -407,13 +484,15 @@ def test_a_fetchers_fetch_is_sampled_as_its_sdk_sampler_decides_on_the_same_id(
     assert (kept == 3000) is (bound == 1 << 64)
 
 
-def test_a_sampled_out_fetch_carries_its_fetchers_constant_context_and_the_leader_follows(
+def test_a_sampled_out_fetch_carries_nothing_and_the_leader_follows_its_streams_constant(
     exporter: InMemorySpanExporter, seeded: None
 ) -> None:
     """The leader (here with parent-based always-on, the default) records no `Fetch` for a
-    fetch carrying its fetcher's constant, and replication.wait links that constant."""
+    fetch that carries nothing on a stream that declared its fetcher's constant, and
+    replication.wait links that constant."""
     fetchers = {2: tracing.NewTraces(), 3: tracing.NewTraces()}
     assert fetchers[2].traceparent != fetchers[3].traceparent
+    declared = {f: tracing.stream_parent(new_traces.metadata) for f, new_traces in fetchers.items()}
     requests = []
     tracing.install(TracerProvider(sampler=ParentBasedTraceIdRatio(0.01)))
     try:
@@ -421,7 +500,7 @@ def test_a_sampled_out_fetch_carries_its_fetchers_constant_context_and_the_leade
             for _ in range(20):
                 request = pb.FetchRequest(replica_id=follower_id)
                 if ReplicaFetchTrace.start(request, 1, new_traces) is None:
-                    assert dict(request.trace_context) == {"traceparent": new_traces.traceparent}
+                    assert not request.trace_context
                     requests.append(request)
     finally:
         tracing.shutdown()
@@ -434,13 +513,15 @@ def test_a_sampled_out_fetch_carries_its_fetchers_constant_context_and_the_leade
     waits = ReplicationWaits()
     started = waits.start([data], [traced(data)], {("t", 0): 10})
     for request in requests:
-        carried = tracing.carried_span_context(request.trace_context)
+        stream = declared[request.replica_id]
+        carried = tracing.carried_span_context(request.trace_context, stream)
         new_traces = fetchers[request.replica_id]
         assert (carried.trace_id, carried.span_id) == (new_traces.trace_id, new_traces.span_id)
         assert not carried.trace_flags.sampled
-        fetch = FetchTrace.start(request, None)
+        fetch = FetchTrace.start(request, None, stream)
         assert fetch is None
-        waits.follower_fetched(("t", 0), request.replica_id, 10, fetch_link(request, fetch))
+        link = fetch_link(request, fetch, stream)
+        waits.follower_fetched(("t", 0), request.replica_id, 10, link)
     waits.finish(started, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
 
     assert [s.name for s in exporter.get_finished_spans()] == ["replication.wait"]
@@ -544,7 +625,9 @@ def test_other_propagators_than_w3c_write_every_context() -> None:
         propagate.set_global_textmap(before)
 
 
-def test_other_propagators_than_w3c_carry_a_fetchers_constant_context_too() -> None:
+def test_with_other_propagators_than_w3c_a_sampled_out_fetch_carries_nothing_too() -> None:
+    """Its stream's declaration is a traceparent of Tidewater's own metadata key, which
+    brokers read whatever the propagators."""
     before = propagate.get_global_textmap()
     propagate.set_global_textmap(CompositePropagator([before, Marker()]))
     tracing.install(TracerProvider(sampler=ParentBased(ALWAYS_OFF)))
@@ -555,7 +638,8 @@ def test_other_propagators_than_w3c_carry_a_fetchers_constant_context_too() -> N
             "replica.fetch", trace.SpanKind.CLIENT, Context(), {}, carrier, new_traces=new_traces
         )
         assert span is None
-        assert carrier == {"traceparent": new_traces.traceparent, "x-marker": "1"}
+        assert carrier == {}
+        assert new_traces.metadata == ((tracing.SAMPLED_OUT_PARENT, new_traces.traceparent),)
     finally:
         tracing.shutdown()
         propagate.set_global_textmap(before)
@@ -592,8 +676,9 @@ def test_the_send_span_of_a_failed_batch_records_its_exception_as_the_sdk_does()
 
 
 def test_sampled_out_batches_make_no_span_and_carry_their_decision() -> None:
-    """Outside any span of the application's, a producer's sampled-out batches carry its
-    constant context, as a fetcher's fetches do; inside one, they follow that span."""
+    """Outside any span of the application's, a producer's sampled-out batches carry nothing
+    (its streams declare its constant context), as a fetcher's fetches do; inside one, they
+    carry their context in that span's trace."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ParentBased(ALWAYS_OFF))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -606,10 +691,9 @@ def test_sampled_out_batches_make_no_span_and_carry_their_decision() -> None:
         batch.drained()
         batch.end(1, 10, 0, None)
         assert batch.span is None
-        carried = tracing.carried_span_context(batch.carrier)
-        assert carried.is_valid and not carried.trace_flags.sampled
-    assert [b.carrier for b in batches] == [{"traceparent": new_traces.traceparent}] * 2
+    assert [b.carrier for b in batches] == [{}] * 2
     carried = tracing.carried_span_context(inside.carrier)
+    assert carried.is_valid and not carried.trace_flags.sampled
     assert carried.trace_id == application.get_span_context().trace_id
     assert carried.span_id != new_traces.span_id
     assert exporter.get_finished_spans() == ()

@@ -159,7 +159,7 @@ class ReplicaFetcher:
     _wanted: dict[TopicPartition, FollowerFetch] = field(default_factory=dict)
     _changed: set[TopicPartition] = field(default_factory=set)
     _backing_off: set[TopicPartition] = field(default_factory=set)
-    # Its fetches' traces; sampled out, they carry its constant context.
+    # Its fetches' traces; sampled out, their stream declared its constant context.
     new_traces: tracing.NewTraces = field(default_factory=tracing.NewTraces)
 
     def start(self) -> None:
@@ -218,7 +218,11 @@ class ReplicaFetcher:
                 with fetch_trace or _UNTRACED:
                     try:
                         if stream is None:
-                            stream = fetch_stream()
+                            # Tracing, it declares its fetcher's constant as the parent of
+                            # every fetch sampled out, which then carries no context.
+                            stream = fetch_stream(
+                                metadata=self.new_traces.metadata if tracing.ENABLED else None
+                            )
                         await stream.write(request)
                         answer = await deadline.read(stream)
                         if answer is grpc.aio.EOF:

@@ -457,16 +457,18 @@ class ReplicaManager:
         metadata: Any = None,
         batches: Sequence[memoryview | None] = (),
         in_order: asyncio.Lock | None = None,
+        declared: SpanContext | None = None,
     ) -> pb.ProduceResponse:
         """`metadata`: the gRPC call's, where a unary caller's trace context may be.
         `batches[i]`: partition i's record_batch if gRPC's deserializer lifted it out of the
         request (tidewater.rpc.lifted), None if it is in the request. `in_order`: held
         through the appends, taken before the first await: the produces of one stream append
-        in arrival order (an asyncio.Lock serves its waiters first come, first served)."""
+        in arrival order (an asyncio.Lock serves its waiters first come, first served).
+        `declared`: the sampled-out parent the stream declared (tracing.stream_parent)."""
         if not tracing.ENABLED:
             return await self._produce(request, None, batches, in_order)
-        traces = [ProduceTrace.start(data, request.acks, metadata) for data in request.partitions]
-        if not any(traces):
+        traces = ProduceTrace.start_all(request, metadata, declared)
+        if traces is None:
             return await self._produce(request, None, batches, in_order)
         try:
             response = await self._produce(request, traces, batches, in_order)
@@ -637,23 +639,31 @@ class ReplicaManager:
 
     # -- fetch ---------------------------------------------------------------------------
 
-    async def fetch(self, request: pb.FetchRequest, metadata: Any = None) -> FetchAnswer:
-        """`metadata`: the gRPC call's, where a unary caller's trace context may be. gRPC
+    async def fetch(
+        self, request: pb.FetchRequest, metadata: Any = None, declared: SpanContext | None = None
+    ) -> FetchAnswer:
+        """`metadata`: the gRPC call's, where a unary caller's trace context may be;
+        `declared`: the sampled-out parent the stream declared (tracing.stream_parent). gRPC
         sends the answer's `serialize()`, a FetchResponse."""
         if not tracing.ENABLED:
-            return await self._fetch(request, None)
-        fetch_trace = FetchTrace.start(request, metadata)
+            return await self._fetch(request, None, None)
+        fetch_trace = FetchTrace.start(request, metadata, declared)
         if fetch_trace is None:
-            return await self._fetch(request, None)
+            return await self._fetch(request, None, declared)
         try:
-            response = await self._fetch(request, fetch_trace)
+            response = await self._fetch(request, fetch_trace, declared)
         except BaseException as e:
             fetch_trace.abandon(e)
             raise
         fetch_trace.end(response)
         return response
 
-    async def _fetch(self, request: pb.FetchRequest, fetch_trace: FetchTrace | None) -> FetchAnswer:
+    async def _fetch(
+        self,
+        request: pb.FetchRequest,
+        fetch_trace: FetchTrace | None,
+        declared: SpanContext | None,
+    ) -> FetchAnswer:
         started = time.perf_counter_ns()
         # A follower's progress is recorded once, on arrival; reads may repeat while it waits.
         follower = self._from_follower(request)
@@ -672,7 +682,10 @@ class ReplicaManager:
                 request.replica_id,
                 request.replica_broker_epoch,
                 context.partitions,
-                fetch_link(request, fetch_trace) if tracing.ENABLED else None,
+                # Asked only while a traced batch waits for its followers.
+                fetch_link(request, fetch_trace, declared)
+                if tracing.ENABLED and self._replication_waits
+                else None,
                 context.clock,
             )
             if completed:

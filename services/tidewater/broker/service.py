@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable
 
 import grpc
+from opentelemetry.trace import SpanContext
 
 from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.broker.replica_manager import ReplicaManager, fetch_failed, produce_failed
@@ -19,6 +20,13 @@ from tidewater.v1 import broker_pb2_grpc, cluster_pb2
 def _metadata(context: grpc.aio.ServicerContext) -> object:
     """Where a unary caller's trace context may be; not even read while tracing is off."""
     return context.invocation_metadata() if tracing.ENABLED else None
+
+
+def _declared(context: grpc.aio.ServicerContext) -> SpanContext | None:
+    """The sampled-out parent a data-plane stream declared when it opened, for its messages
+    that carry no trace context (tracing.stream_parent). Read whether tracing is on or not:
+    once per stream, and a stream may outlive a change."""
+    return tracing.stream_parent(context.invocation_metadata())
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
@@ -38,9 +46,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         # The stream's requests append in arrival order, one request's appends after the
         # other's, as Kafka keeps a connection's; their waits for replication overlap.
         in_order = asyncio.Lock()
+        declared = _declared(context)
 
         def produce(request: Lifted[pb.ProduceRequest]) -> Awaitable[pb.ProduceResponse]:
-            return self._rm.produce(request.message, None, request.views, in_order)
+            return self._rm.produce(request.message, None, request.views, in_order, declared)
 
         def failed(request: Lifted[pb.ProduceRequest], error: Exception) -> pb.ProduceResponse:
             return produce_failed(request.message, error)
@@ -55,7 +64,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def FetchStream(
         self, request_iterator: AsyncIterator[pb.FetchRequest], context: grpc.aio.ServicerContext
     ) -> None:
-        await pipelined(request_iterator, self._rm.fetch, context.write, fetch_failed)
+        declared = _declared(context)
+
+        def fetch(request: pb.FetchRequest) -> Awaitable[FetchAnswer]:
+            return self._rm.fetch(request, None, declared)
+
+        await pipelined(request_iterator, fetch, context.write, fetch_failed)
 
     async def ListOffsets(
         self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext

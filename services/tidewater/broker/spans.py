@@ -88,8 +88,16 @@ class ProduceTrace(_Traced):
     __slots__ = ()
 
     @classmethod
-    def start(cls, data: pb.PartitionProduceData, acks: int, metadata: Any) -> ProduceTrace | None:
-        parent = tracing.extract(data.trace_context, metadata)
+    def start(
+        cls,
+        data: pb.PartitionProduceData,
+        acks: int,
+        metadata: Any,
+        declared: SpanContext | None = None,
+    ) -> ProduceTrace | None:
+        """`metadata`: a unary call's; `declared`: its stream's sampled-out parent (see
+        tracing.extract)."""
+        parent = tracing.extract(data.trace_context, metadata, declared)
         if parent is None:
             return None
         attributes = messaging_attributes(data.topic, data.partition, "send")
@@ -110,6 +118,25 @@ class ProduceTrace(_Traced):
                 "tidewater.leader_epoch": leader_epoch,
             }
         )
+
+    @classmethod
+    def start_all(
+        cls, request: pb.ProduceRequest, metadata: Any, declared: SpanContext | None
+    ) -> list[ProduceTrace | None] | None:
+        """The traces of a produce's partition batches, in order; None, and nothing made, when
+        none is traced. On a stream that declared its sampled-out parent, a batch that carries
+        no context is looked at no further: at a low ratio that is nearly every batch."""
+        traces: list[ProduceTrace | None] | None = None
+        skips_bare = tracing.skips_bare(declared)
+        for i, data in enumerate(request.partitions):
+            if skips_bare and not data.trace_context:
+                continue
+            produce = cls.start(data, request.acks, metadata, declared)
+            if produce is not None:
+                if traces is None:
+                    traces = [None] * len(request.partitions)
+                traces[i] = produce
+        return traces
 
     def end(self, result: pb.PartitionProduceResponse) -> None:
         end_with_error(self.span, result.error_code, result.error_message)
@@ -168,6 +195,10 @@ class ReplicationWaits:
     def __init__(self) -> None:
         self._waiting: dict[TopicPartition, list[ReplicationWait]] = {}
 
+    def __bool__(self) -> bool:
+        """Whether any batch waits: only then is a follower's fetch looked at for a link."""
+        return bool(self._waiting)
+
     def start(
         self,
         partitions: Iterable[pb.PartitionProduceData],
@@ -214,16 +245,19 @@ class ReplicationWaits:
 
 
 def fetch_link(
-    request: pb.FetchRequest, fetch_trace: FetchTrace | None
+    request: pb.FetchRequest,
+    fetch_trace: FetchTrace | None,
+    declared: SpanContext | None = None,
 ) -> Callable[[], SpanContext]:
     """What replication.wait links for a follower's fetch: the leader's `Fetch` span when the
-    fetch is traced; else the sampled-out context the fetch carries, mostly its fetcher's
-    constant one (tracing.NewTraces): no span of it is exported, but the link's attributes
-    still name the follower and the fetch's offset, at any sampling ratio. Read only when a
-    traced produce waits on the fetch's partition."""
+    fetch is traced; else the sampled-out context the fetch carries or, carrying none, the
+    one its stream `declared`: mostly its fetcher's constant (tracing.NewTraces). No span of
+    it is exported, but the link's attributes still name the follower and the fetch's
+    offset, at any sampling ratio. Read only when a traced produce waits on the fetch's
+    partition."""
     if fetch_trace is not None:
         return lambda: fetch_trace.span_context
-    return lambda: tracing.carried_span_context(request.trace_context)
+    return lambda: tracing.carried_span_context(request.trace_context, declared)
 
 
 class FetchTrace(_Traced):
@@ -232,8 +266,15 @@ class FetchTrace(_Traced):
     __slots__ = ()
 
     @classmethod
-    def start(cls, request: pb.FetchRequest, metadata: Any) -> FetchTrace | None:
-        parent = tracing.extract(request.trace_context, metadata)
+    def start(
+        cls, request: pb.FetchRequest, metadata: Any, declared: SpanContext | None = None
+    ) -> FetchTrace | None:
+        """`metadata`: a unary call's; `declared`: its stream's sampled-out parent (see
+        tracing.extract). On such a stream, a fetch that carries no context is looked at no
+        further."""
+        if tracing.skips_bare(declared) and not request.trace_context:
+            return None
+        parent = tracing.extract(request.trace_context, metadata, declared)
         if parent is None:
             return None
         attributes: dict[str, Any] = {
@@ -278,9 +319,9 @@ class ReplicaFetchTrace(_Traced):
     def start(
         cls, request: pb.FetchRequest, leader_id: int, new_traces: tracing.NewTraces
     ) -> ReplicaFetchTrace | None:
-        """Sampled out, the request still carries a not sampled context to the leader: with
-        the SDK's ratio or always-off sampler and ids, the fetcher's constant one
-        (`new_traces`, see tracing.NewTraces)."""
+        """Sampled out, the request carries a not sampled context of its own to the leader;
+        with the SDK's ratio or always-off sampler and ids, none: its stream declared the
+        fetcher's constant (`new_traces`, see tracing.NewTraces)."""
         # A new trace: a fetch is nobody's child (the produce it serves links to it).
         span = tracing.start_span(
             "replica.fetch",

@@ -198,7 +198,7 @@ class Producer:
         # Set once the sender died: the cause of the SenderFailed every later send() raises.
         self._sender_error: Exception | None = None
         self._tracer = tracing.client_tracer(tracer_provider)
-        # Its batches' traces; sampled out, they carry its constant context.
+        # Its batches' traces; sampled out, their streams declared its constant context.
         self._new_traces = tracing.NewTraces()
 
     async def __aenter__(self) -> Producer:
@@ -729,7 +729,13 @@ class _BrokerLink:
             while True:
                 yield await outbox.get()
 
-        call = self._stub.ProduceStream(requests())
+        # Tracing, it declares the producer's constant as the parent of every batch sampled
+        # out, which then carries no context.
+        producer = self.producer
+        call = self._stub.ProduceStream(
+            requests(),
+            metadata=producer._new_traces.metadata if producer._tracer is not None else None,
+        )
         # A deadline per request: the stream is abandoned when the oldest one is overdue.
         timeout_s = self.producer.config.request_timeout_s + 5.0
         reason = "stream closed"

@@ -4,9 +4,9 @@ send the same trace context, so every attempt's `Produce` on a leader is a child
 
 `send` is made as the brokers' data-path spans are (tracing.start_span): sampled by the
 tracer's sampler on the caller's current span, handed to the provider's processors when it
-ends. A batch sampled out makes no span object, only the context its requests carry: outside
-any span of the application's, with the SDK's ratio sampler and ids, the producer's constant
-one (tracing.NewTraces), as a follower's fetcher does."""
+ends. A batch sampled out makes no span object, only the context its requests carry; outside
+any span of the application's, with the SDK's ratio sampler and ids, none: the producer's
+streams declared its constant one (tracing.NewTraces), as a follower's fetcher does."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class BatchTrace:
     def carry(self, trace_context: MutableMapping[str, str]) -> None:
         """Writes the batch's context into an attempt's PartitionProduceData.trace_context.
         Key by key: a protobuf map's update() goes through Python's MutableMapping, twice
-        the time (most batches carry one key, the producer's constant traceparent)."""
+        the time (a sampled batch carries one key, its traceparent; most carry none)."""
         for key, value in self.carrier.items():
             trace_context[key] = value
 

@@ -78,6 +78,11 @@ DATA_PLANE_METHODS = frozenset({"Produce", "ProduceStream", "Fetch", "FetchStrea
 UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
 MESSAGING_SYSTEM = "tidewater"
 TRACEPARENT = "traceparent"
+# The gRPC metadata with which a data-plane stream (ProduceStream, FetchStream) declares, once
+# when it opens, the parent of each of its messages that carries no traceparent: a W3C
+# traceparent whose sampled flag is clear (NewTraces.metadata). Its sampled-out batches and
+# fetches then carry nothing, and a broker reads nothing of them (README, Tracing).
+SAMPLED_OUT_PARENT = "tidewater-sampled-out-parent"
 W3C_FIELDS = frozenset({TRACEPARENT, "tracestate", "baggage"})
 _TRACE_ID_LOW_BITS = TraceIdRatioBased.TRACE_ID_LIMIT
 _TRACEPARENT_00 = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -478,9 +483,11 @@ def start_span(
     None when it is not recorded: a sampled-out request makes no span object at all.
 
     `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
-    or not, so that the receiver follows this decision. `attributes` may be a function that
-    makes them, called only for a span or a sampler that asks: a new trace sampled out at a
-    low ratio (a producer's batch) then builds no attributes at all."""
+    or not, so that the receiver follows this decision; but a new trace that `new_traces`
+    drops leaves it empty (its stream declared the not sampled parent, NewTraces).
+    `attributes` may be a function that makes them, called only for a span or a sampler
+    that asks: a new trace sampled out at a low ratio (a producer's batch) then builds no
+    attributes at all."""
     sdk_tracer: Any = tracer or TRACER
     facts = _facts(sdk_tracer)
     if type(parent) is SpanContext:
@@ -499,9 +506,9 @@ def start_span(
             sampled = parent_context.trace_flags.sampled
     else:
         if new_traces is not None and carrier is not None and facts.drawn_trace_bound is not None:
-            drawn = new_traces.next(carrier, facts.drawn_trace_bound)
+            drawn = new_traces.next(facts.drawn_trace_bound)
             if drawn is None:
-                return None  # sampled out: the carrier holds the place's constant context
+                return None  # sampled out: the stream declared the place's constant context
             trace_id = drawn
         else:
             trace_id = sdk_tracer.id_generator.generate_trace_id()
@@ -546,37 +553,36 @@ _SAMPLED_OUT_FLAGS = TraceFlags.RANDOM_TRACE_ID
 class NewTraces:
     """New traces started one after another in one place, each sampled by its tracer's
     sampler: a follower's fetcher starts one per fetch, a producer one per batch sent outside
-    any span of the application's.
+    any span of the application's. The place sends its requests on data-plane streams that
+    open with `metadata`, its constant, not sampled context (made once, never exported).
 
     Where that sampler decides a new trace by the ratio rule and its ids come from the SDK's
     RandomIdGenerator (_TracerFacts.drawn_trace_bound), start_span() has next() draw only
     the low 64 bits of a trace id, which are all the rule reads, and the rest only for a
-    trace it keeps. A
-    trace it drops gets no ids of its own: its carrier gets this place's constant, not
-    sampled context (`traceparent`, made once and never exported), so a parent-based
-    receiver records nothing either, and a link to it names the place, not the request.
-    Per follower fetch, its own sampled-out context cost ~28 us of CPU in a busy broker,
-    the brokers' whole cost of 1% sampling (README, Tracing, What it costs). Other samplers
-    and id generators are asked for every trace, by start_span()."""
+    trace it keeps. A trace it drops gets no ids of its own and its carrier stays empty: the
+    stream declared the constant as the parent of every message that carries none, so a
+    parent-based receiver records nothing, reads nothing of the message, and a link to it
+    names the place, not the request. Per follower fetch, a sampled-out context of its own
+    cost ~28 us of CPU in a busy broker, and one carried per message ~0.3 us per record over
+    the brokers (README, Tracing, What it costs). Other samplers and id generators are asked
+    for every trace, by start_span(), and their contexts carried."""
 
-    __slots__ = ("span_id", "trace_id", "traceparent")
+    __slots__ = ("metadata", "span_id", "trace_id", "traceparent")
 
     def __init__(self) -> None:
         ids = RandomIdGenerator()
         self.trace_id = ids.generate_trace_id()
         self.span_id = ids.generate_span_id()
         self.traceparent = _traceparent(self.trace_id, self.span_id, _SAMPLED_OUT_FLAGS)
+        # What the streams of this place's requests open with.
+        self.metadata = ((SAMPLED_OUT_PARENT, self.traceparent),)
 
-    def next(self, carrier: MutableMapping[str, str], bound: int) -> int | None:
+    def next(self, bound: int) -> int | None:
         """The next trace, kept when its id's low 64 bits are below `bound` (the tracer's
-        drawn_trace_bound): its id; else None, and `carrier` holds the constant context."""
+        drawn_trace_bound): its id; else None, to carry nothing."""
         while True:
             low = getrandbits(64)
             if low >= bound:
-                if _w3c_propagation():
-                    carrier[TRACEPARENT] = self.traceparent
-                else:
-                    _write_context(self.trace_id, self.span_id, _SAMPLED_OUT_FLAGS, None, carrier)
                 return None
             # As RandomIdGenerator draws it: 128 random bits, none of the invalid id.
             trace_id = getrandbits(64) << 64 | low
@@ -781,10 +787,32 @@ def current_context_metadata() -> tuple[tuple[str, str], ...]:
     return tuple(carrier.items())
 
 
-def extract(carrier: Mapping[str, str], metadata: Any = None) -> Parent | None:
+def stream_parent(metadata: Any) -> SpanContext | None:
+    """The not sampled parent that a data-plane stream declared when it opened
+    (SAMPLED_OUT_PARENT in its call's `metadata`) for its messages that carry no traceparent;
+    None when it declared none, or anything but a valid version-00 traceparent whose sampled
+    flag is clear: those messages are then read as any others (extract())."""
+    for key, value in metadata or ():
+        if key == SAMPLED_OUT_PARENT and isinstance(value, str):
+            parent = _parent_of(value)
+            return None if parent is None or parent.trace_flags.sampled else parent
+    return None
+
+
+def skips_bare(declared: SpanContext | None) -> bool:
+    """Whether a message that carries no trace context, on a stream that `declared` its
+    sampled-out parent (stream_parent()), is to make no span: this process's sampler follows
+    that parent. Such a message is then looked at no further."""
+    return declared is not None and _FOLLOWS_SAMPLED_OUT_PARENTS
+
+
+def extract(
+    carrier: Mapping[str, str], metadata: Any = None, declared: SpanContext | None = None
+) -> Parent | None:
     """The parent of a span for a message (start_span's `parent`): its own trace_context,
-    else the gRPC call's metadata (unary calls from other clients), else none (a new trace,
-    an empty Context). A traceparent alone is read as a remote SpanContext (_parent_of).
+    else the parent its stream `declared` (stream_parent()), else the gRPC call's metadata
+    (unary calls from other clients), else none (a new trace, an empty Context). A
+    traceparent alone is read as a remote SpanContext (_parent_of).
 
     None when there is to be no span: the parent was sampled out and this process's sampler
     follows its parent. That is read from the traceparent's flags alone: most requests are
@@ -793,6 +821,8 @@ def extract(carrier: Mapping[str, str], metadata: Any = None) -> Parent | None:
     if TRACEPARENT in carrier:
         headers: Mapping[str, str] = carrier
         traceparent: str | None = carrier[TRACEPARENT]
+    elif declared is not None:
+        return None if _FOLLOWS_SAMPLED_OUT_PARENTS else declared
     elif metadata:
         headers = {k: v for k, v in metadata if isinstance(v, str)}
         traceparent = headers.get(TRACEPARENT)
@@ -821,8 +851,13 @@ def _parent_of(traceparent: str | None) -> SpanContext | None:
     return SpanContext(trace_id, span_id, True, _TRACE_FLAGS[traceparent[53:]])
 
 
-def carried_span_context(carrier: Mapping[str, str]) -> SpanContext:
-    """The span context a message carries, sampled or not (invalid when none)."""
+def carried_span_context(
+    carrier: Mapping[str, str], declared: SpanContext | None = None
+) -> SpanContext:
+    """The span context a message carries, sampled or not; without a traceparent, the parent
+    its stream `declared` (stream_parent()); invalid when none."""
+    if declared is not None and TRACEPARENT not in carrier:
+        return declared
     return trace.get_current_span(propagate.extract(carrier)).get_span_context()
 
 

@@ -11,9 +11,10 @@ each role. Compare with the CPU per batch of the processes with tracing off (ben
 cluster: client ~1 ms, leader ~1.3-1.7 ms, each follower ~0.5-0.7 ms per batch of 135
 records).
 
-At 1%, what a batch sampled out costs each role (sampled_out_cost). And what a follower's
-fetch costs to start its trace, over making the request alone: with the SDK's ids, as a broker
-has them (sampled out, the fetch carries its fetcher's constant context, tracing.NewTraces),
+At 1%, what a batch sampled out costs each role, wire included (sampled_out_cost). And what a
+follower's fetch costs to start its trace, over making the request alone: with the SDK's ids,
+as a broker has them (sampled out, the fetch carries nothing: its stream declared its
+fetcher's constant context, tracing.NewTraces),
 and with another id generator drawing the same ids, which has each fetch asked and given a
 context of its own (as every fetch was before NewTraces); rounds interleaved, medians.
 
@@ -194,41 +195,68 @@ def fetch_cost(fetches: int, rounds: int = 7) -> dict[str, float]:
 
 def sampled_out_cost(batches: int, rounds: int = 7) -> dict[str, float]:
     """CPU us per batch and role (per follower fetch) of a batch sampled out, as 99% are at
-    1% (here parentbased_traceidratio 0: all), over making its messages untraced: the
-    client's BatchTrace and the context its attempt carries; the leader's look at that
-    context and at two follower fetches' (with the closures that would link them); a
-    follower's fetch carrying its fetcher's constant context. Rounds interleaved, medians."""
+    1% (here parentbased_traceidratio 0: all), over its messages untraced, wire included
+    (made and serialized by the sender, parsed by the receiver): the client's BatchTrace and
+    what its attempt carries (nothing: the producer's stream declared its constant); the
+    leader's look at that produce and at two follower fetches, each on a stream that declared
+    its fetcher's constant; a follower's fetch. Rounds interleaved, medians."""
     provider = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
     tracing.install(provider)
     client_tracer = tracing.client_tracer(provider)
     assert client_tracer is not None
     producer, fetcher = tracing.NewTraces(), tracing.NewTraces()
-    produced = pb.PartitionProduceData(topic=TP[0], partition=TP[1])
-    BatchTrace(client_tracer, producer, TP[0], TP[1], -1).carry(produced.trace_context)
-    fetch = pb.FetchRequest(replica_id=2)
-    assert spans.ReplicaFetchTrace.start(fetch, 1, fetcher) is None
+    produce_stream = tracing.stream_parent(producer.metadata)
+    fetch_stream = tracing.stream_parent(fetcher.metadata)
+
+    def produce_request(batch: BatchTrace | None) -> bytes:
+        request = pb.ProduceRequest(acks=-1)
+        data = request.partitions.add(topic=TP[0], partition=TP[1], record_batch=bytes(BATCH))
+        if batch is not None:
+            batch.carry(data.trace_context)
+        return request.SerializeToString()
+
+    def fetch_request(traced: bool) -> bytes:
+        request = pb.FetchRequest(replica_id=2, max_wait_ms=500)
+        request.partitions.add(topic=TP[0], partition=TP[1], fetch_offset=1)
+        if traced:
+            assert spans.ReplicaFetchTrace.start(request, 1, fetcher) is None
+        return request.SerializeToString()
 
     def client(traced: bool) -> None:
         for _ in range(batches):
             batch = BatchTrace(client_tracer, producer, TP[0], TP[1], -1) if traced else None
-            data = pb.ProduceRequest().partitions.add(topic=TP[0], partition=TP[1])
+            produce_request(batch)
             if batch is not None:
                 batch.drained()
-                batch.carry(data.trace_context)
                 batch.end(RECORDS, len(BATCH), 0, None)
 
+    sent = {
+        traced: (
+            produce_request(
+                BatchTrace(client_tracer, producer, TP[0], TP[1], -1) if traced else None
+            ),
+            fetch_request(traced),
+        )
+        for traced in (False, True)
+    }
+
     def leader(traced: bool) -> None:
+        produced, fetched = sent[traced]
         for _ in range(batches):
+            request = pb.ProduceRequest.FromString(produced)
             if traced:
-                assert spans.ProduceTrace.start(produced, -1, None) is None
-                for _ in range(2):
-                    spans.fetch_link(fetch, spans.FetchTrace.start(fetch, None))
+                assert spans.ProduceTrace.start_all(request, None, produce_stream) is None
+            # The handler reads the partitions, traced or not.
+            assert all(data.topic for data in request.partitions)
+            for _ in range(2):
+                fetch = pb.FetchRequest.FromString(fetched)
+                if traced:
+                    assert spans.FetchTrace.start(fetch, None, fetch_stream) is None
+                assert all(partition.topic for partition in fetch.partitions)
 
     def follower(traced: bool) -> None:
         for _ in range(batches):
-            request = pb.FetchRequest(replica_id=2)
-            if traced:
-                spans.ReplicaFetchTrace.start(request, 1, fetcher)
+            fetch_request(traced)
 
     roles = {"client": client, "leader": leader, "follower": follower}
     cpu: dict[tuple[str, bool], list[float]] = {(r, t): [] for r in roles for t in (False, True)}

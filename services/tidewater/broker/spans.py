@@ -13,8 +13,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+)
 
 from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.errors import NO_ERROR
@@ -322,11 +328,12 @@ class ReplicaFetchTrace(_Traced):
         """Sampled out, the request carries a not sampled context of its own to the leader;
         with the SDK's ratio or always-off sampler and ids, none: its stream declared the
         fetcher's constant (`new_traces`, see tracing.NewTraces)."""
-        # A new trace: a fetch is nobody's child (the produce it serves links to it).
+        # A new trace: a fetch is nobody's child (the produce it serves links to it). The
+        # invalid parent says so without a Context to look into (0.3 us per fetch).
         span = tracing.start_span(
             "replica.fetch",
             SpanKind.CLIENT,
-            Context(),
+            INVALID_SPAN_CONTEXT,
             lambda: {
                 "messaging.system": tracing.MESSAGING_SYSTEM,
                 "tidewater.follower_id": request.replica_id,

@@ -150,6 +150,20 @@ def carried(cluster: Any, monkeypatch: pytest.MonkeyPatch, leader: int) -> list[
     return contexts
 
 
+def fetched(cluster: Any, monkeypatch: pytest.MonkeyPatch, leader: int) -> list[dict[str, str]]:
+    """The trace_context of each follower fetch the leader is sent, as it arrives."""
+    replica_manager = cluster.brokers[leader].replica_manager
+    fetch = replica_manager.fetch
+    contexts: list[dict[str, str]] = []
+
+    def recording(request: pb.FetchRequest, *args: Any) -> Any:
+        contexts.append(dict(request.trace_context))
+        return fetch(request, *args)
+
+    monkeypatch.setattr(replica_manager, "fetch", recording)
+    return contexts
+
+
 async def test_a_sampled_out_batch_carries_nothing_and_no_broker_starts_a_trace_for_it(
     cluster, monkeypatch, brokers_at_ratio_1
 ) -> None:
@@ -215,13 +229,15 @@ async def test_a_sampled_batch_after_sampled_out_ones_on_a_stream_is_traced_in_f
     cluster, monkeypatch
 ) -> None:
     """Client at 50%, brokers at 0%: the sampled-out batches carry nothing on the producer's
-    stream, and a sampled one after them carries its traceparent: its trace is complete,
-    replication.wait linking each follower's fetch by the constant its fetch stream declared."""
+    stream, nor do the followers' fetches on theirs, and a sampled batch after them carries
+    its traceparent: its trace is complete, replication.wait linking each follower's fetch by
+    the constant its fetch stream declared."""
     exporter = InMemorySpanExporter()
     services = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
     services.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(services)
     try:
+        fetches = fetched(cluster, monkeypatch, 1)
         await cluster.create_topic("mixed")  # leader 1
         contexts = carried(cluster, monkeypatch, 1)
         client = TracerProvider(sampler=ParentBasedTraceIdRatio(0.5))
@@ -241,6 +257,8 @@ async def test_a_sampled_batch_after_sampled_out_ones_on_a_stream_is_traced_in_f
     finally:
         tracing.shutdown()
     [send] = sends
+    # Every follower fetch is sampled out at 0%, and carries nothing either.
+    assert fetches and all(context == {} for context in fetches)
     *bare, last = contexts
     assert len(bare) >= 2 and all(context == {} for context in bare)
     assert last["traceparent"].split("-")[1:3] == [

@@ -7,6 +7,7 @@ traced as any message without context."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,22 +97,21 @@ async def test_a_traced_batch_links_sampled_out_fetches_by_their_fetchers_consta
 ) -> None:
     """The brokers sample their own traces by ratio and keep none (a follower's fetches among
     them); the client records everything. The batch's replication.wait links each follower's
-    fetch by the constant context its fetcher sends for every sampled-out fetch."""
-    exporter = InMemorySpanExporter()
-    services = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
-    services.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(services)
-    try:
+    fetch by the constant context its fetcher's stream declared for every sampled-out fetch."""
+    with brokers_tracing(0.0) as exporter:
         await cluster.create_topic("linked")  # leader 1
-        client = TracerProvider()
-        client.add_span_processor(SimpleSpanProcessor(exporter))
+        client = client_tracing(1.0, exporter)
         async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
             await asyncio.wait_for(producer.send_and_wait("linked", b"v", partition=0), 30)
-    finally:
-        tracing.shutdown()
     finished = exporter.get_finished_spans()
     assert not {s.name for s in finished} & {"replica.fetch", "Fetch"}
     [wait] = [s for s in finished if s.name == "replication.wait"]
+    assert_links_fetchers_constants(cluster, wait)
+
+
+def assert_links_fetchers_constants(cluster: Any, wait: Any) -> None:
+    """`wait` (a replication.wait on leader 1) links each follower's fetch by its fetcher's
+    constant context: the followers' fetches were sampled out."""
     constants = {}
     for follower in (2, 3):
         fetchers = cluster.brokers[follower].replica_manager.fetcher_manager.fetchers.values()
@@ -124,43 +124,49 @@ async def test_a_traced_batch_links_sampled_out_fetches_by_their_fetchers_consta
     assert linked == constants
 
 
-@pytest.fixture
-def brokers_at_ratio_1() -> Iterator[InMemorySpanExporter]:
-    """The brokers trace into memory, keeping every trace they start themselves
-    (parentbased_traceidratio 1.0): only a parent's decision keeps them from a span."""
+@contextlib.contextmanager
+def brokers_tracing(ratio: float) -> Iterator[InMemorySpanExporter]:
+    """The brokers (of this process) trace into memory, parentbased_traceidratio `ratio`."""
     exporter = InMemorySpanExporter()
-    services = TracerProvider(sampler=ParentBasedTraceIdRatio(1.0))
+    services = TracerProvider(sampler=ParentBasedTraceIdRatio(ratio))
     services.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(services)
-    yield exporter
-    tracing.shutdown()
+    try:
+        yield exporter
+    finally:
+        tracing.shutdown()
 
 
-def carried(cluster: Any, monkeypatch: pytest.MonkeyPatch, leader: int) -> list[dict[str, str]]:
-    """The trace_context of each partition batch the leader is sent, as it arrives."""
+def client_tracing(ratio: float, exporter: InMemorySpanExporter) -> TracerProvider:
+    """A producer's tracer provider, parentbased_traceidratio `ratio`, into `exporter`."""
+    client = TracerProvider(sampler=ParentBasedTraceIdRatio(ratio))
+    client.add_span_processor(SimpleSpanProcessor(exporter))
+    return client
+
+
+@pytest.fixture
+def brokers_at_ratio_1() -> Iterator[InMemorySpanExporter]:
+    """The brokers keep every trace they start themselves: only a parent's decision keeps
+    them from a span."""
+    with brokers_tracing(1.0) as exporter:
+        yield exporter
+
+
+def arriving(
+    cluster: Any, monkeypatch: pytest.MonkeyPatch, leader: int, method: str
+) -> list[dict[str, str]]:
+    """The trace_context of each partition batch (`method` "produce") or fetch ("fetch") the
+    leader is sent, as it arrives."""
     replica_manager = cluster.brokers[leader].replica_manager
-    produce = replica_manager.produce
+    handler = getattr(replica_manager, method)
     contexts: list[dict[str, str]] = []
 
-    def recording(request: pb.ProduceRequest, *args: Any) -> Any:
-        contexts.extend(dict(data.trace_context) for data in request.partitions)
-        return produce(request, *args)
+    def recording(request: Any, *args: Any) -> Any:
+        messages = request.partitions if method == "produce" else [request]
+        contexts.extend(dict(message.trace_context) for message in messages)
+        return handler(request, *args)
 
-    monkeypatch.setattr(replica_manager, "produce", recording)
-    return contexts
-
-
-def fetched(cluster: Any, monkeypatch: pytest.MonkeyPatch, leader: int) -> list[dict[str, str]]:
-    """The trace_context of each follower fetch the leader is sent, as it arrives."""
-    replica_manager = cluster.brokers[leader].replica_manager
-    fetch = replica_manager.fetch
-    contexts: list[dict[str, str]] = []
-
-    def recording(request: pb.FetchRequest, *args: Any) -> Any:
-        contexts.append(dict(request.trace_context))
-        return fetch(request, *args)
-
-    monkeypatch.setattr(replica_manager, "fetch", recording)
+    monkeypatch.setattr(replica_manager, method, recording)
     return contexts
 
 
@@ -170,9 +176,8 @@ async def test_a_sampled_out_batch_carries_nothing_and_no_broker_starts_a_trace_
     """The producer's stream declared its not sampled constant: the batch carries no
     traceparent, and the leader, whose sampler keeps every trace it starts, starts none."""
     await cluster.create_topic("bare")  # leader 1
-    contexts = carried(cluster, monkeypatch, 1)
-    client = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
-    client.add_span_processor(SimpleSpanProcessor(brokers_at_ratio_1))
+    contexts = arriving(cluster, monkeypatch, 1, "produce")
+    client = client_tracing(0.0, brokers_at_ratio_1)
     async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
         for _ in range(3):
             await asyncio.wait_for(producer.send_and_wait("bare", b"v", partition=0), 30)
@@ -232,16 +237,11 @@ async def test_a_sampled_batch_after_sampled_out_ones_on_a_stream_is_traced_in_f
     stream, nor do the followers' fetches on theirs, and a sampled batch after them carries
     its traceparent: its trace is complete, replication.wait linking each follower's fetch by
     the constant its fetch stream declared."""
-    exporter = InMemorySpanExporter()
-    services = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
-    services.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(services)
-    try:
-        fetches = fetched(cluster, monkeypatch, 1)
+    with brokers_tracing(0.0) as exporter:
+        fetches = arriving(cluster, monkeypatch, 1, "fetch")
         await cluster.create_topic("mixed")  # leader 1
-        contexts = carried(cluster, monkeypatch, 1)
-        client = TracerProvider(sampler=ParentBasedTraceIdRatio(0.5))
-        client.add_span_processor(SimpleSpanProcessor(exporter))
+        contexts = arriving(cluster, monkeypatch, 1, "produce")
+        client = client_tracing(0.5, exporter)
         async with Producer(cluster.bootstrap, acks=-1, tracer_provider=client) as producer:
             # One batch at a time until one is sampled after at least two that are not (at
             # 50%, 64 batches miss that once in ~10^8 runs).
@@ -254,8 +254,6 @@ async def test_a_sampled_batch_after_sampled_out_ones_on_a_stream_is_traced_in_f
                     break
                 exporter.clear()  # sampled too soon: again
                 contexts.clear()
-    finally:
-        tracing.shutdown()
     [send] = sends
     # Every follower fetch is sampled out at 0%, and carries nothing either.
     assert fetches and all(context == {} for context in fetches)
@@ -273,13 +271,4 @@ async def test_a_sampled_batch_after_sampled_out_ones_on_a_stream_is_traced_in_f
     [append] = [s for s in finished if s.name == "log.append"]
     for child in (wait, append):
         assert child.parent is not None and child.parent.span_id == produce.context.span_id
-    constants = {}
-    for follower in (2, 3):
-        fetchers = cluster.brokers[follower].replica_manager.fetcher_manager.fetchers.values()
-        [fetcher] = [f for f in fetchers if f.source.broker_id == 1]
-        constants[follower] = (fetcher.new_traces.trace_id, fetcher.new_traces.span_id)
-    linked = {
-        link.attributes["tidewater.follower_id"]: (link.context.trace_id, link.context.span_id)
-        for link in wait.links
-    }
-    assert linked == constants
+    assert_links_fetchers_constants(cluster, wait)

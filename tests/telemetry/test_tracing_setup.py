@@ -293,36 +293,25 @@ def test_a_produce_on_a_declaring_stream_traces_only_batches_that_carry_a_contex
     assert FetchTrace.start(pb.FetchRequest(replica_id=2), None, None) is not None
 
 
-def test_a_sampler_that_ignores_the_parent_decides_on_a_streams_declared_one() -> None:
-    """As on a sampled-out parent carried in the message."""
+@pytest.mark.parametrize("declared", [False, True], ids=["carried", "declared"])
+def test_a_sampler_that_ignores_the_parent_decides_on_a_sampled_out_one(declared: bool) -> None:
+    """A not sampled parent, carried in the message or declared by its stream."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_ON)
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.install(provider)
     try:
-        declared = tracing.stream_parent((("tidewater-sampled-out-parent", DECLARED),))
-        traces = ProduceTrace.start_all(produce_request({}), None, declared)
+        if declared:
+            request = produce_request({})
+            parent = tracing.stream_parent((("tidewater-sampled-out-parent", DECLARED),))
+        else:
+            request, parent = produce_request({"traceparent": UNSAMPLED}), None
+        traces = ProduceTrace.start_all(request, None, parent)
         assert traces is not None and traces[0] is not None
         traces[0].end(pb.PartitionProduceResponse())
         [span] = exporter.get_finished_spans()
         assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
         assert span.context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
-    finally:
-        tracing.shutdown()
-
-
-def test_a_sampler_that_ignores_the_parent_decides_on_a_sampled_out_one() -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ALWAYS_ON)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
-    try:
-        data = pb.PartitionProduceData(trace_context={"traceparent": UNSAMPLED})
-        produce = ProduceTrace.start(data, -1, None)
-        assert produce is not None
-        produce.end(pb.PartitionProduceResponse())
-        [span] = exporter.get_finished_spans()
-        assert span.parent is not None and span.parent.span_id == 0xB7AD6B7169203331
     finally:
         tracing.shutdown()
 

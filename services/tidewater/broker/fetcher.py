@@ -218,8 +218,9 @@ class ReplicaFetcher:
                 with fetch_trace or _UNTRACED:
                     try:
                         if stream is None:
-                            # Tracing, it declares its fetcher's constant as the parent of
-                            # every fetch sampled out, which then carries no context.
+                            # Tracing (set up before any fetcher starts), it declares the
+                            # fetcher's constant as the parent of every fetch sampled out,
+                            # which then carries no context.
                             stream = fetch_stream(
                                 metadata=self.new_traces.metadata if tracing.ENABLED else None
                             )

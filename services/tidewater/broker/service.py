@@ -25,7 +25,7 @@ def _metadata(context: grpc.aio.ServicerContext) -> object:
 def _declared(context: grpc.aio.ServicerContext) -> SpanContext | None:
     """The sampled-out parent a data-plane stream declared when it opened, for its messages
     that carry no trace context (tracing.stream_parent). Read whether tracing is on or not:
-    once per stream, and a stream may outlive a change."""
+    once per stream, and a test may set tracing up in a running broker."""
     return tracing.stream_parent(context.invocation_metadata())
 
 

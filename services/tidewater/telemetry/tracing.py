@@ -479,7 +479,7 @@ def start_span(
     """A span of the data path (the brokers' `Produce`, `Fetch`, `replica.fetch`, the
     producer's `send`), sampled as Tracer.start_span samples: the tracer's sampler (TRACER's
     by default) decides on the span in `parent`, or on a new trace id without a valid one
-    (from `new_traces`, the place's NewTraces, when given with a carrier; else the tracer's).
+    (from `new_traces`, the place's NewTraces, when given; else the tracer's).
     None when it is not recorded: a sampled-out request makes no span object at all.
 
     `carrier` (a message's trace_context), when given, gets the span's W3C context, sampled
@@ -505,7 +505,7 @@ def start_span(
         if facts.follows_parents:
             sampled = parent_context.trace_flags.sampled
     else:
-        if new_traces is not None and carrier is not None and facts.drawn_trace_bound is not None:
+        if new_traces is not None and facts.drawn_trace_bound is not None:
             drawn = new_traces.next(facts.drawn_trace_bound)
             if drawn is None:
                 return None  # sampled out: the stream declared the place's constant context

@@ -168,7 +168,8 @@ async def test_a_registered_broker_stops_when_the_controllers_come_back_with_a_h
     """Brokers 1 and 2 registered with their default 1 under controllers with 1; the
     controllers restart (at their addresses) with 2. Before, nothing refused the brokers,
     registered already; now their first heartbeats are refused and they stop, naming both
-    values, with the clean-shutdown proof of flushed logs."""
+    values, with the clean-shutdown proof of flushed logs; restarted unchanged (systemd's
+    Restart=on-failure), refused at registration twice, each keeps its proof."""
     cluster = await make_cluster(broker_ids=(1, 2))
     addresses = {c: proc.address for c, proc in cluster.controllers.items()}
     for proc in cluster.controllers.values():
@@ -189,6 +190,16 @@ async def test_a_registered_broker_stops_when_the_controllers_come_back_with_a_h
         proof = json.loads((cluster.root / f"broker-{broker_id}" / CLEAN_SHUTDOWN_FILE).read_text())
         assert proof["broker_epoch"] == registered[broker_id]["epoch"]
     assert sorted(await cluster.store.load_brokers()) == [1, 2]
+    for _ in range(2):
+        # It may be refused (and exit) before it announces its address.
+        with contextlib.suppress(ProcessFailed):
+            await cluster.start_broker(1)
+        broker = cluster.brokers[1]  # the new process's
+        await eventually(lambda b=broker: b.proc is not None and b.proc.poll() is not None, 30)
+        assert broker.proc is not None and broker.proc.returncode == 1
+        assert "registration refused: " in broker.log_tail()
+        proof = json.loads((cluster.root / "broker-1" / CLEAN_SHUTDOWN_FILE).read_text())
+        assert proof["broker_epoch"] == registered[1]["epoch"]
 
 
 async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(

@@ -151,7 +151,7 @@ class BrokerServer:
                 await task
         await self.replica_manager.shutdown()
         await self.log_manager.background_flushes_done()
-        self.log_manager.shutdown(self.lifecycle.broker_epoch)
+        self.log_manager.shutdown(self._clean_shutdown_epoch())
         if self.metrics is not None:
             self.metrics.close()
         if self.lifecycle.refusal is not None:
@@ -164,6 +164,16 @@ class BrokerServer:
             )
         else:
             log.info("broker %d stopped cleanly", self.config.broker_id)
+
+
+    def _clean_shutdown_epoch(self) -> int:
+        """The broker epoch the clean-shutdown files name: this run's registration's, else
+        (never registered: refused, or stopped before) the one the last run's files named,
+        so that a refused start does not use up the proof (0: none, no files). Nothing can
+        have been appended in a run that never registered: LeaderAndIsr checks the epoch."""
+        if self.lifecycle.registered.is_set():
+            return self.lifecycle.broker_epoch
+        return self.log_manager.clean_shutdown_broker_epoch
 
 
 async def run_broker(

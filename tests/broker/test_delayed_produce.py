@@ -16,6 +16,7 @@ from tidewater.local.standin_controller import make_leader
 from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch, decode_batches
 from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
 TP = ("t", 0)
@@ -253,3 +254,34 @@ async def test_a_batch_waiting_through_an_epoch_bump_that_kept_its_leader_is_ack
     [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
     assert (result.error_code, result.base_offset) == (ErrorCode.NONE, 0)
     assert [r.value for r in decode_batches(rm.partitions[TP].log.read(0, 1 << 20))] == [b"kept"]
+
+
+async def test_a_lower_min_insync_in_update_metadata_commits_a_waiting_batch_at_once(
+    start_broker: Callable[..., Any],
+) -> None:
+    """An acks=all batch appended with ISR {1, 2}; the ISR shrinks to {1}, below the topic's
+    min.insync.replicas 2, so the HW holds (KIP-966) while broker 2 stays quiet. The topic
+    lowers it to 1 (UpdateMetadata): the HW moves and the produce is answered at once, not
+    at the next append or fetch that moves a LEO (before, review 12)."""
+    server, client = await start_broker(1)
+    min_2 = {"min.insync.replicas": "2"}
+    await make_leader(
+        client.channel, TP[0], 0, leader=1, leader_epoch=1, replicas=[1, 2], configs=min_2
+    )
+    rm = server.replica_manager
+    produce = asyncio.create_task(rm.produce(produce_request(-1, (0, b"waiting"))))
+    await eventually(lambda: rm.produce_purgatory.watched == 1, WAIT_S)
+    await make_leader(
+        client.channel, TP[0], 0, leader=1, leader_epoch=2, replicas=[1, 2], isr=[1], configs=min_2
+    )
+    state = rm.partitions[TP].state
+    assert (state.high_watermark, rm.produce_purgatory.watched) == (0, 1)
+    request = cluster_pb2.UpdateMetadataRequest(
+        controller_epoch=1,
+        type=cluster_pb2.UPDATE_METADATA_TYPE_DELTA,
+        topic_configs=[common_pb2.TopicConfig(topic=TP[0], configs={"min.insync.replicas": "1"})],
+    )
+    assert (await client.control.UpdateMetadata(request)).error_code == ErrorCode.NONE
+    assert state.high_watermark == 1
+    [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
+    assert (result.error_code, result.base_offset) == (ErrorCode.NONE, 0)

@@ -18,9 +18,10 @@ from tidewater.broker.isr_channel import AlterIsrChannel, AlterIsrResultHandler
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.errors import TidewaterError
-from tidewater.local.standin_controller import PartitionState, StandinController
+from tidewater.local.standin_controller import PartitionState, StandinController, make_leader
 from tidewater.local.wait import eventually
 from tidewater.replication.partition import (
+    NO_BROKER_EPOCH,
     NO_EPOCH,
     AlterIsrProposal,
     FollowerFetch,
@@ -158,3 +159,20 @@ async def test_an_unexpected_failure_of_the_call_leaves_the_outcome_unknown(
         await eventually(lambda: leader.isr == {1, 2}, WAIT_S)
     assert not failures
     assert logged(logging.ERROR, "AlterIsr failed unexpectedly")
+
+
+async def test_an_answer_a_newer_leader_and_isr_superseded_is_not_logged_as_the_isr(
+    start_broker: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only an answer the leader applies is logged `ISR is now ...` (before, review 12, any
+    committed answer was, even one it ignored)."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    rm = server.replica_manager
+    # Proposed in partition epoch 1, answered after the LeaderAndIsr above superseded it.
+    stale = AlterIsrProposal(TOPIC, 0, 1, (1,), 1, (NO_BROKER_EPOCH,))
+    committed = LeaderAndIsr(1, 1, (1,), (1, 2), 2)
+    with caplog.at_level(logging.INFO):
+        assert rm._on_alter_isr_result(stale, committed, None) is False
+    assert rm.partitions[TOPIC, 0].state.isr == {1, 2}
+    assert "ISR is now" not in caplog.text

@@ -579,6 +579,19 @@ def test_hw_does_not_move_while_the_committed_isr_is_below_min_insync(log: Memor
     assert partition.high_watermark == 15
 
 
+def test_hw_moves_once_a_lower_min_insync_is_met(log: MemoryLog) -> None:
+    # The topic lowers min.insync.replicas to what ISR {1} meets: the HW moves with the new
+    # configs (UpdateMetadata), not at the next append or fetch (before, review 12).
+    partition = replica_on(log)
+    partition.make_leader(leader_and_isr(isr=(1,)), T0)
+    append(partition, 5)
+    assert partition.reconfigure(CONFIG, T0) is False
+    assert partition.high_watermark == 0
+    assert partition.reconfigure(MIN_ISR_1, T0) is True
+    assert partition.high_watermark == log.log_end_offset == 15
+    assert partition.config == MIN_ISR_1
+
+
 def test_hw_stops_once_a_shrink_below_min_insync_commits(log: MemoryLog) -> None:
     partition = new_leader(log, isr=(1, 2))
     fetch(partition, 2, 10)

@@ -80,12 +80,13 @@ class HostedPartition:
     def log_dir(self) -> Path:
         return self.log.log_dir
 
-    def reconfigure(self, config: TopicConfig, replica_lag_time_max_ms: int) -> None:
+    def reconfigure(self, config: TopicConfig, replica_lag_time_max_ms: int, now_ms: int) -> bool:
         """New topic configs, in force from their next use (the log reads its config at
-        each roll, retention and flush check)."""
+        each roll, retention and flush check). Returns whether the HW moved (a leader meeting
+        a lower min.insync.replicas)."""
         self.config = config
         self.log.config = config.log
-        self.state.config = replication_config(config, replica_lag_time_max_ms)
+        return self.state.reconfigure(replication_config(config, replica_lag_time_max_ms), now_ms)
 
     async def append_as_leader(
         self,

@@ -216,7 +216,8 @@ class ReplicaManager:
             if hosted is None:
                 hosted = self._create_partition(tp, config, ps.topic_id)
             else:
-                hosted.reconfigure(config, self.config.replica_lag_time_max_ms)
+                # A HW this moves is announced below, with the rest of the partition's change.
+                hosted.reconfigure(config, self.config.replica_lag_time_max_ms, self.time_ms())
             if self._applied_topic_configs.get(ps.topic) != topic_props:
                 self._applied_topic_configs.pop(ps.topic, None)  # its partitions now differ
             if ps.topic_id and not hosted.log.topic_id:
@@ -417,7 +418,12 @@ class ReplicaManager:
             if all(p.config == config for p in hosted):
                 continue
             for partition in hosted:
-                partition.reconfigure(config, self.config.replica_lag_time_max_ms)
+                if partition.reconfigure(
+                    config, self.config.replica_lag_time_max_ms, self.time_ms()
+                ):
+                    # A lower min.insync.replicas its ISR meets now: acks=all produces
+                    # waiting on the HW, and fetches waiting for readable records, complete.
+                    self._partition_changed(partition.state.key)
             log.info("topic %s: %d partitions take its new configs", topic, len(hosted))
 
     def _usable_broker_epoch(self, broker_id: int) -> int | None:
@@ -1084,11 +1090,13 @@ class ReplicaManager:
         state = self._partition_state(tp)
         if state is None:
             return False
-        if committed is not None:
-            log.info("%s-%d: ISR is now %s", *tp, list(committed.isr))
         before = len(state.isr)
+        isr_state = state.isr_state
         if state.on_alter_isr_result(proposal, committed, error, self.time_ms()):
             self._partition_changed(tp)
+        if committed is not None and state.isr_state is not isr_state:
+            # Adopted: not an answer a newer LeaderAndIsr (or leader epoch) superseded.
+            log.info("%s-%d: ISR is now %s", *tp, list(committed.isr))
         if len(state.isr) < before:
             self.isr_shrinks += 1
         elif len(state.isr) > before:

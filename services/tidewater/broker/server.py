@@ -165,7 +165,6 @@ class BrokerServer:
         else:
             log.info("broker %d stopped cleanly", self.config.broker_id)
 
-
     def _clean_shutdown_epoch(self) -> int:
         """The broker epoch the clean-shutdown files name: this run's registration's, else
         (never registered: refused, or stopped before) the one the last run's files named,

@@ -317,6 +317,13 @@ class Partition:
                 f"min.insync.replicas={self.effective_min_isr}"
             )
 
+    def reconfigure(self, config: ReplicationConfig, now_ms: int) -> bool:
+        """The topic's configs changed. Returns whether the HW moved: a leader whose ISR meets
+        a lower min.insync.replicas now advances it at once, not at the next append or fetch
+        that moves a LEO (acks=1 records readable, acks=all produces answered)."""
+        self.config = config
+        return self._maybe_increment_high_watermark(now_ms)
+
     def after_leader_append(self, now_ms: int) -> bool:
         """The leader's LEO moved. Returns whether the HW moved (an ISR of one)."""
         # Fetches from here on no longer find the followers caught up.

@@ -276,10 +276,8 @@ class FetchTrace(_Traced):
         cls, request: pb.FetchRequest, metadata: Any, declared: SpanContext | None = None
     ) -> FetchTrace | None:
         """`metadata`: a unary call's; `declared`: its stream's sampled-out parent (see
-        tracing.extract). On such a stream, a fetch that carries no context is looked at no
-        further."""
-        if tracing.skips_bare(declared) and not request.trace_context:
-            return None
+        tracing.extract, which answers a fetch carrying no context on such a stream at
+        once)."""
         parent = tracing.extract(request.trace_context, metadata, declared)
         if parent is None:
             return None

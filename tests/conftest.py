@@ -15,7 +15,7 @@ from grpc._cython import cygrpc
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.log import log as log_module
 from tidewater.broker.server import BrokerServer
-from tidewater.local.process import ManagedProcess, broker_args
+from tidewater.local.process import ManagedProcess, broker_process
 from tidewater.local.wait import eventually
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2_grpc
@@ -143,13 +143,7 @@ def broker_processes(tmp_path: Path) -> Iterator[Callable[..., ManagedProcess]]:
         config: Path | None = None,
         **settings: str,
     ) -> ManagedProcess:
-        proc = ManagedProcess(
-            f"broker-{broker_id}",
-            broker_args(
-                broker_id, tmp_path / f"broker-{broker_id}", listen, settings, config=config
-            ),
-            tmp_path,
-        )
+        proc = broker_process(broker_id, tmp_path, settings, listen=listen, config=config)
         started.append(proc)
         return proc
 

@@ -33,10 +33,9 @@ from pathlib import Path
 
 import grpc
 from bare_grpc import DROP_BEHIND_BYTES, SERVICE, AppendFile, serve
-from bench_replication import cpu_seconds, drain_writeback
+from harness import TOPIC, cpu_seconds, drain_writeback, lead_alone
 
-from tidewater.local.process import ManagedProcess, broker_args
-from tidewater.local.standin_controller import make_leader
+from tidewater.local.process import broker_process
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import Compression
 from tidewater.rpc.server import CHANNEL_OPTIONS
@@ -123,7 +122,7 @@ async def main(
         [Record(value=v) for v in record_values(compression)], compression=compression
     )
     payload = pb.ProduceRequest(
-        acks=1, partitions=[pb.PartitionProduceData(topic="bench", partition=0, record_batch=batch)]
+        acks=1, partitions=[pb.PartitionProduceData(topic=TOPIC, partition=0, record_batch=batch)]
     ).SerializeToString()
     print(
         f"batch size {len(batch) / 2**20:.2f} MiB, {in_flight} in flight, "
@@ -141,13 +140,9 @@ async def main(
         appender = start_reference(root / "append.ready", drop_behind, root / "append.out")
         references = [(echo, root / "echo.ready"), (appender, root / "append.ready")]
         settings = {"log.cache.drop.behind.bytes": str(drop_behind)}
-        broker = ManagedProcess(
-            "broker-1", broker_args(1, root / "b1", "127.0.0.1:0", settings), root
-        )
+        broker = broker_process(1, root, settings)
         try:
-            address = broker.start()
-            async with grpc.aio.insecure_channel(address) as channel:
-                await make_leader(channel, "bench", 0, leader=1, leader_epoch=1, replicas=[1])
+            address = await lead_alone(broker, 1)
             for _, ready in references:
                 while not ready.exists():
                     await asyncio.sleep(0.05)

@@ -45,7 +45,7 @@ from typing import Any
 from tidewater.broker.controller_client import ControllerClient
 from tidewater.controller.store import PARTITIONS_PER_TXN, ControllerStore
 from tidewater.local.etcd import EtcdProcess
-from tidewater.local.process import ManagedProcess, broker_args, controller_args
+from tidewater.local.process import ManagedProcess, broker_process, controller_args
 from tidewater.local.wait import eventually
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -182,16 +182,7 @@ class Cluster:
         return await asyncio.to_thread(proc.start)
 
     async def start_broker(self, broker_id: int, controllers: str) -> None:
-        proc = ManagedProcess(
-            f"broker-{broker_id}",
-            broker_args(
-                broker_id,
-                self.root / f"broker-{broker_id}",
-                "127.0.0.1:0",
-                {"controllers": controllers, **BROKER_SETTINGS},
-            ),
-            self.root,
-        )
+        proc = broker_process(broker_id, self.root, {"controllers": controllers, **BROKER_SETTINGS})
         self.brokers[broker_id] = proc
         await asyncio.to_thread(proc.start)
 

@@ -12,29 +12,16 @@ import time
 from pathlib import Path
 
 import grpc
+from harness import cpu_seconds, rss_mib
 
-from tidewater.local.process import ManagedProcess, broker_args
+from tidewater.local.process import broker_process
 from tidewater.local.standin_controller import leader_and_isr_request
 from tidewater.v1 import broker_pb2_grpc
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks
-
-
 async def main(partitions: int, idle_s: float) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        broker = ManagedProcess(
-            "broker-1", broker_args(1, Path(tmp) / "b1", "127.0.0.1:0", {}), Path(tmp)
-        )
+        broker = broker_process(1, Path(tmp), {})
         address = broker.start()
         try:
             empty = rss_mib(broker.pid)

@@ -21,12 +21,11 @@ import time
 import timeit
 from pathlib import Path
 
-import grpc
 from bench_broker_produce import PRODUCE, drive
+from harness import TOPIC, lead_alone
 
-from tidewater.local.process import ManagedProcess, broker_args
+from tidewater.local.process import broker_process
 from tidewater.local.scrape import scrape
-from tidewater.local.standin_controller import make_leader
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
 
@@ -57,25 +56,21 @@ async def main(seconds: float, rounds: int, in_flight: int) -> None:
         acks=-1,
         partitions=[
             pb.PartitionProduceData(
-                topic="bench", partition=0, record_batch=build_batch([Record(value=b"x" * 100)])
+                topic=TOPIC, partition=0, record_batch=build_batch([Record(value=b"x" * 100)])
             )
         ],
     ).SerializeToString()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         brokers = {
-            "off": ManagedProcess("broker-1", broker_args(1, root / "b1", "127.0.0.1:0", {}), root),
-            "on": ManagedProcess(
-                "broker-2", broker_args(2, root / "b2", "127.0.0.1:0", {}, 0), root
-            ),
+            "off": broker_process(1, root, {}),
+            "on": broker_process(2, root, {}, metrics_port=0),
         }
         try:
-            addresses = {name: proc.start() for name, proc in brokers.items()}
-            for broker_id, address in enumerate(addresses.values(), start=1):
-                async with grpc.aio.insecure_channel(address) as channel:
-                    await make_leader(
-                        channel, "bench", 0, leader=broker_id, leader_epoch=1, replicas=[broker_id]
-                    )
+            addresses = {
+                name: await lead_alone(proc, broker_id)
+                for broker_id, (name, proc) in enumerate(brokers.items(), start=1)
+            }
             # Per broker: requests per second, and its CPU time per request (us), per round.
             rates: dict[str, list[float]] = {"off": [], "on": []}
             cpu_us: dict[str, list[float]] = {"off": [], "on": []}

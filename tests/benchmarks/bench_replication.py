@@ -48,8 +48,9 @@ from pathlib import Path
 
 import grpc
 from bare_grpc import ECHO_STREAM, ECHO_UNARY, RELAY, RELAY_STREAM
+from harness import cpu_seconds, drain_writeback
 
-from tidewater.local.process import ManagedProcess, broker_args
+from tidewater.local.process import ManagedProcess, broker_process
 from tidewater.local.standin_controller import (
     PartitionState,
     StandinController,
@@ -253,15 +254,6 @@ def machine_cpu() -> tuple[int, int]:
     return sum(ticks), ticks[3] + ticks[4]
 
 
-async def drain_writeback() -> None:
-    await asyncio.to_thread(os.sync)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 class Cluster:
     """Three broker processes with default configs, played the controller for by a stand-in
     controller in this process."""
@@ -278,16 +270,7 @@ class Cluster:
         stack.push_async_callback(self.controller.stop)
         stack.push_async_callback(self.stop_brokers)
         for broker_id in BROKERS:
-            proc = ManagedProcess(
-                f"broker-{broker_id}",
-                broker_args(
-                    broker_id,
-                    self.work_dir / f"broker-{broker_id}",
-                    "127.0.0.1:0",
-                    {"controllers": address},
-                ),
-                self.work_dir,
-            )
+            proc = broker_process(broker_id, self.work_dir, {"controllers": address})
             self.procs[broker_id] = proc
             # Off the event loop: brokers call the controller while starting and stopping.
             self.controller.brokers[broker_id] = await asyncio.to_thread(proc.start)
@@ -360,17 +343,7 @@ class Cluster:
                 partition_epoch=1,
             )
             self.controller.states[(topic, p)] = state
-            request.partition_states.add(
-                topic=topic,
-                partition=p,
-                controller_epoch=1,
-                leader=state.leader,
-                leader_epoch=state.leader_epoch,
-                isr=state.isr,
-                partition_epoch=state.partition_epoch,
-                replicas=state.replicas,
-                is_new=True,
-            )
+            request.partition_states.add(**state.fields(topic, p), is_new=True)
         control = [broker_pb2_grpc.BrokerControlStub(self.channels[b]) for b in BROKERS]
         responses = await asyncio.gather(*(c.LeaderAndIsr(request, timeout=120) for c in control))
         for response in responses:

@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_replication import cpu_seconds
+from harness import cpu_seconds
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased

@@ -71,16 +71,7 @@ class Cluster:
                 )
             ],
             partition_states=[
-                cluster_pb2.UpdateMetadataPartitionState(
-                    topic=topic,
-                    partition=partition,
-                    controller_epoch=1,
-                    leader=state.leader,
-                    leader_epoch=state.leader_epoch,
-                    isr=state.isr,
-                    partition_epoch=state.partition_epoch,
-                    replicas=state.replicas,
-                )
+                cluster_pb2.UpdateMetadataPartitionState(**state.fields(topic, partition))
                 for (topic, partition), state in self.controller.states.items()
             ],
         )

@@ -19,7 +19,7 @@ from tidewater.controller.store import ControllerStore
 from tidewater.errors import TidewaterError
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.fetch import consumer_fetch, read_served
-from tidewater.local.process import ManagedProcess, broker_args, controller_args, metadata_args
+from tidewater.local.process import ManagedProcess, broker_process, controller_args, metadata_args
 from tidewater.local.scrape import Scrape, scrape
 from tidewater.local.tcp_proxy import NOWHERE, LinkMode, TcpProxy
 from tidewater.local.wait import eventually
@@ -179,18 +179,13 @@ class Cluster:
                 await link.start()
             link.retarget(NOWHERE)
             advertised = link.address
-        proc = ManagedProcess(
-            f"broker-{broker_id}",
-            broker_args(
-                broker_id,
-                self.root / f"broker-{broker_id}",
-                "127.0.0.1:0",
-                {"controllers": ",".join(addresses), **BROKER_SETTINGS, **settings},
-                self.metrics_port,
-                advertised=advertised,
-            ),
+        proc = broker_process(
+            broker_id,
             self.root,
-            file_size_limit,
+            {"controllers": ",".join(addresses), **BROKER_SETTINGS, **settings},
+            metrics_port=self.metrics_port,
+            advertised=advertised,
+            file_size_limit=file_size_limit,
         )
         self.brokers[broker_id] = proc
         address = await asyncio.to_thread(proc.start)

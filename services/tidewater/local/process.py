@@ -174,6 +174,26 @@ def broker_args(
     return args + metrics_args(metrics_port)
 
 
+def broker_process(
+    broker_id: int,
+    work_dir: Path,
+    settings: dict[str, str],
+    *,
+    listen: str = "127.0.0.1:0",
+    metrics_port: int | None = None,
+    config: Path | None = None,
+    advertised: str = "",
+    file_size_limit: int | None = None,
+) -> ManagedProcess:
+    """Broker `broker_id` as a child process (not started) named broker-N: its log dir, log
+    and ready files under `work_dir`, the same place on a restart."""
+    name = f"broker-{broker_id}"
+    args = broker_args(
+        broker_id, work_dir / name, listen, settings, metrics_port, config, advertised
+    )
+    return ManagedProcess(name, args, work_dir, file_size_limit)
+
+
 def controller_args(
     controller_id: int,
     etcd_endpoint: str,

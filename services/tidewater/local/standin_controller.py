@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -32,21 +33,19 @@ def leader_and_isr_request(
 ) -> pb.LeaderAndIsrRequest:
     """LeaderAndIsr for one partition; `leaders` maps broker ids to addresses (host:port) so
     followers can reach the leader; `topic_id` empty: none (a controller without ids)."""
+    state = PartitionState(
+        leader=leader,
+        leader_epoch=leader_epoch,
+        isr=list(isr if isr is not None else replicas),
+        replicas=list(replicas),
+        partition_epoch=leader_epoch,
+    )
     return pb.LeaderAndIsrRequest(
         controller_id=0,
         controller_epoch=controller_epoch,
         partition_states=[
             pb.LeaderAndIsrPartitionState(
-                topic=topic,
-                partition=partition,
-                controller_epoch=controller_epoch,
-                leader=leader,
-                leader_epoch=leader_epoch,
-                isr=list(isr if isr is not None else replicas),
-                partition_epoch=leader_epoch,
-                replicas=list(replicas),
-                is_new=True,
-                topic_id=topic_id,
+                **state.fields(topic, partition, controller_epoch), is_new=True, topic_id=topic_id
             )
         ],
         topic_configs=[common_pb2.TopicConfig(topic=topic, configs=configs or {})],
@@ -86,6 +85,19 @@ class PartitionState:
     isr: list[int]
     replicas: list[int]
     partition_epoch: int
+
+    def fields(self, topic: str, partition: int, controller_epoch: int = 1) -> dict[str, Any]:
+        """The fields a partition's state has in both LeaderAndIsr and UpdateMetadata."""
+        return {
+            "topic": topic,
+            "partition": partition,
+            "controller_epoch": controller_epoch,
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "isr": self.isr,
+            "partition_epoch": self.partition_epoch,
+            "replicas": self.replicas,
+        }
 
 
 @dataclass

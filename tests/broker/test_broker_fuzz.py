@@ -13,12 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.records.strategies import CODECS, record_lists
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.server import BrokerServer
 from tidewater.local.fetch import consumer_fetch
 from tidewater.local.standin_controller import leader_and_isr_request
-from tidewater.records.batch import Record, build_batch
-from tidewater.records.header import Compression, read_header
+from tidewater.records.batch import build_batch
+from tidewater.records.header import read_header
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
@@ -68,23 +69,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[broker_pb2_grpc
         thread.join(10)
 
 
-records = st.lists(
-    st.builds(
-        Record,
-        key=st.none() | st.binary(max_size=20),
-        value=st.none() | st.binary(max_size=300),
-        headers=st.lists(
-            st.tuples(st.text(max_size=5), st.none() | st.binary(max_size=5)), max_size=2
-        ).map(tuple),
-        timestamp_ms=st.integers(0, 2**41),
-    ),
-    min_size=1,
-    max_size=20,
-)
 batches = st.builds(
     lambda rs, codec: build_batch(rs, compression=codec),
-    records,
-    st.sampled_from([Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]),
+    record_lists(max_records=20, max_value=300),
+    st.sampled_from(CODECS),
 )
 
 

@@ -12,12 +12,13 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from tests.metadata.updates import DELTA, FULL, state, update
 from tidewater.devtools.protogen import PROTO_ROOT, proto_files
 from tidewater.errors import InvalidConfig
 from tidewater.local.process import ManagedProcess
 from tidewater.metadata.server import MetadataServer
 from tidewater.rpc.server import CHANNEL_OPTIONS
-from tidewater.v1 import cluster_pb2, common_pb2, metadata_pb2, metadata_pb2_grpc
+from tidewater.v1 import cluster_pb2, metadata_pb2, metadata_pb2_grpc
 from tidewater.v1.errors_pb2 import ErrorCode
 
 SERVICES = ("tidewater.v1.MetadataService", "tidewater.v1.MetadataControl")
@@ -25,31 +26,12 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def update(
+def orders_update(
     kind: int, epoch: int, leader: int = 1, controller_id: int = 1
 ) -> cluster_pb2.UpdateMetadataRequest:
     """One topic, "orders", with one partition led by `leader` on brokers 1 and 2."""
-    return cluster_pb2.UpdateMetadataRequest(
-        controller_id=controller_id,
-        controller_epoch=epoch,
-        type=kind,
-        live_brokers=[
-            common_pb2.BrokerInfo(
-                broker_id=b, endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9000 + b)
-            )
-            for b in (1, 2)
-        ],
-        partition_states=[
-            cluster_pb2.UpdateMetadataPartitionState(
-                topic="orders", partition=0, leader=leader, leader_epoch=epoch, replicas=[1, 2]
-            )
-        ],
-        controller_endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9093),
-    )
-
-
-FULL = cluster_pb2.UPDATE_METADATA_TYPE_FULL
-DELTA = cluster_pb2.UPDATE_METADATA_TYPE_DELTA
+    partition = state("orders", 0, leader=leader, replicas=[1, 2], leader_epoch=epoch)
+    return update(kind, epoch, [partition], brokers=[1, 2], controller_id=controller_id)
 
 
 class Client:
@@ -83,11 +65,11 @@ async def test_unavailable_until_the_first_full_view(client: Client) -> None:
     assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
     # A DELTA has no view to amend: refused, and still not serving.
-    response = await client.control.UpdateMetadata(update(DELTA, 1))
+    response = await client.control.UpdateMetadata(orders_update(DELTA, 1))
     assert response.error_code == ErrorCode.INVALID_UPDATE_VERSION
     assert await client.health_statuses() == {NOT_SERVING}
 
-    response = await client.control.UpdateMetadata(update(FULL, 1))
+    response = await client.control.UpdateMetadata(orders_update(FULL, 1))
     assert response.error_code == ErrorCode.NONE
     assert await client.health_statuses() == {SERVING}
     view = await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest())
@@ -102,9 +84,11 @@ async def test_unavailable_until_the_first_full_view(client: Client) -> None:
 
 
 async def test_deposed_controller_is_fenced(client: Client) -> None:
-    assert (await client.control.UpdateMetadata(update(FULL, 5, leader=2))).error_code == 0
+    assert (await client.control.UpdateMetadata(orders_update(FULL, 5, leader=2))).error_code == 0
     for kind in (FULL, DELTA):
-        response = await client.control.UpdateMetadata(update(kind, 4, leader=1, controller_id=9))
+        response = await client.control.UpdateMetadata(
+            orders_update(kind, 4, leader=1, controller_id=9)
+        )
         assert response.error_code == ErrorCode.STALE_CONTROLLER_EPOCH
         assert response.error_message
     view = await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest(topics=["orders"]))
@@ -112,7 +96,7 @@ async def test_deposed_controller_is_fenced(client: Client) -> None:
     assert view.controller.controller_id == 1
     assert view.topics[0].partitions[0].leader == 2
     # The current controller still amends its view.
-    assert (await client.control.UpdateMetadata(update(DELTA, 5, leader=1))).error_code == 0
+    assert (await client.control.UpdateMetadata(orders_update(DELTA, 5, leader=1))).error_code == 0
     view = await client.metadata.GetMetadata(metadata_pb2.GetMetadataRequest(topics=["orders"]))
     assert view.topics[0].partitions[0].leader == 1
 
@@ -172,7 +156,7 @@ def test_metadata_process_serves_once_fed_and_stops_on_sigterm(tmp_path: Path) -
             check = health_pb2.HealthCheckRequest(service="")
             assert health.Check(check, timeout=10).status == NOT_SERVING
             control = metadata_pb2_grpc.MetadataControlStub(channel)
-            assert control.UpdateMetadata(update(FULL, 1), timeout=10).error_code == 0
+            assert control.UpdateMetadata(orders_update(FULL, 1), timeout=10).error_code == 0
             assert health.Check(check, timeout=10).status == SERVING
         assert proc.stop() == 0  # SIGTERM, and a clean exit
         assert f"tidewater metadata listening on {address}" in proc.log_tail()

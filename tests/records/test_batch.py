@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.records.strategies import CODECS, record_lists
 from tidewater.errors import CorruptMessage, UnsupportedCompressionType
 from tidewater.records.batch import ConsumerRecord, Record, build_batch, decode_batches
 from tidewater.records.header import (
@@ -22,7 +23,6 @@ from tidewater.records.header import (
 from tidewater.records.validate import validate_batch
 
 T0 = 1_700_000_000_000
-CODECS = [Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]
 RECORD_BATCH_MD = Path(__file__).parents[2] / "protos" / "RECORD_BATCH.md"
 
 
@@ -231,20 +231,7 @@ def test_documented_broker_stamp() -> None:
     assert batch[8:12] == bytes.fromhex(one_line)[8:12]
 
 
-HEADERS = st.lists(
-    st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=16)), max_size=3
-).map(tuple)
-RECORDS = st.lists(
-    st.builds(
-        Record,
-        key=st.none() | st.binary(max_size=32),
-        value=st.none() | st.binary(max_size=300),
-        headers=HEADERS,
-        timestamp_ms=st.none() | st.integers(0, 2**50),
-    ),
-    min_size=1,
-    max_size=30,
-)
+RECORDS = record_lists(max_records=30, max_value=300)
 
 
 @given(RECORDS, st.sampled_from(CODECS), st.integers(0, 2**40), st.integers(-1, 2**31 - 1))

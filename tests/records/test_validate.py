@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tests.records.strategies import CODECS, record_lists
 from tidewater.errors import (
     CorruptMessage,
     MessageTooLarge,
@@ -32,7 +33,6 @@ from tidewater.records.validate import (
 )
 from tidewater.records.varint import encode_varint, encode_varlong
 
-CODECS = [Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]
 LIMIT = 1 << 20
 T0 = 1_700_000_000_000
 
@@ -398,19 +398,7 @@ def test_find_offset_by_timestamp_bounds_decompression() -> None:
         find_offset_by_timestamp(batch, T0, limit=1000)
 
 
-RECORDS = st.lists(
-    st.builds(
-        Record,
-        key=st.none() | st.binary(max_size=16),
-        value=st.none() | st.binary(max_size=64),
-        headers=st.lists(
-            st.tuples(st.text(max_size=4), st.none() | st.binary(max_size=8)), max_size=2
-        ).map(tuple),
-        timestamp_ms=st.integers(0, 2**45),
-    ),
-    min_size=1,
-    max_size=8,
-)
+RECORDS = record_lists(max_records=8, max_value=64)
 
 
 @st.composite

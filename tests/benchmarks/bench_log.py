@@ -19,7 +19,9 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from bare_grpc import DROP_BEHIND_BYTES, AppendFile
 
@@ -29,6 +31,8 @@ from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import read_header
 
 CHUNK = 1 << 20
+# What an append wrote, for the reads: a Log or a plain file's path.
+T = TypeVar("T")
 
 
 def log_append(directory: Path, batch: bytes, count: int, drop_behind: int) -> tuple[float, Log]:
@@ -81,22 +85,26 @@ def main(megabytes: int, rounds: int, drop_behind: int) -> None:
     count = megabytes * 2**20 // len(batch)
     size_mb = count * len(batch) / 1e6
     best = {"log append": 0.0, "file append": 0.0, "log read": 0.0, "file read": 0.0}
+
+    def measure(
+        kind: str,
+        append: Callable[[Path, bytes, int, int], tuple[float, T]],
+        read: Callable[[T], tuple[float, int]],
+        directory: Path,
+    ) -> T:
+        """Append, then read twice and time the second pass; keep the best MB/s of each."""
+        elapsed, written = append(directory, batch, count, drop_behind)
+        best[f"{kind} append"] = max(best[f"{kind} append"], size_mb / elapsed)
+        read(written)
+        elapsed, total = read(written)
+        assert total == count * len(batch)
+        best[f"{kind} read"] = max(best[f"{kind} read"], size_mb / elapsed)
+        return written
+
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
-            elapsed, path = file_append(Path(tmp), batch, count, drop_behind)
-            best["file append"] = max(best["file append"], size_mb / elapsed)
-            file_read(path)
-            elapsed, total = file_read(path)
-            assert total == count * len(batch)
-            best["file read"] = max(best["file read"], size_mb / elapsed)
-            path.unlink()
-            elapsed, log = log_append(Path(tmp), batch, count, drop_behind)
-            best["log append"] = max(best["log append"], size_mb / elapsed)
-            log_read(log)
-            elapsed, total = log_read(log)
-            assert total == count * len(batch)
-            best["log read"] = max(best["log read"], size_mb / elapsed)
-            log.delete()
+            measure("file", file_append, file_read, Path(tmp)).unlink()
+            measure("log", log_append, log_read, Path(tmp)).delete()
     append_ratio = best["log append"] / best["file append"]
     read_ratio = best["log read"] / best["file read"]
     print(f"{count} batches of {len(batch) / 2**20:.2f} MiB ({size_mb:.0f} MB), best of {rounds}")

@@ -37,6 +37,10 @@ class State:
     def under_min_isr(self) -> bool:
         return len(self.isr) < self.effective_min_isr
 
+    @property
+    def min_isr_shortfall(self) -> str:
+        return f"ISR {list(self.isr)} is smaller than min.insync.replicas=2"
+
     def holds_append(self, leader_epoch: int, required_offset: int) -> bool:
         # What Partition.holds_append says where the epoch moved with the leader away and back.
         return leader_epoch == self.leader_epoch

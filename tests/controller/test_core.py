@@ -10,7 +10,6 @@ from tidewater.controller.core import (
     changes_for_offline_partitions,
     changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
-    check_broker_min_insync,
     elr_changes_for_configs,
     initial_partition_records,
     resume_reassignment,
@@ -609,24 +608,6 @@ def test_a_lower_controller_min_insync_clears_the_elrs_its_isrs_meet() -> None:
     assert change.tp == ("t", 0) and (change.after.isr, change.after.elr) == ((1, 2), ())
     assert change.after.leader_epoch == m.partitions[("t", 0)].leader_epoch
     assert change.after.controller_epoch == EPOCH
-
-
-def test_a_broker_whose_min_insync_is_below_the_controllers_is_refused() -> None:
-    """At registration (the value it reports) and at each heartbeat (the value stored with its
-    registration): a controller started with a higher value than a registered broker
-    reported refuses it, naming both. The same or a higher value, or none reported (0: an
-    older broker, or a registration an older controller stored), is accepted."""
-    m = model()
-    m.min_insync_replicas = 2
-    with pytest.raises(TidewaterError) as info:
-        check_broker_min_insync(m, 3, 1)
-    assert info.value.code == ErrorCode.INVALID_CONFIG
-    assert info.value.message == (
-        "broker 3: its default min.insync.replicas 1 is below the controller's "
-        "--min-insync-replicas 2; set them alike"
-    )
-    for reported in (0, 2, 3):
-        check_broker_min_insync(m, 3, reported)
 
 
 def test_a_partition_record_stored_without_an_elr_loads_with_none() -> None:

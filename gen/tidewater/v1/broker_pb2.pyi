@@ -319,7 +319,7 @@ class LeaderAndIsrRequest(_message.Message):
     def __init__(self, controller_id: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., broker_epoch: _Optional[int] = ..., partition_states: _Optional[_Iterable[_Union[LeaderAndIsrPartitionState, _Mapping]]] = ..., live_leaders: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., topic_configs: _Optional[_Iterable[_Union[_common_pb2.TopicConfig, _Mapping]]] = ...) -> None: ...
 
 class LeaderAndIsrPartitionState(_message.Message):
-    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "adding_replicas", "removing_replicas", "is_new", "topic_id")
+    __slots__ = ("topic", "partition", "controller_epoch", "leader", "leader_epoch", "isr", "partition_epoch", "replicas", "adding_replicas", "removing_replicas", "is_new", "topic_id", "eligible_leader_replicas")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -332,6 +332,7 @@ class LeaderAndIsrPartitionState(_message.Message):
     REMOVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     IS_NEW_FIELD_NUMBER: _ClassVar[int]
     TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     controller_epoch: int
@@ -344,7 +345,8 @@ class LeaderAndIsrPartitionState(_message.Message):
     removing_replicas: _containers.RepeatedScalarFieldContainer[int]
     is_new: bool
     topic_id: bytes
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
+    eligible_leader_replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., controller_epoch: _Optional[int] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., is_new: _Optional[bool] = ..., topic_id: _Optional[bytes] = ..., eligible_leader_replicas: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LeaderAndIsrResponse(_message.Message):
     __slots__ = ("error_code", "error_message", "partition_errors")

@@ -138,7 +138,7 @@ class AlterIsrResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., controller: _Optional[_Union[_common_pb2.ControllerInfo, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[AlterIsrPartitionResponse, _Mapping]]] = ...) -> None: ...
 
 class AlterIsrPartitionResponse(_message.Message):
-    __slots__ = ("topic", "partition", "error_code", "error_message", "leader", "leader_epoch", "isr", "partition_epoch")
+    __slots__ = ("topic", "partition", "error_code", "error_message", "leader", "leader_epoch", "isr", "partition_epoch", "eligible_leader_replicas")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class AlterIsrPartitionResponse(_message.Message):
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ISR_FIELD_NUMBER: _ClassVar[int]
     PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     error_code: _errors_pb2.ErrorCode
@@ -155,7 +156,8 @@ class AlterIsrPartitionResponse(_message.Message):
     leader_epoch: int
     isr: _containers.RepeatedScalarFieldContainer[int]
     partition_epoch: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ...) -> None: ...
+    eligible_leader_replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., isr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ..., eligible_leader_replicas: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ControlledShutdownRequest(_message.Message):
     __slots__ = ("broker_id", "broker_epoch")

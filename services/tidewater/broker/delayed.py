@@ -67,8 +67,7 @@ class DelayedProduce(DelayedOperation):
             elif enough is False:
                 self.outcomes[tp] = (
                     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                    f"{tp[0]}-{tp[1]}: ISR {sorted(state.isr)} shrank below "
-                    f"min.insync.replicas={state.effective_min_isr} after the append",
+                    f"{tp[0]}-{tp[1]}: after the append, {state.min_isr_shortfall}",
                 )
         if len(self.outcomes) == len(self._waiting):
             return self.force_complete()
@@ -93,10 +92,9 @@ class DelayedProduce(DelayedOperation):
                 # grow back (KIP-966), and it did not: Kafka's meaning of this error.
                 self.outcomes[tp] = (
                     ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-                    f"{tp[0]}-{tp[1]}: the batch is in the leader's log, but fewer replicas "
-                    f"than min.insync.replicas={state.effective_min_isr} hold it: the ISR "
-                    f"{sorted(state.isr)} shrank below it after the append and did not grow "
-                    f"back within {self.timeout_ms} ms",
+                    f"{tp[0]}-{tp[1]}: the batch is in the leader's log, but the ISR shrank "
+                    f"after the append and did not grow back within {self.timeout_ms} ms: "
+                    f"{state.min_isr_shortfall}",
                 )
             else:
                 self.outcomes[tp] = (

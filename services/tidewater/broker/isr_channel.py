@@ -146,6 +146,7 @@ class AlterIsrChannel:
                     isr=tuple(result.isr),
                     replicas=(),
                     partition_epoch=result.partition_epoch,
+                    elr=tuple(result.eligible_leader_replicas),
                 )
                 results.append((proposal, committed, None))
         return results

@@ -120,7 +120,8 @@ def register_broker_metrics(endpoint: MetricsEndpoint, rm: ReplicaManager) -> Re
     )
     endpoint.gauge(
         "tidewater.replica_manager.under_min_isr_partitions",
-        "Partitions led here whose ISR is below min.insync.replicas: acks=all is refused "
+        "Partitions led here whose ISR is below min.insync.replicas, by this broker's value "
+        "or the controller's (eligible leader replicas): acks=all is refused "
         "(Kafka's UnderMinIsrPartitionCount)",
         lambda: sum(
             1 for p in rm.partitions.values() if p.state.is_leader and p.state.under_min_isr

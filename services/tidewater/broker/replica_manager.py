@@ -203,6 +203,7 @@ class ReplicaManager:
                 replicas=tuple(ps.replicas),
                 partition_epoch=ps.partition_epoch,
                 controller_epoch=ps.controller_epoch,
+                elr=tuple(ps.eligible_leader_replicas),
             )
             hosted = self.partitions.get(tp)
             if hosted is not None:
@@ -270,10 +271,11 @@ class ReplicaManager:
         else:
             hosted.state.make_follower(state)
         log.info(
-            "%s-%d: partition epoch %d (ISR %s) in leader epoch %d (leader %d), kept",
+            "%s-%d: partition epoch %d (ISR %s, ELR %s) in leader epoch %d (leader %d), kept",
             *hosted.state.key,
             state.partition_epoch,
             list(state.isr),
+            list(state.elr),
             state.leader_epoch,
             state.leader,
         )
@@ -1096,7 +1098,7 @@ class ReplicaManager:
             self._partition_changed(tp)
         if committed is not None and state.isr_state is not isr_state:
             # Adopted: not an answer a newer LeaderAndIsr (or leader epoch) superseded.
-            log.info("%s-%d: ISR is now %s", *tp, list(committed.isr))
+            log.info("%s-%d: ISR is now %s, ELR %s", *tp, list(committed.isr), list(committed.elr))
         if len(state.isr) < before:
             self.isr_shrinks += 1
         elif len(state.isr) > before:

@@ -65,7 +65,8 @@ class ControllerConfig:
     metadata_addresses: tuple[str, ...] = ()
     metadata_refresh_interval_ms: int = 1000
     # min.insync.replicas for topics without their own (Kafka's controller config of that
-    # name): the ELR rules must take the value the brokers' HW rule takes.
+    # name), for the ELR rules. It may differ from the brokers' default: their leaders also
+    # hold the HW while the ELR committed with the ISR is not empty.
     min_insync_replicas: int = 1
 
 
@@ -244,7 +245,6 @@ class Controller:
                 incarnation_id=value.get("incarnation_id", ""),
                 epoch=int(value["epoch"]),
                 last_heartbeat_ms=now,
-                min_insync_replicas=int(value.get("min_insync_replicas", 0)),
             )
         for name, value in (await self.store.load_topics()).items():
             topic = model.topics[name] = TopicState.from_json(name, value)

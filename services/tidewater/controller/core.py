@@ -23,7 +23,7 @@ from tidewater.controller.model import (
     TopicPartition,
     TopicState,
 )
-from tidewater.errors import InvalidConfig, NoReplicaOnline, TidewaterError
+from tidewater.errors import NoReplicaOnline, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
 
 
@@ -277,21 +277,6 @@ def _elr_only(record: PartitionRecord, controller_epoch: int) -> PartitionRecord
     restart their fetch nor truncate, and the leader learns the partition epoch its next
     AlterIsr must name."""
     return record.with_(controller_epoch=controller_epoch)
-
-
-def check_broker_min_insync(model: ClusterModel, broker_id: int, reported: int) -> None:
-    """A broker's default min.insync.replicas (`reported`; 0: not reported, accepted) may not
-    be below the controller's (the model's): its leaders would advance the HW with an ISR the
-    controller counts as below min ISR, past replicas the controller keeps eligible to lead
-    (KIP-966). Checked at registration and at every heartbeat, against the value stored with
-    the registration: a controller started (or taken over) with a higher value than a
-    registered broker reported keeps that broker fenced. INVALID_CONFIG, naming both."""
-    minimum = model.min_insync_replicas
-    if 0 < reported < minimum:
-        raise InvalidConfig(
-            f"broker {broker_id}: its default min.insync.replicas {reported} is below the "
-            f"controller's --min-insync-replicas {minimum}; set them alike"
-        )
 
 
 def validate_isr_change(

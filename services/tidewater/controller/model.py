@@ -30,10 +30,6 @@ class BrokerState:
     # Fenced until its first heartbeat to this controller, and again after a missed session.
     fenced: bool = True
     shutting_down: bool = False
-    # Its default min.insync.replicas as it reported at registration (stored with it, so a
-    # controller that takes over checks it too); 0: not reported (an older broker, or a
-    # registration an older controller stored).
-    min_insync_replicas: int = 0
 
     @property
     def address(self) -> str:
@@ -51,7 +47,6 @@ class BrokerState:
             "port": self.port,
             "rack": self.rack,
             "incarnation_id": self.incarnation_id,
-            "min_insync_replicas": self.min_insync_replicas,
         }
 
 

@@ -196,13 +196,11 @@ class BrokerSender:
         request.controller_endpoint.port = self._controller.config.port
         request.live_brokers.extend(self._broker_infos(usable))
         for tp in tps:
-            record = model.partitions[tp]
             request.partition_states.add(
                 **self._partition_state(tp),
                 offline_replicas=[b for b in model.replicas(tp) if b not in usable],
-                # For describe (Kafka's DescribeTopicPartitions); brokers do not use them.
-                eligible_leader_replicas=list(record.elr),
-                last_known_elr=list(record.last_known_elr),
+                # For describe (Kafka's DescribeTopicPartitions); brokers do not use it.
+                last_known_elr=list(model.partitions[tp].last_known_elr),
             )
         return request
 
@@ -217,6 +215,9 @@ class BrokerSender:
             "leader": record.leader,
             "leader_epoch": record.leader_epoch,
             "isr": list(record.isr),
+            # With the ISR it was committed with: a leader holds the HW while it is not empty
+            # (LeaderAndIsr; UpdateMetadata's is for describe, brokers do not use it).
+            "eligible_leader_replicas": list(record.elr),
             "partition_epoch": record.partition_epoch,
             "replicas": list(model.replicas(tp)),
             # Brokers keep it with the partition's log and check requests against it.

@@ -26,7 +26,6 @@ from tidewater.controller.controller import Controller
 from tidewater.controller.core import (
     PartitionChange,
     changes_for_controlled_shutdown,
-    check_broker_min_insync,
     initial_partition_records,
     preferred_leader_change,
     unclean_leader_change,
@@ -162,7 +161,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     "a registration needs a broker id >= 0 and an endpoint",
                     ErrorCode.INVALID_REQUEST,
                 )
-            check_broker_min_insync(self._c.model, info.broker_id, request.min_insync_replicas)
             old = self._c.model.brokers.get(info.broker_id)
             if old is not None and old.incarnation_id == request.incarnation_id:
                 response.broker_epoch = old.epoch
@@ -189,7 +187,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 incarnation_id=request.incarnation_id,
                 epoch=0,
                 last_heartbeat_ms=self._c.time_ms(),
-                min_insync_replicas=request.min_insync_replicas,
             )
             broker.epoch = await self._c.store.put_broker(
                 self._c.epoch, info.broker_id, broker.to_json()
@@ -202,6 +199,18 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 broker.address,
                 broker.epoch,
             )
+            reported, ours = request.min_insync_replicas, self._c.model.min_insync_replicas
+            if reported and reported != ours:
+                # Safe either way (its leaders also hold the HW while the ELR we send with the
+                # ISR is not empty), but worth knowing: topics without their own value follow
+                # both.
+                log.warning(
+                    "broker %d: its default min.insync.replicas %d differs from this "
+                    "controller's --min-insync-replicas %d",
+                    broker.broker_id,
+                    reported,
+                    ours,
+                )
 
         return await self._answer(response, event)
 
@@ -212,9 +221,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
-            # Registered under a controller with a lower --min-insync-replicas: it stays
-            # fenced (its leaderships move once the grace period is over) and stops.
-            check_broker_min_insync(self._c.model, broker.broker_id, broker.min_insync_replicas)
             broker.last_heartbeat_ms = self._c.time_ms()
             if broker.fenced and not broker.shutting_down:
                 await self._c.unfence(broker)
@@ -276,6 +282,8 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     result.leader = record.leader
                     result.leader_epoch = record.leader_epoch
                     result.isr.extend(record.isr)
+                    # The leader holds the HW while the ELR committed with its ISR is not empty.
+                    result.eligible_leader_replicas.extend(record.elr)
                     result.partition_epoch = record.partition_epoch
                 response.partitions.append(result)
 

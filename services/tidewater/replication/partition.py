@@ -18,7 +18,7 @@ Outputs: return values — whether the HW moved (so delayed operations can compl
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 from tidewater.errors import (
@@ -100,17 +100,22 @@ class LeaderAndIsr:
     replicas: tuple[int, ...]
     partition_epoch: int
     controller_epoch: int = 0
+    # The eligible leader replicas (KIP-966) committed with `isr`: non-empty only while the
+    # controller counts the ISR as below ITS min.insync.replicas (see Partition.under_min_isr).
+    # Empty from a controller that sends none (older than the field).
+    elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class IsrState:
-    """The committed ISR, and the proposed one while an AlterIsr is in flight (Kafka's
+    """The committed ISR and ELR, and the proposed ISR while an AlterIsr is in flight (Kafka's
     PendingExpandIsr / PendingShrinkIsr). While pending, the HW uses the union of both, so a
     shrink cannot commit data the old ISR has not all got, nor an expansion skip a member."""
 
     isr: frozenset[int]
     partition_epoch: int
     proposed: frozenset[int] | None = None
+    elr: tuple[int, ...] = ()
 
     @property
     def maximal_isr(self) -> frozenset[int]:
@@ -244,7 +249,7 @@ class Partition:
         """Kafka's makeLeader. Returns whether the HW moved. A new leader epoch starts at the
         LEO, in the epoch cache too, and the followers' fetch state starts over; in the leader
         epoch this leader has (a newer partition epoch: the ISR or ELR changed alone) only
-        the replicas, committed ISR and partition epoch change, as Kafka's isNewLeaderEpoch
+        the replicas, committed ISR and ELR and partition epoch change, as Kafka's isNewLeaderEpoch
         false. A proposal in flight is superseded either way (its answer is ignored)."""
         is_new_leader = not self.is_leader
         is_new_leader_epoch = is_new_leader or state.leader_epoch != self.leader_epoch
@@ -261,7 +266,7 @@ class Partition:
                     now_ms, leader_end_offset, is_new_leader, replica.broker_id in self.isr
                 )
         # The ISR may be just us now, so the HW may move at once; or it meets a lower
-        # min.insync.replicas now.
+        # min.insync.replicas now, or the controller cleared its ELR.
         return self._maybe_increment_high_watermark(now_ms)
 
     def make_follower(self, state: LeaderAndIsr) -> bool:
@@ -282,7 +287,7 @@ class Partition:
         self.leader_epoch = state.leader_epoch
         self.controller_epoch = state.controller_epoch
         self.replicas = state.replicas
-        self.isr_state = IsrState(frozenset(state.isr), state.partition_epoch)
+        self.isr_state = IsrState(frozenset(state.isr), state.partition_epoch, elr=state.elr)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -312,10 +317,7 @@ class Partition:
         """Before a produce appends: leader, and for acks=all an ISR of the effective min ISR."""
         self.require_leader()
         if acks == ACKS_ALL and self.under_min_isr:
-            raise NotEnoughReplicas(
-                f"{self.name}: ISR {sorted(self.isr)} is smaller than "
-                f"min.insync.replicas={self.effective_min_isr}"
-            )
+            raise NotEnoughReplicas(f"{self.name}: {self.min_isr_shortfall}")
 
     def reconfigure(self, config: ReplicationConfig, now_ms: int) -> bool:
         """The topic's configs changed. Returns whether the HW moved: a leader whose ISR meets
@@ -351,17 +353,43 @@ class Partition:
         return min(self.config.min_insync_replicas, len(self.replicas))
 
     @property
+    def elr(self) -> tuple[int, ...]:
+        """The eligible leader replicas committed with the ISR (leaders only)."""
+        return self.isr_state.elr
+
+    @property
     def under_min_isr(self) -> bool:
-        """Kafka's isUnderMinIsr, on the committed ISR."""
-        return len(self.isr) < self.effective_min_isr
+        """Kafka's isUnderMinIsr, on the committed ISR; and while the committed ELR is not
+        empty. The controller keeps an ELR only while the ISR is below its min.insync.replicas
+        (it clears it once the ISR meets that value, or the value is lowered), so a non-empty
+        ELR says the controller counts this ISR as below min ISR, whatever value this broker
+        has: a topic's value raised before this broker applied it, or the controller's
+        default above this broker's. It comes with the ISR, in the same LeaderAndIsr or
+        AlterIsr answer, so no order of those and UpdateMetadata lets the HW pass an ELR
+        member (KIP-966: each holds every record below the HW)."""
+        return len(self.isr) < self.effective_min_isr or bool(self.elr)
+
+    @property
+    def min_isr_shortfall(self) -> str:
+        """Why the ISR is below min ISR (under_min_isr), for the acks=all refusals."""
+        if len(self.isr) < self.effective_min_isr:
+            return (
+                f"ISR {sorted(self.isr)} is smaller than "
+                f"min.insync.replicas={self.effective_min_isr}"
+            )
+        return (
+            f"ISR {sorted(self.isr)} is below min.insync.replicas as the controller counts it "
+            f"(eligible leader replicas {list(self.elr)})"
+        )
 
     def enough_replicas_for(self, required_offset: int) -> bool | None:
         """acks=all completion (checkEnoughReplicasReachOffset): None while the HW is short of
         the offset; else whether the maximal ISR (a member being added holds the batch too)
-        still meets the effective min ISR."""
+        still meets the effective min ISR, with no ELR (the controller counts the ISR as
+        below min ISR while it has one)."""
         if self.high_watermark < required_offset:
             return None
-        return len(self.isr_state.maximal_isr) >= self.effective_min_isr
+        return len(self.isr_state.maximal_isr) >= self.effective_min_isr and not self.elr
 
     # -- the leader's side of a follower fetch -----------------------------------------------
 
@@ -479,7 +507,7 @@ class Partition:
         return frozenset(out_of_sync)
 
     def _propose(self, new_isr: frozenset[int]) -> AlterIsrProposal:
-        self.isr_state = IsrState(self.isr, self.partition_epoch, frozenset(new_isr))
+        self.isr_state = replace(self.isr_state, proposed=frozenset(new_isr))
         members = tuple(sorted(new_isr))
         return AlterIsrProposal(
             topic=self.topic,
@@ -504,7 +532,7 @@ class Partition:
         now_ms: int,
     ) -> bool:
         """The controller's answer to our proposal (`committed`), its refusal or the failure to
-        get an answer (`error`). Committed: adopt its ISR and partition epoch. Refused for
+        get an answer (`error`). Committed: adopt its ISR, ELR and partition epoch. Refused for
         good: drop the proposal and keep the last committed ISR; the next check proposes again
         if still needed. Outcome unknown: the controller may have committed it, so it stays
         pending (the HW keeps counting the maximal ISR) and awaits_answer says to send it
@@ -514,11 +542,14 @@ class Partition:
             return False  # a newer LeaderAndIsr superseded this proposal
         if committed is None:
             if error is not None and error.code in DEFINITE_ALTER_ISR_REFUSALS:
-                self.isr_state = IsrState(self.isr, self.partition_epoch)
+                self.isr_state = replace(self.isr_state, proposed=None)
             return False
         if committed.leader_epoch != self.leader_epoch:
             return False  # the controller moved on; its LeaderAndIsr will follow
-        self.isr_state = IsrState(frozenset(committed.isr), committed.partition_epoch)
+        self.isr_state = IsrState(
+            frozenset(committed.isr), committed.partition_epoch, elr=committed.elr
+        )
+        # An ISR that meets min ISR again comes with its ELR cleared: the HW moves now.
         return self._maybe_increment_high_watermark(now_ms)
 
     def awaits_answer(self, proposal: AlterIsrProposal) -> bool:
@@ -537,9 +568,10 @@ class Partition:
         """Kafka's maybeIncrementLeaderHW: the HW is the smallest LEO among the leader, the
         maximal ISR, and followers caught up within the lag time (which are about to join);
         it never moves back. It does not move while the committed ISR is below
-        min.insync.replicas (at most the replication factor: Kafka's effective min ISR), for
-        every acks (KIP-966 with ELR enabled): the replicas that left the ISR then hold every
-        committed record, so the controller may elect them (eligible leader replicas)."""
+        min.insync.replicas (at most the replication factor: Kafka's effective min ISR), here
+        or as the controller counts it (under_min_isr), for every acks (KIP-966 with ELR
+        enabled): the replicas that left the ISR then hold every committed record, so the
+        controller may elect them (eligible leader replicas)."""
         if not self.is_leader or self.under_min_isr:
             return False
         maximal_isr = self.isr_state.maximal_isr

@@ -23,12 +23,10 @@ async def seed(
     brokers: tuple[int, ...] = (1,),
     replicas: tuple[int, ...] = (1,),
     record: PartitionRecord | None = None,
-    min_insync_replicas: dict[int, int] | None = None,
 ) -> int:
-    """What an earlier controller left in etcd: `brokers` registered (with the default
-    min.insync.replicas each reported in `min_insync_replicas`, else none: an older broker's),
-    topic t with partition 0 on `replicas` (`record`: its LeaderAndIsr, else led by broker 1
-    alone). Returns that controller's epoch."""
+    """What an earlier controller left in etcd: `brokers` registered, topic t with partition 0
+    on `replicas` (`record`: its LeaderAndIsr, else led by broker 1 alone). Returns that
+    controller's epoch."""
     store = await connect_store()
     epoch = await store.campaign(9, "127.0.0.1:9", IN_PROCESS_LEASE_TTL_S)
     for broker_id in brokers:
@@ -39,8 +37,6 @@ async def seed(
             "rack": "",
             "incarnation_id": "a",
         }
-        if min_insync_replicas and broker_id in min_insync_replicas:
-            registration["min_insync_replicas"] = min_insync_replicas[broker_id]
         await store.put_broker(epoch, broker_id, registration)
     await store.put_topic(epoch, "t", TopicState("t", {}, {0: replicas}).to_json())
     record = record or PartitionRecord(1, 0, (1,), epoch)

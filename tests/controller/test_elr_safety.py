@@ -1,26 +1,26 @@
 """The invariants the eligible leader replicas (KIP-966) rest on, at the controller's edges: a
-new controller's ELRs, brokers' min.insync.replicas at registration and at heartbeats, the
-clean-shutdown proof, a topic's lower min.insync.replicas.
+new controller's ELRs, brokers whose min.insync.replicas differs from the controller's, the
+ELR in AlterIsr answers, the clean-shutdown proof, a topic's lower min.insync.replicas.
 
-Controllers run in the test's process on a real etcd (a broker's refusal: real processes)."""
+Controllers run in the test's process on a real etcd (brokers with another value than the
+controllers': real processes)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 from collections.abc import Awaitable, Callable
 
 import aetcd
+import pytest
 
 from tests.controller.cluster import Cluster, Eventually
 from tests.controller.in_process import ConnectStore, RunController, seed
-from tidewater.broker.log.manager import CLEAN_SHUTDOWN_FILE
 from tidewater.controller.controller import Controller
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
 from tidewater.local.etcd import EtcdProcess
-from tidewater.local.process import ProcessFailed
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -34,12 +34,10 @@ async def active_on(
     run_controller: RunController,
     record: PartitionRecord,
     min_insync_replicas: int,
-    reported: dict[int, int] | None = None,
 ) -> tuple[ControllerStore, Controller]:
     """An active controller with `min_insync_replicas` on what an earlier one left: brokers
-    1, 2 and 3 registered (`reported`: the default min.insync.replicas some reported), t-0 on
-    them with `record`."""
-    await seed(connect_store, (1, 2, 3), (1, 2, 3), record, reported)
+    1, 2 and 3 registered, t-0 on them with `record`."""
+    await seed(connect_store, (1, 2, 3), (1, 2, 3), record)
     store = await connect_store()
     controller, _ = await run_controller(
         store,
@@ -87,89 +85,99 @@ async def register(service: ControllerService, request: cpb.RegisterBrokerReques
     return response.broker_epoch
 
 
-async def test_a_broker_whose_min_insync_is_below_the_controllers_is_refused(
-    connect_store: ConnectStore, run_controller: RunController
+async def heartbeat(
+    controller: Controller, service: ControllerService, broker_id: int
+) -> cpb.BrokerHeartbeatResponse:
+    epoch = controller.model.brokers[broker_id].epoch
+    request = cpb.BrokerHeartbeatRequest(broker_id=broker_id, broker_epoch=epoch)
+    return await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+
+
+async def test_a_broker_whose_min_insync_differs_from_the_controllers_is_registered(
+    connect_store: ConnectStore, run_controller: RunController, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The controller keeps replicas eligible while the ISR is below its 2; a broker holding
-    the HW only below 1 would commit records without them. Nothing is registered."""
+    """A controller with 2, brokers with 1, 3 and none reported (0: an older broker): each
+    registers and its heartbeats unfence it; a value that differs is logged. Before, a broker
+    below the controller's value was refused with INVALID_CONFIG and stopped: its leaders
+    would have advanced the HW past replicas the controller kept eligible. They hold it now
+    while the ELR that comes with the ISR is not empty (test_elr_gate)."""
     store = await connect_store()
-    controller, _ = await run_controller(store, min_insync_replicas=2)
-    service = ControllerService(controller)
-    request = registration(1, "a", min_insync_replicas=1)
-    refused = await service.RegisterBroker(request, None)  # type: ignore[arg-type]
-    assert refused.error_code == ErrorCode.INVALID_CONFIG
-    assert refused.error_message == (
-        "broker 1: its default min.insync.replicas 1 is below the controller's "
-        "--min-insync-replicas 2; set them alike"
+    controller, _ = await run_controller(
+        store, session_timeout_ms=LONG_SESSION_TIMEOUT_MS, min_insync_replicas=2
     )
-    assert await store.load_brokers() == {}
-    # At or above it, and from a broker too old to report it (0), registrations go through.
-    await register(service, registration(1, "a", min_insync_replicas=2))
-    await register(service, registration(2, "a", min_insync_replicas=3))
-    await register(service, registration(3, "a"))
-    stored = await store.load_brokers()
-    assert {b: r.get("min_insync_replicas") for b, r in stored.items()} == {1: 2, 2: 3, 3: 0}
+    service = ControllerService(controller)
+    with caplog.at_level(logging.WARNING, logger="tidewater.controller.service"):
+        for broker_id, reported in ((1, 1), (2, 3), (3, 0)):
+            await register(service, registration(broker_id, "a", min_insync_replicas=reported))
+    assert sorted(await store.load_brokers()) == [1, 2, 3]
+    for broker_id in (1, 2, 3):
+        response = await heartbeat(controller, service, broker_id)
+        assert (response.error_code, response.is_fenced) == (ErrorCode.NONE, False)
+    assert [r.getMessage() for r in caplog.records] == [
+        "broker 1: its default min.insync.replicas 1 differs from this controller's "
+        "--min-insync-replicas 2",
+        "broker 2: its default min.insync.replicas 3 differs from this controller's "
+        "--min-insync-replicas 2",
+    ]
 
 
-async def test_a_registered_broker_below_a_new_controllers_min_insync_stays_fenced(
+async def test_alter_isr_answers_carry_the_elr_committed_with_the_isr(
     connect_store: ConnectStore, run_controller: RunController
 ) -> None:
-    """Broker 1 registered reporting 1 under a controller whose --min-insync-replicas was 1;
-    this one runs with 2 (raised across a restart). Before, only registrations were checked:
-    its first heartbeat unfenced it, and its leaders went on advancing the HW with one in
-    sync while this controller kept the replicas that left eligible. Its heartbeats are
-    refused now, naming both values, and it stays fenced. 2 reported 2; 3 was stored by an
-    older controller (no value): both are unfenced."""
-    _, controller = await active_on(
-        connect_store, run_controller, PartitionRecord(1, 4, (1, 2, 3), 1), 2, {1: 1, 2: 2}
+    """The controller's min ISR is 2 (the brokers may have another): leader 1's shrink to
+    ISR {1} commits ELR {2, 3}, and the answer says so, as does the answer to the same
+    proposal sent again (its first answer lost); the expansion back to {1, 2} clears it.
+    Before, AlterIsr answers carried no ELR, and the leader learnt of none."""
+    store, controller = await active_on(
+        connect_store, run_controller, PartitionRecord(1, 4, (1, 2, 3), 1), 2
     )
     service = ControllerService(controller)
+    for broker_id in (1, 2, 3):
+        assert (await heartbeat(controller, service, broker_id)).error_code == ErrorCode.NONE
 
-    async def heartbeat(broker_id: int) -> cpb.BrokerHeartbeatResponse:
-        epoch = controller.model.brokers[broker_id].epoch
-        request = cpb.BrokerHeartbeatRequest(broker_id=broker_id, broker_epoch=epoch)
-        return await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+    async def alter_isr(new_isr: list[int], partition_epoch: int) -> cpb.AlterIsrPartitionResponse:
+        request = cpb.AlterIsrRequest(
+            broker_id=1,
+            broker_epoch=controller.model.brokers[1].epoch,
+            partitions=[
+                cpb.AlterIsrPartition(
+                    topic="t",
+                    partition=0,
+                    leader_epoch=4,
+                    new_isr=new_isr,
+                    partition_epoch=partition_epoch,
+                )
+            ],
+        )
+        response = await service.AlterIsr(request, None)  # type: ignore[arg-type]
+        assert response.error_code == ErrorCode.NONE, response.error_message
+        [result] = response.partitions
+        assert result.error_code == ErrorCode.NONE, result.error_message
+        return result
 
-    refused = await heartbeat(1)
-    assert refused.error_code == ErrorCode.INVALID_CONFIG
-    assert refused.error_message == (
-        "broker 1: its default min.insync.replicas 1 is below the controller's "
-        "--min-insync-replicas 2; set them alike"
+    _, since = (await store.load_partitions())["t", 0]
+    shrunk = await alter_isr([1], since)
+    assert (list(shrunk.isr), list(shrunk.eligible_leader_replicas)) == ([1], [2, 3])
+    again = await alter_isr([1], since)
+    assert (again.partition_epoch, list(again.eligible_leader_replicas)) == (
+        shrunk.partition_epoch,
+        [2, 3],
     )
-    assert controller.model.brokers[1].fenced
-    for broker_id in (2, 3):
-        response = await heartbeat(broker_id)
-        assert (response.error_code, response.is_fenced) == (ErrorCode.NONE, False)
-    assert controller.model.brokers[1].fenced
+    grown = await alter_isr([1, 2], shrunk.partition_epoch)
+    assert (list(grown.isr), list(grown.eligible_leader_replicas)) == ([1, 2], [])
+    value, _ = (await store.load_partitions())["t", 0]
+    assert (value["isr"], value["elr"]) == ([1, 2], [])
 
 
-async def test_a_broker_below_the_controllers_min_insync_stops_naming_both_values(
+async def test_controllers_back_with_a_higher_min_insync_keep_the_brokers_whose_leaders_hold_to_it(
     make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
 ) -> None:
-    cluster = await make_cluster(broker_ids=(), min_insync_replicas=2)
-    # Its default, 1: it may be refused (and exit) before it announces its address.
-    with contextlib.suppress(ProcessFailed):
-        await cluster.start_broker(1)
-    broker = cluster.brokers[1]
-    await eventually(lambda: broker.proc is not None and broker.proc.poll() is not None, 30)
-    assert broker.proc is not None and broker.proc.returncode == 1
-    assert (
-        "tidewater: INVALID_CONFIG: broker 1: its default min.insync.replicas 1 is below the "
-        "controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
-    )
-    assert "broker 1 stopped: the controller refused its configuration" in broker.log_tail()
-    assert "stopped cleanly" not in broker.log_tail()
-    assert await cluster.store.load_brokers() == {}
-
-
-async def test_a_registered_broker_stops_when_the_controllers_come_back_with_a_higher_min_insync(
-    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually
-) -> None:
-    """Brokers 1 and 2 registered with their default 1 under controllers with 1; the
-    controllers restart (at their addresses) with 2. Before, nothing refused the brokers,
-    registered already; now their first heartbeats are refused and they stop, naming both
-    values, with the clean-shutdown proof of flushed logs; restarted unchanged (systemd's
-    Restart=on-failure), refused at registration twice, each keeps its proof."""
+    """Brokers 1 and 2 run with their default 1 under controllers with 1; the controllers
+    restart (at their addresses) with 2. Before, the brokers' heartbeats were refused and
+    they stopped; they stay up now. A topic without its own value on 1 and 2: broker 2
+    stops, ISR {1} with ELR {2} by the controllers' 2, and leader 1, whose own value ISR {1}
+    meets, refuses acks=all naming the ELR (its HW holds: 2 may lead again). 2 comes back:
+    the ISR meets 2, the ELR is cleared and acks=all goes through."""
     cluster = await make_cluster(broker_ids=(1, 2))
     addresses = {c: proc.address for c, proc in cluster.controllers.items()}
     for proc in cluster.controllers.values():
@@ -177,29 +185,41 @@ async def test_a_registered_broker_stops_when_the_controllers_come_back_with_a_h
     cluster.min_insync_replicas = 2
     for controller_id, address in addresses.items():
         await cluster.start_controller(controller_id, listen=address)
-    registered = await cluster.store.load_brokers()
-    for broker_id in (1, 2):
-        broker = cluster.brokers[broker_id]
-        await eventually(lambda b=broker: b.proc is not None and b.proc.poll() is not None, 30)
-        assert broker.proc is not None and broker.proc.returncode == 1
-        assert (
-            f"tidewater: INVALID_CONFIG: broker {broker_id}: its default min.insync.replicas 1 "
-            "is below the controller's --min-insync-replicas 2; set them alike" in broker.log_tail()
+    epoch = (await cluster.store.active_controller() or (0, "", 0))[2]
+
+    async def alive_under_the_new_controllers() -> bool:
+        active = await cluster.store.active_controller()
+        return active is not None and active[2] > epoch and await cluster.has_alive_brokers({1, 2})
+
+    await eventually(alive_under_the_new_controllers, 30)
+    topic = "held"
+    await cluster.create_topic(topic, assignments=[(1, 2)])
+    await eventually(lambda: cluster.settled([topic]), 20)
+    await cluster.produce_all(topic, 0, [b"both"])
+    assert all(cluster.brokers[b].running for b in (1, 2))
+
+    assert cluster.brokers[2].stop() == 0
+
+    async def leader_holds_isr_1_with_elr_2() -> bool:
+        s = (await cluster.partitions(topic))[0]
+        return (s["isr"], s["elr"]) == ([1], [2]) and await cluster.replica_sees(
+            1, topic, 0, 1, s["leader_epoch"]
         )
-        assert "stopped cleanly" not in broker.log_tail()
-        proof = json.loads((cluster.root / f"broker-{broker_id}" / CLEAN_SHUTDOWN_FILE).read_text())
-        assert proof["broker_epoch"] == registered[broker_id]["epoch"]
-    assert sorted(await cluster.store.load_brokers()) == [1, 2]
-    for _ in range(2):
-        # It may be refused (and exit) before it announces its address.
-        with contextlib.suppress(ProcessFailed):
-            await cluster.start_broker(1)
-        broker = cluster.brokers[1]  # the new process's
-        await eventually(lambda b=broker: b.proc is not None and b.proc.poll() is not None, 30)
-        assert broker.proc is not None and broker.proc.returncode == 1
-        assert "registration refused: " in broker.log_tail()
-        proof = json.loads((cluster.root / "broker-1" / CLEAN_SHUTDOWN_FILE).read_text())
-        assert proof["broker_epoch"] == registered[1]["epoch"]
+
+    await eventually(leader_holds_isr_1_with_elr_2, 20)
+    refused = await cluster.send(1, topic, 0, b"refused")
+    assert refused is not None
+    assert refused.error_code == ErrorCode.NOT_ENOUGH_REPLICAS, refused.error_message
+    assert refused.error_message == (
+        f"{topic}-0: ISR [1] is below min.insync.replicas as the controller counts it "
+        "(eligible leader replicas [2])"
+    )
+
+    await cluster.start_broker(2)
+    await eventually(lambda: cluster.produced(topic, 0, b"back"), 30)
+    s = (await cluster.partitions(topic))[0]
+    assert (sorted(s["isr"]), s["elr"]) == ([1, 2], [])
+    assert set(await cluster.read(1, topic, 0)) == {b"both", b"back"}
 
 
 async def test_only_the_previous_registrations_epoch_proves_a_clean_shutdown(

@@ -14,12 +14,13 @@ import pytest
 
 from tidewater.controller import sender as sender_mod
 from tidewater.controller.controller import Controller
+from tidewater.controller.core import PartitionChange
 from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
 from tidewater.controller.sender import BrokerSender
 from tidewater.local.tcp_proxy import NOWHERE, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.metadata.server import MetadataServer
-from tidewater.v1 import cluster_pb2
+from tidewater.v1 import broker_pb2, cluster_pb2
 
 TP = ("orders", 0)
 
@@ -152,3 +153,35 @@ def test_update_metadata_carries_changed_configs_and_a_full_view_every_topics(
         "orders": {"retention.ms": "1000"},
         "plain": {},
     }
+
+
+def test_leader_and_isr_carries_the_elr_committed_with_the_isr(
+    sender_to: tuple[TcpProxy, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader holds the HW while the ELR that comes with its ISR is not empty: LeaderAndIsr
+    carries it, as UpdateMetadata does (before, only UpdateMetadata, which brokers do not
+    read for it)."""
+    _, controller, sender = sender_to
+    model = controller.model
+    model.topics["orders"] = TopicState("orders", {}, {0: (1, 2, 3)})
+    model.partitions[TP] = PartitionRecord(1, 4, (1,), 1, partition_epoch=9, elr=(2, 3))
+    for b in (1, 2, 3):
+        model.brokers[b] = BrokerState(b, "127.0.0.1", 1, "", "i", epoch=7, fenced=False)
+    sent: list[tuple[int | str, Any]] = []
+    monkeypatch.setattr(
+        sender, "_enqueue", lambda target, request, *_: sent.append((target, request))
+    )
+
+    sender.leader_and_isr_changes([PartitionChange(TP, None, model.partitions[TP])])
+    leader_and_isr = {
+        target: request.partition_states
+        for target, request in sent
+        if isinstance(request, broker_pb2.LeaderAndIsrRequest)
+    }
+    assert sorted(leader_and_isr) == [1, 2, 3]
+    for [state] in leader_and_isr.values():
+        assert (list(state.isr), list(state.eligible_leader_replicas)) == ([1], [2, 3])
+    updates = [r for _, r in sent if isinstance(r, cluster_pb2.UpdateMetadataRequest)]
+    assert updates
+    for update in updates:
+        assert list(update.partition_states[0].eligible_leader_replicas) == [2, 3]

@@ -289,3 +289,33 @@ async def test_a_lower_min_insync_in_update_metadata_commits_a_waiting_batch_at_
     assert state.high_watermark == 1
     [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
     assert (result.error_code, result.base_offset) == (ErrorCode.NONE, 0)
+
+
+async def test_an_elr_in_leader_and_isr_holds_a_waiting_batch_until_it_is_cleared(
+    start_broker: Callable[..., Any],
+) -> None:
+    """min.insync.replicas 1 here; the controller counts 2 (its own, or a topic's raise this
+    broker has not applied). An acks=all batch appended with ISR {1, 2}; the controller takes
+    2 out with ELR {2}: the HW holds though ISR {1} meets 1 here (before, it moved and the
+    batch was acknowledged without 2, which may lead next), and a new acks=all produce is
+    refused naming the ELR. The ELR cleared alone (a newer partition epoch in the same leader
+    epoch): the HW moves and the waiting produce is answered at once."""
+    server, client = await start_broker(1)
+    rm = server.replica_manager
+    await make_leader(client.channel, TP[0], 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    produce = asyncio.create_task(rm.produce(produce_request(-1, (0, b"waiting"))))
+    await eventually(lambda: rm.produce_purgatory.watched == 1, WAIT_S)
+    shrunk = {"leader": 1, "leader_epoch": 2, "replicas": [1, 2], "isr": [1]}
+    await make_leader(client.channel, TP[0], 0, **shrunk, elr=[2])  # type: ignore[arg-type]
+    state = rm.partitions[TP].state
+    assert (state.elr, state.high_watermark, rm.produce_purgatory.watched) == ((2,), 0, 1)
+    [refused] = (await rm.produce(produce_request(-1, (0, b"refused")))).partitions
+    assert (refused.error_code, refused.error_message) == (
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        "t-0: ISR [1] is below min.insync.replicas as the controller counts it "
+        "(eligible leader replicas [2])",
+    )
+    await make_leader(client.channel, TP[0], 0, **shrunk, partition_epoch=3)  # type: ignore[arg-type]
+    assert (state.elr, state.high_watermark) == ((), 1)
+    [result] = (await asyncio.wait_for(produce, WAIT_S)).partitions
+    assert (result.error_code, result.base_offset) == (ErrorCode.NONE, 0)

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -29,6 +29,7 @@ from tidewater.replication.partition import (
     Partition,
     ReplicationConfig,
 )
+from tidewater.v1 import controller_pb2 as cpb
 
 TOPIC = "isr"
 NOW_MS = 1_000_000
@@ -176,3 +177,46 @@ async def test_an_answer_a_newer_leader_and_isr_superseded_is_not_logged_as_the_
         assert rm._on_alter_isr_result(stale, committed, None) is False
     assert rm.partitions[TOPIC, 0].state.isr == {1, 2}
     assert "ISR is now" not in caplog.text
+
+
+async def test_a_committed_answer_brings_the_elr_committed_with_the_isr(tmp_path: Path) -> None:
+    """The controller shrinks ISR {1, 2} to {1} with ELR {2} (its min ISR is 2): the leader
+    gets the ELR with the ISR, and holds the HW by it (its own min.insync.replicas is 1).
+    Before, the answer's ELR was not read."""
+
+    class Controller:
+        """Answers as the controller does once it has committed the proposal."""
+
+        async def call(self, method: str, request: cpb.AlterIsrRequest, **_: Any) -> Any:
+            [p] = request.partitions
+            result = cpb.AlterIsrPartitionResponse(
+                topic=p.topic,
+                partition=p.partition,
+                leader=1,
+                leader_epoch=p.leader_epoch,
+                isr=p.new_isr,
+                partition_epoch=p.partition_epoch + 1,
+                eligible_leader_replicas=[2],
+            )
+            return cpb.AlterIsrResponse(partitions=[result])
+
+    log = Log.open(tmp_path / f"{TOPIC}-0", LogConfig())
+    try:
+        leader = Partition(TOPIC, 0, 1, log, ReplicationConfig(replica_lag_time_max_ms=10), 0)
+        leader.make_leader(LeaderAndIsr(1, 1, (1, 2), (1, 2), partition_epoch=1), NOW_MS)
+        shrink = leader.maybe_shrink_isr(NOW_MS + 11)
+        assert shrink is not None and shrink.new_isr == (1,)
+        controller = cast("ControllerClient", Controller())
+        channel = AlterIsrChannel(1, controller, deliver_to({0: leader}), lambda: 1, window_ms=1)
+        task = asyncio.create_task(channel.run())
+        try:
+            channel.propose(shrink)
+            await eventually(lambda: not leader.isr_state.in_flight, WAIT_S)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert (leader.isr, leader.elr, leader.partition_epoch) == ({1}, (2,), 2)
+        assert leader.under_min_isr
+    finally:
+        log.close()

@@ -30,22 +30,28 @@ def leader_and_isr_request(
     configs: dict[str, str] | None = None,
     leaders: dict[int, str] | None = None,
     topic_id: bytes = b"",
+    partition_epoch: int | None = None,
+    elr: Sequence[int] = (),
 ) -> pb.LeaderAndIsrRequest:
     """LeaderAndIsr for one partition; `leaders` maps broker ids to addresses (host:port) so
-    followers can reach the leader; `topic_id` empty: none (a controller without ids)."""
+    followers can reach the leader; `topic_id` empty: none (a controller without ids);
+    `partition_epoch` None: the leader epoch; `elr`: the eligible leader replicas."""
     state = PartitionState(
         leader=leader,
         leader_epoch=leader_epoch,
         isr=list(isr if isr is not None else replicas),
         replicas=list(replicas),
-        partition_epoch=leader_epoch,
+        partition_epoch=leader_epoch if partition_epoch is None else partition_epoch,
     )
     return pb.LeaderAndIsrRequest(
         controller_id=0,
         controller_epoch=controller_epoch,
         partition_states=[
             pb.LeaderAndIsrPartitionState(
-                **state.fields(topic, partition, controller_epoch), is_new=True, topic_id=topic_id
+                **state.fields(topic, partition, controller_epoch),
+                is_new=True,
+                topic_id=topic_id,
+                eligible_leader_replicas=list(elr),
             )
         ],
         topic_configs=[common_pb2.TopicConfig(topic=topic, configs=configs or {})],

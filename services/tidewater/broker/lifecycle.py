@@ -39,8 +39,8 @@ class BrokerLifecycle:
         previous_broker_epoch: int = 0,
         min_insync_replicas: int = 1,
     ) -> None:
-        """`min_insync_replicas`: the broker's default, reported at registration: the
-        controller refuses it below its own (`refusal`)."""
+        """`min_insync_replicas`: the broker's default, reported at registration: a controller
+        older than the ELR in LeaderAndIsr refuses it below its own (`refusal`)."""
         self._controller = controller
         self._info = common_pb2.BrokerInfo(
             broker_id=broker_id,
@@ -111,8 +111,8 @@ class BrokerLifecycle:
             self.broker_epoch = 0
             return
         if response.error_code == ErrorCode.INVALID_CONFIG:
-            # A controller started (or taken over) with a higher --min-insync-replicas than
-            # this broker registered with: it keeps the broker fenced.
+            # An older controller started (or taken over) with a higher --min-insync-replicas
+            # than this broker registered with: it keeps the broker fenced.
             self._refuse("heartbeat", response.error_message)
             return
         if response.error_code == ErrorCode.NONE:

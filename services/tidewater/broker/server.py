@@ -179,8 +179,9 @@ async def run_broker(
     config: BrokerConfig, ready_file: Path | None = None, metrics_port: int | None = None
 ) -> None:
     """Run until SIGTERM or SIGINT, then shut down cleanly; until the controller refuses the
-    broker's configuration (at registration, or at a heartbeat to a controller with a higher
-    --min-insync-replicas), then stop and raise its refusal (InvalidConfig)."""
+    broker's configuration (a controller older than the ELR in LeaderAndIsr, with a higher
+    --min-insync-replicas: at registration, or at a heartbeat), then stop and raise its
+    refusal (InvalidConfig)."""
     tune_for_large_messages()
     raise_open_file_limit()
     server = BrokerServer(config, metrics_port)

@@ -249,7 +249,7 @@ class Partition:
         """Kafka's makeLeader. Returns whether the HW moved. A new leader epoch starts at the
         LEO, in the epoch cache too, and the followers' fetch state starts over; in the leader
         epoch this leader has (a newer partition epoch: the ISR or ELR changed alone) only
-        the replicas, committed ISR and ELR and partition epoch change, as Kafka's isNewLeaderEpoch
+        the replicas, committed ISR, ELR and partition epoch change, as Kafka's isNewLeaderEpoch
         false. A proposal in flight is superseded either way (its answer is ignored)."""
         is_new_leader = not self.is_leader
         is_new_leader_epoch = is_new_leader or state.leader_epoch != self.leader_epoch

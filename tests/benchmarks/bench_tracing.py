@@ -18,29 +18,42 @@ per record (all of its cluster's processes and the producer; the throughput's in
 machine the cluster keeps busy, and steadier when a neighbour is not) against off's, and what
 tracing adds per record in each role.
 
+--toggle measures 1% without two clusters' bias: one cluster, traced at 1% when it starts,
+whose brokers (switched_broker.py) a signal switches untraced and traced again between runs,
+and the producer traced at 1% or not: four modes, off (neither), brokers, producer and 1%
+(both), once each per round in a new order. It reports what each mode adds per record to
+each role's CPU against the same round's off (and 1% against brokers: what a traced
+producer's batches cost), the mean of the rounds' differences with its standard error, and
+the median of the rounds' rate ratios. What stays set up in a switched-off broker (its
+provider, the interceptors of calls outside the data plane) is not measured.
+
 Run: .venv/bin/python tests/benchmarks/bench_tracing.py [--records N] [--rounds R]
-         [--generations G]"""
+         [--generations G] [--toggle]"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import random
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from harness import cpu_seconds
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from switched_broker import SWITCH_OFF, SWITCH_ON, state_file
 
 from tidewater.client.admin import Admin
 from tidewater.client.producer import Producer
 from tidewater.local.cluster import LocalCluster
+from tidewater.local.process import TIDEWATER
 from tidewater.telemetry.otlp_file import OtlpJsonFileSpanExporter, OtlpJsonFileSpanProcessor
 
 TOPIC = "bench"
@@ -58,6 +71,19 @@ ROLES = {"broker": "brokers", "controller": "controllers"}
 SETTLE_WINDOW_S = 0.2
 QUIET_CPU_S = 0.01
 SETTLE_MAX_S = 10.0
+# --toggle's modes: (the brokers trace, the producer traces), all at 1%.
+TOGGLE_RATIO = 0.01
+TOGGLES = {
+    "off": (False, False),
+    "brokers": (True, False),
+    "producer": (False, True),
+    "1%": (True, True),
+}
+# What --toggle reports: each mode's CPU per record against another's, by role.
+TOGGLE_DIFFERENCES = (("brokers", "off"), ("producer", "off"), ("1%", "off"), ("1%", "brokers"))
+TOGGLE_ROLES = ("brokers", "producer", "all")
+SWITCHED_BROKER = Path(__file__).with_name("switched_broker.py")
+SWITCH_TIMEOUT_S = 10.0
 
 
 async def produce(
@@ -96,7 +122,9 @@ async def create_topic(cluster: LocalCluster) -> None:
         await admin.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
 
 
-def start_cluster(stack: contextlib.ExitStack, work: Path, mode: str) -> LocalCluster:
+def start_cluster(
+    stack: contextlib.ExitStack, work: Path, mode: str, broker_entry: Sequence[str] = TIDEWATER
+) -> LocalCluster:
     ratio = MODES[mode]
     if ratio is None:
         os.environ.pop("OTEL_TRACES_SAMPLER", None)
@@ -105,7 +133,7 @@ def start_cluster(stack: contextlib.ExitStack, work: Path, mode: str) -> LocalCl
         # The cluster's processes inherit the sampler.
         os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
         os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
-    cluster = LocalCluster(work, brokers=3, trace=ratio is not None)
+    cluster = LocalCluster(work, brokers=3, trace=ratio is not None, broker_entry=broker_entry)
     stack.callback(cluster.stop)
     cluster.start()
     asyncio.run(create_topic(cluster))
@@ -113,10 +141,10 @@ def start_cluster(stack: contextlib.ExitStack, work: Path, mode: str) -> LocalCl
 
 
 def run_once(
-    cluster: LocalCluster, mode: str, records: int, trace_file: Path
+    cluster: LocalCluster, ratio: float | None, records: int, trace_file: Path
 ) -> tuple[float, dict[str, float]]:
-    """Records/s and CPU us per record by role (producer, brokers, rest) of one round."""
-    ratio = MODES[mode]
+    """Records/s and CPU us per record by role (producer, brokers, rest, and "all") of one
+    round; the producer traced at `ratio`, or not at all when None."""
     provider = None
     try:
         if ratio is not None:
@@ -138,7 +166,9 @@ def run_once(
         if provider is not None:
             provider.shutdown()
     settle([pid for role_pids in pids.values() for pid in role_pids])
-    return result
+    rate, cpu = result
+    cpu["all"] = sum(cpu.values())
+    return rate, cpu
 
 
 def settle(pids: list[int]) -> None:
@@ -163,8 +193,7 @@ def run_round(
     results = {}
     for mode in order:
         trace_file = work / MODE_DIRS[mode] / "traces" / f"client-{label.replace(' ', '-')}.jsonl"
-        rate, cpu = run_once(clusters[mode], mode, records, trace_file)
-        cpu["all"] = sum(cpu.values())
+        rate, cpu = run_once(clusters[mode], MODES[mode], records, trace_file)
         results[mode] = (rate, cpu)
         print(
             f"{label} tracing {mode:>9}: {rate:10,.0f} records/s, {cpu['all']:5.1f} us CPU per "
@@ -224,14 +253,83 @@ class Tally:
         )
 
 
+def switch_brokers(cluster: LocalCluster, on: bool) -> None:
+    """Switch the brokers' tracing (switched_broker.py) and wait until each says it has."""
+    brokers = [proc for (role, _), proc in cluster.processes.items() if role == "broker"]
+    for proc in brokers:
+        state_file(proc.ready_file).unlink(missing_ok=True)
+        proc.signal(SWITCH_ON if on else SWITCH_OFF)
+    want = "on" if on else "off"
+    deadline = time.monotonic() + SWITCH_TIMEOUT_S
+    for proc in brokers:
+        acknowledged = state_file(proc.ready_file)
+        while not (acknowledged.exists() and acknowledged.read_text() == want):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{proc.name} did not switch its tracing {want}")
+            time.sleep(0.01)
+
+
+def mean_and_error(values: list[float]) -> str:
+    """The mean with its standard error."""
+    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+    return f"{statistics.mean(values):+.2f} +- {error:.2f}"
+
+
+def toggle(records: int, rounds: int, tmp: Path) -> None:
+    """--toggle (see the module's doc)."""
+    results: list[Results] = []
+    with contextlib.ExitStack() as stack:
+        cluster = start_cluster(stack, tmp / "cluster", "1%", (str(SWITCHED_BROKER),))
+        for round_ in range(rounds + 1):
+            order = list(TOGGLES)
+            random.Random(round_).shuffle(order)
+            results.append({})
+            for mode in order:
+                brokers, producer = TOGGLES[mode]
+                switch_brokers(cluster, brokers)
+                trace_file = tmp / "cluster" / "traces" / f"client-{round_}-{mode}.jsonl"
+                rate, cpu = run_once(
+                    cluster, TOGGLE_RATIO if producer else None, records, trace_file
+                )
+                results[-1][mode] = (rate, cpu)
+                # Round 0 warms the cluster up in every mode and does not count.
+                label = f"round {round_}" if round_ else "warm-up"
+                print(
+                    f"{label} {mode:>8}: {rate:10,.0f} records/s, {cpu['all']:5.1f} us CPU per "
+                    f"record (brokers {cpu['brokers']:.2f}, producer {cpu['producer']:.2f})",
+                    flush=True,
+                )
+    results = results[1:]
+    lines = []
+    for mode, against in TOGGLE_DIFFERENCES:
+        added = ", ".join(
+            f"{role} " + mean_and_error([r[mode][1][role] - r[against][1][role] for r in results])
+            for role in TOGGLE_ROLES
+        )
+        ratio = statistics.median(r[mode][0] / r[against][0] for r in results)
+        lines.append(f"{mode} vs {against}: {added} us per record, rate {ratio:.3f}x")
+    print(
+        f"tracing toggle, one cluster, {records:,} records x {rounds} rounds, CPU per record "
+        f"added (mean +- standard error of the rounds' differences) and the median rate ratio: "
+        + "; ".join(lines)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=30_000, help="per round and mode")
-    parser.add_argument("--rounds", type=int, default=4, help="per generation")
+    parser.add_argument("--rounds", type=int, help="per generation (4); with --toggle, in all (40)")
     parser.add_argument("--generations", type=int, default=4, help="of clusters, one per mode each")
+    parser.add_argument(
+        "--toggle", action="store_true", help="one cluster, tracing switched (see above)"
+    )
     args = parser.parse_args()
     tally = Tally()
     with tempfile.TemporaryDirectory(prefix="tidewater-bench-tracing-") as tmp:
+        if args.toggle:
+            toggle(args.records, args.rounds or 40, Path(tmp))
+            return
+        args.rounds = args.rounds or 4
         for generation in range(args.generations):
             with contextlib.ExitStack() as stack:
                 work = Path(tmp) / f"g{generation}"
@@ -243,7 +341,7 @@ def main() -> None:
                 # A new cluster's first round is slower in every mode (fetch sessions, the
                 # first segments and their page cache, code first run): not counted.
                 for mode, cluster in clusters.items():
-                    run_once(cluster, mode, args.records, work / "warm-up.jsonl")
+                    run_once(cluster, MODES[mode], args.records, work / "warm-up.jsonl")
                 for round_ in range(args.rounds):
                     # A new order every round (rotating one kept each mode's neighbours).
                     order = list(MODES)

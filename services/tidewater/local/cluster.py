@@ -31,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
 from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess
 from tidewater.local.process import (
+    TIDEWATER,
     ListenRefused,
     ManagedProcess,
     ProcessFailed,
@@ -189,8 +190,16 @@ class LocalCluster:
     """Starts the processes in dependency order and stops them in reverse; records each one in
     cluster.json as soon as it runs, so `cluster down` finds even a half-started cluster."""
 
-    def __init__(self, data_dir: Path, brokers: int, trace: bool = False) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        brokers: int,
+        trace: bool = False,
+        broker_entry: Sequence[str] = TIDEWATER,
+    ) -> None:
+        """`broker_entry`: what Python runs for a broker (ManagedProcess's `entry`)."""
         self.data_dir = data_dir
+        self.broker_entry = broker_entry
         # Each process writes its own spans here (`cluster up --trace`).
         self.trace_dir = data_dir / "traces" if trace else None
         self.broker_ids = tuple(range(1, brokers + 1))
@@ -299,7 +308,8 @@ class LocalCluster:
     def _start_on(self, role: str, member_id: int, args: Sequence[str]) -> str:
         if self.trace_dir is not None:
             args = [*args, "--trace-file", str(self.trace_dir / f"{role}-{member_id}.jsonl")]
-        proc = ManagedProcess(f"{role}-{member_id}", args, self.log_dir)
+        entry = self.broker_entry if role == "broker" else TIDEWATER
+        proc = ManagedProcess(f"{role}-{member_id}", args, self.log_dir, entry=entry)
         self.processes[(role, member_id)] = proc
         return proc.start(PROCESS_START_TIMEOUT_S)
 

@@ -37,16 +37,27 @@ _UNDER_FILE_SIZE_LIMIT = (
 )
 
 
+# How Python is told to run a service: the package's command line. A benchmark may give a
+# script of its own that wraps it (tests/benchmarks/switched_broker.py).
+TIDEWATER = ("-m", "tidewater")
+
+
 class ManagedProcess:
     """Starts a `python -m tidewater ...` child that writes its address to a ready file.
     With `file_size_limit`, no file it writes can grow past that many bytes (a disk that
-    fails, for fault tests)."""
+    fails, for fault tests); `entry`: what Python runs in place of `-m tidewater`."""
 
     def __init__(
-        self, name: str, args: Sequence[str], work_dir: Path, file_size_limit: int | None = None
+        self,
+        name: str,
+        args: Sequence[str],
+        work_dir: Path,
+        file_size_limit: int | None = None,
+        entry: Sequence[str] = TIDEWATER,
     ) -> None:
         self.name = name
         self.args = list(args)
+        self.entry = tuple(entry)
         self.file_size_limit = file_size_limit
         self.work_dir = work_dir
         self.ready_file = work_dir / f"{name}.ready"
@@ -70,8 +81,7 @@ class ManagedProcess:
                 [
                     sys.executable,
                     *limited,
-                    "-m",
-                    "tidewater",
+                    *self.entry,
                     *self.args,
                     "--ready-file",
                     str(self.ready_file),

@@ -38,9 +38,11 @@ import contextlib
 import math
 import os
 import random
+import re
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -84,6 +86,11 @@ TOGGLE_DIFFERENCES = (("brokers", "off"), ("producer", "off"), ("1%", "off"), ("
 TOGGLE_ROLES = ("brokers", "producer", "all")
 SWITCHED_BROKER = Path(__file__).with_name("switched_broker.py")
 SWITCH_TIMEOUT_S = 10.0
+# Kafka's RequestsPerSec for follower fetches, as a broker's metrics endpoint serves it.
+FOLLOWER_FETCHES = re.compile(
+    r'^tidewater_request_requests_total\{[^}]*request="FetchFollower"[^}]*\} (\S+)$', re.M
+)
+FETCHES = "follower fetches"
 
 
 async def produce(
@@ -253,6 +260,16 @@ class Tally:
         )
 
 
+def follower_fetches(cluster: LocalCluster) -> float:
+    """The follower fetches the brokers have served so far (their metrics endpoints)."""
+    served = 0.0
+    for member in cluster.record().find("broker"):
+        url = f"http://{member.metrics_address}/metrics"
+        with urllib.request.urlopen(url, timeout=SWITCH_TIMEOUT_S) as response:
+            served += sum(map(float, FOLLOWER_FETCHES.findall(response.read().decode())))
+    return served
+
+
 def switch_brokers(cluster: LocalCluster, on: bool) -> None:
     """Switch the brokers' tracing (switched_broker.py) and wait until each says it has."""
     brokers = [proc for (role, _), proc in cluster.processes.items() if role == "broker"]
@@ -288,15 +305,19 @@ def toggle(records: int, rounds: int, tmp: Path) -> None:
                 brokers, producer = TOGGLES[mode]
                 switch_brokers(cluster, brokers)
                 trace_file = tmp / "cluster" / "traces" / f"client-{round_}-{mode}.jsonl"
+                fetches = follower_fetches(cluster)
                 rate, cpu = run_once(
                     cluster, TOGGLE_RATIO if producer else None, records, trace_file
                 )
+                # The warm-up's sends included (a tenth more): for comparing modes.
+                cpu[FETCHES] = (follower_fetches(cluster) - fetches) / records * 1000
                 results[-1][mode] = (rate, cpu)
                 # Round 0 warms the cluster up in every mode and does not count.
                 label = f"round {round_}" if round_ else "warm-up"
                 print(
                     f"{label} {mode:>8}: {rate:10,.0f} records/s, {cpu['all']:5.1f} us CPU per "
-                    f"record (brokers {cpu['brokers']:.2f}, producer {cpu['producer']:.2f})",
+                    f"record (brokers {cpu['brokers']:.2f}, producer {cpu['producer']:.2f}), "
+                    f"{cpu[FETCHES]:.1f} follower fetches per 1,000 records",
                     flush=True,
                 )
     results = results[1:]
@@ -307,7 +328,11 @@ def toggle(records: int, rounds: int, tmp: Path) -> None:
             for role in TOGGLE_ROLES
         )
         ratio = statistics.median(r[mode][0] / r[against][0] for r in results)
-        lines.append(f"{mode} vs {against}: {added} us per record, rate {ratio:.3f}x")
+        fetches = mean_and_error([r[mode][1][FETCHES] - r[against][1][FETCHES] for r in results])
+        lines.append(
+            f"{mode} vs {against}: {added} us per record, rate {ratio:.3f}x, follower fetches "
+            f"{fetches} per 1,000 records"
+        )
     print(
         f"tracing toggle, one cluster, {records:,} records x {rounds} rounds, CPU per record "
         f"added (mean +- standard error of the rounds' differences) and the median rate ratio: "

@@ -31,6 +31,11 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 TopicPartition = tuple[str, int]
 CONSUMER_REPLICA_ID = -1
+# The leader's own new traces: a batch or fetch that carries no context on a stream that
+# declared none (a client that does not trace) starts one, which this broker's sampler decides
+# on. With the SDK's ratio sampler and ids, one sampled out then costs 64 random bits: no
+# attributes, ids or Context (tracing.NewTraces; its constant is never sent from here).
+_NEW_TRACES = tracing.NewTraces()
 
 
 def messaging_attributes(topic: str, partition: int, operation: str) -> dict[str, Any]:
@@ -106,9 +111,15 @@ class ProduceTrace(_Traced):
         parent = tracing.extract(data.trace_context, metadata, declared)
         if parent is None:
             return None
-        attributes = messaging_attributes(data.topic, data.partition, "send")
-        attributes["tidewater.acks"] = acks
-        span = tracing.start_span("Produce", SpanKind.SERVER, parent, attributes)
+
+        def attributes() -> dict[str, Any]:
+            made = messaging_attributes(data.topic, data.partition, "send")
+            made["tidewater.acks"] = acks
+            return made
+
+        span = tracing.start_span(
+            "Produce", SpanKind.SERVER, parent, attributes, new_traces=_NEW_TRACES
+        )
         return None if span is None else cls(span)
 
     def appended(
@@ -281,17 +292,23 @@ class FetchTrace(_Traced):
         parent = tracing.extract(request.trace_context, metadata, declared)
         if parent is None:
             return None
-        attributes: dict[str, Any] = {
-            "messaging.system": tracing.MESSAGING_SYSTEM,
-            "messaging.operation.type": "receive",
-            "tidewater.partitions": len(request.partitions),
-        }
-        if request.replica_id != CONSUMER_REPLICA_ID:
-            attributes["tidewater.follower_id"] = request.replica_id
-        elif len(request.partitions) == 1:
-            fp = request.partitions[0]
-            attributes.update(messaging_attributes(fp.topic, fp.partition, "receive"))
-        span = tracing.start_span("Fetch", SpanKind.SERVER, parent, attributes)
+
+        def attributes() -> dict[str, Any]:
+            made: dict[str, Any] = {
+                "messaging.system": tracing.MESSAGING_SYSTEM,
+                "messaging.operation.type": "receive",
+                "tidewater.partitions": len(request.partitions),
+            }
+            if request.replica_id != CONSUMER_REPLICA_ID:
+                made["tidewater.follower_id"] = request.replica_id
+            elif len(request.partitions) == 1:
+                fp = request.partitions[0]
+                made.update(messaging_attributes(fp.topic, fp.partition, "receive"))
+            return made
+
+        span = tracing.start_span(
+            "Fetch", SpanKind.SERVER, parent, attributes, new_traces=_NEW_TRACES
+        )
         return None if span is None else cls(span)
 
     @property

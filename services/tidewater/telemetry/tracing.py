@@ -30,7 +30,6 @@ from random import getrandbits
 from typing import Any, NamedTuple
 
 import grpc
-from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
@@ -553,8 +552,9 @@ _SAMPLED_OUT_FLAGS = TraceFlags.RANDOM_TRACE_ID
 class NewTraces:
     """New traces started one after another in one place, each sampled by its tracer's
     sampler: a follower's fetcher starts one per fetch, a producer one per batch sent outside
-    any span of the application's. The place sends its requests on data-plane streams that
-    open with `metadata`, its constant, not sampled context (made once, never exported).
+    any span of the application's, a leader one per batch or fetch of a client that does not
+    trace. The fetcher and the producer send their requests on data-plane streams that open
+    with `metadata`, their constant, not sampled context (made once, never exported).
 
     Where that sampler decides a new trace by the ratio rule and its ids come from the SDK's
     RandomIdGenerator (_TracerFacts.drawn_trace_bound), start_span() has next() draw only
@@ -811,8 +811,9 @@ def extract(
 ) -> Parent | None:
     """The parent of a span for a message (start_span's `parent`): its own trace_context,
     else the parent its stream `declared` (stream_parent()), else the gRPC call's metadata
-    (unary calls from other clients), else none (a new trace, an empty Context). A
-    traceparent alone is read as a remote SpanContext (_parent_of).
+    (unary calls from other clients), else none: the invalid span context, for a new trace
+    (start_span reads it without a Context to look into). A traceparent alone is read as a
+    remote SpanContext (_parent_of).
 
     None when there is to be no span: the parent was sampled out and this process's sampler
     follows its parent. That is read from the traceparent's flags alone: most requests are
@@ -827,7 +828,7 @@ def extract(
         headers = {k: v for k, v in metadata if isinstance(v, str)}
         traceparent = headers.get(TRACEPARENT)
     else:
-        return otel_context.Context()
+        return trace.INVALID_SPAN_CONTEXT
     if _FOLLOWS_SAMPLED_OUT_PARENTS and _sampled_out(traceparent):
         return None
     if len(headers) == 1 and _w3c_propagation():

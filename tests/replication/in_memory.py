@@ -6,7 +6,7 @@ moves only when a test says so."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import PurePath
 
@@ -27,6 +27,7 @@ from tidewater.replication.partition import (
     NO_EPOCH,
     NO_LEADER,
     AlterIsrProposal,
+    FollowerFetchOutcome,
     LeaderAndIsr,
     Partition,
     ReplicationConfig,
@@ -144,6 +145,52 @@ class MemoryLog:
         self.batches = [b for b in self.batches if b.last_offset < offset]
         self.leader_epoch_cache = LeaderEpochCache(self.checkpoint)
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+
+
+def fetch_once(
+    follower: Partition,
+    follower_log: MemoryLog,
+    leader: Partition,
+    leader_log: MemoryLog,
+    now_ms: int,
+    *,
+    broker_epoch: int = 0,
+    unclean_leader_election_enable: bool = False,
+    on_outcome: Callable[[FollowerFetchOutcome], None] = lambda outcome: None,
+) -> StopReplicating | None:
+    """One fetch by a follower and its answer, as the fetcher and the leader make them: the
+    leader validates it and records the follower's progress (`on_outcome` gets what it decided,
+    an ISR proposal say, before the answer is made), then serves whole batches from the fetch
+    offset up to its LEO unless the follower's history diverges; the follower truncates, or
+    appends and takes the HW. A fetch offset out of the leader's range truncates the follower
+    if it must; StopReplicating if that would lose data. Other refusals of the fetch (another
+    leader epoch, not the leader) raise, as on_follower_fetch does."""
+    request = next_fetch(follower)._replace(broker_epoch=broker_epoch)
+    try:
+        outcome = leader.on_follower_fetch(request, now_ms)
+    except OffsetOutOfRange:
+        action = on_offset_out_of_range(
+            follower.name,
+            follower_log.log_end_offset,
+            leader_log.log_end_offset,
+            leader_log.log_start_offset,
+            unclean_leader_election_enable,
+        )
+        if isinstance(action, StopReplicating):
+            return action
+        if action is not None:
+            apply_out_of_range(follower, follower_log, action)
+        return None
+    on_outcome(outcome)
+    diverging = outcome.diverging_epoch
+    records = [] if diverging is not None else leader_log.read(request.fetch_offset)
+    response = FetchedPartition(leader.high_watermark, diverging, records)
+    if not truncate_if_diverged(follower, follower_log, response):
+        if records:
+            follower_log.append_as_follower(records)
+        follower.update_follower_high_watermark(response.high_watermark)
+        follow_leader_log_start(follower, follower_log, leader_log.log_start_offset)
+    return None
 
 
 @dataclass
@@ -315,38 +362,27 @@ class Cluster:
         self._awaiting_acks = waiting
 
     def fetch(self, follower_id: int) -> None:
-        """One fetch by a follower from the leader it knows: the leader validates it and
-        records the follower's progress, then serves whole batches from the fetch offset up to
-        its LEO unless the follower's history diverges; the follower applies the answer."""
+        """One fetch by a follower from the leader it knows (fetch_once); the controller
+        commits an ISR proposal it makes at once."""
         follower = self.brokers[follower_id]
         leader = self.brokers[follower.partition.leader]
         assert follower.alive and leader.alive
-        request = next_fetch(follower.partition)
-        try:
-            outcome = leader.partition.on_follower_fetch(request, self.now_ms)
-        except OffsetOutOfRange:
-            action = on_offset_out_of_range(
-                follower.partition.name,
-                follower.log.log_end_offset,
-                leader.log.log_end_offset,
-                leader.log.log_start_offset,
-                self.config.unclean_leader_election_enable,
-            )
-            assert not isinstance(action, StopReplicating), action.reason
-            if action is not None:
-                apply_out_of_range(follower.partition, follower.log, action)
-            return
-        if outcome.isr_proposal is not None:
-            self._alter_isr(outcome.isr_proposal)
-        self._complete_produces()
-        diverging = outcome.diverging_epoch
-        records = [] if diverging is not None else leader.log.read(request.fetch_offset)
-        response = FetchedPartition(leader.partition.high_watermark, diverging, records)
-        if not truncate_if_diverged(follower.partition, follower.log, response):
-            if records:
-                follower.log.append_as_follower(records)
-            follower.partition.update_follower_high_watermark(response.high_watermark)
-            follow_leader_log_start(follower.partition, follower.log, leader.log.log_start_offset)
+
+        def on_outcome(outcome: FollowerFetchOutcome) -> None:
+            if outcome.isr_proposal is not None:
+                self._alter_isr(outcome.isr_proposal)
+            self._complete_produces()
+
+        stop = fetch_once(
+            follower.partition,
+            follower.log,
+            leader.partition,
+            leader.log,
+            self.now_ms,
+            unclean_leader_election_enable=self.config.unclean_leader_election_enable,
+            on_outcome=on_outcome,
+        )
+        assert stop is None, stop.reason
 
     def check_isr(self) -> None:
         """The leader's periodic ISR check."""

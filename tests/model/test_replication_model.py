@@ -1,0 +1,40 @@
+"""The model check of the replication and controller rules (tests/model/replication_model.py):
+whatever happens in whatever order, nothing committed or acknowledged is lost.
+
+The default run is the same examples every time, about ten seconds; longer, with new examples
+every run: TIDEWATER_MODEL_EXAMPLES=2000 pytest tests/model (README, Tests and their
+helpers)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from tests.model.replication_model import (
+    EXAMPLES_ON_DEMAND,
+    Replay,
+    ReplicationModel,
+    model_settings,
+)
+
+# A run on demand takes as long as its examples do.
+pytestmark = [pytest.mark.timeout(0)] if EXAMPLES_ON_DEMAND else []
+
+
+def test_no_committed_or_acknowledged_record_is_lost() -> None:
+    run_state_machine_as_test(ReplicationModel, settings=model_settings())
+
+
+def test_a_min_isr_raise_before_the_leader_has_it_loses_nothing() -> None:
+    """Review 12's bug, as the machine found it (shrunk by hand): the controller takes the
+    raise at once, the leader later. Its ISR shrink commits the followers into the ELR by the
+    new value; the leader, still at 1, advanced the HW alone past them until it learned the
+    ELR with the ISR (the AlterIsr answer's)."""
+    state = Replay()
+    state.create_cluster(min_insync_replicas=1)
+    state.set_min_insync_replicas(value=2)
+    (request,) = state.time_passes(ms=1500).values
+    answer = state.controller_handles_alter_isr(request=request, answer_lost=False)
+    state.leader_gets_alter_isr_answer(answer=answer)
+    state.produce(broker=1, acks_all=True)
+    assert state.machine.controller.record.elr == (2, 3)

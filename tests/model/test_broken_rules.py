@@ -1,9 +1,10 @@
 """The model check catches broken rules. Each test breaks one rule the way a plausible bug
 would (monkeypatch) and replays through the machine the story Hypothesis found for it (shrunk,
 its bundle values unpacked): the story passes with the rule intact and fails an invariant with
-it broken. The search finds them too, in random examples, on demand:
-TIDEWATER_MODEL_EXAMPLES=3000 runs test_the_search_catches_a_broken_rule (README, Tests and
-their helpers).
+it broken. On demand, the search finds the first in random examples too:
+TIDEWATER_MODEL_EXAMPLES=3000 runs test_the_search_catches_a_resent_state_taken_as_news (found
+in 64 s on 2026-11-24; README, Tests and their helpers). It finds the second rarely: in one
+run of four of 2,000 examples.
 
 Not caught, and why (review 12's other broken variants):
 - a lower min.insync.replicas that clears no ELR (core.elr_changes_for_configs returning
@@ -124,13 +125,10 @@ def test_the_story_fails_with_the_rule_broken(
 
 @pytest.mark.skipif(not EXAMPLES_ON_DEMAND, reason="on demand: TIDEWATER_MODEL_EXAMPLES")
 @pytest.mark.timeout(0)  # as long as its examples take
-@pytest.mark.parametrize(("break_rule", "story"), BROKEN_RULES)
-def test_the_search_catches_a_broken_rule(
-    break_rule: Callable[[pytest.MonkeyPatch], None], story: Story, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    break_rule(monkeypatch)
-    # Lowered only: these rules show in the changes of the ISR or ELR alone that a lower value
-    # makes; a raise holds the leaders' HW (the ELR) and takes examples from the search.
+def test_the_search_catches_a_resent_state_taken_as_news(monkeypatch: pytest.MonkeyPatch) -> None:
+    accept_the_same_partition_epoch(monkeypatch)
+    # Lowered only: the broken rule shows in the changes of the ISR or ELR alone that a lower
+    # value makes; a raise holds the leaders' HW (the ELR) and takes examples from the search.
     monkeypatch.setattr(replication_model, "new_min_insync_replicas", lower_values)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(ReplicationModel, settings=model_settings())

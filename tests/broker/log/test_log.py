@@ -1067,6 +1067,120 @@ def crash(log: Log) -> None:
         segment.close()
 
 
+class PowerLoss:
+    """A machine crash for the files of one directory, a small form of review 13's model:
+    from its creation on, each file keeps at the crash only the bytes it held at its last
+    fsync (none if it had none), and a file the directory's last fsync did not list is gone.
+    Pessimistic about appends only: deletions and truncations stay done."""
+
+    def __init__(self, directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.directory = directory
+        self.durable: dict[int, int] = {}  # inode -> size at its last fsync
+        self.names: set[str] = set()  # the directory's entries at its last fsync
+        fsync = os.fsync
+
+        def tracking_fsync(fd: int) -> None:
+            fsync(fd)
+            path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if path == directory:
+                self.names = set(os.listdir(directory))
+            elif path.parent == directory:
+                stat = os.fstat(fd)
+                self.durable[stat.st_ino] = stat.st_size
+
+        monkeypatch.setattr(os, "fsync", tracking_fsync)
+
+    def crash(self, log: Log, jobs: list[FlushJob]) -> None:
+        """The machine stops: `log`'s background flush `jobs` never run."""
+        for job in jobs:
+            job.close()
+        crash(log)
+        for path in self.directory.iterdir():
+            if path.name not in self.names:
+                path.unlink()
+            else:
+                durable = self.durable.get(path.stat().st_ino, 0)
+                os.truncate(path, min(durable, path.stat().st_size))
+
+
+def test_a_truncation_after_a_roll_leaves_no_hole_after_a_machine_crash(
+    open_log: OpenLog,
+    make_batch: MakeBatch,
+    split: Split,
+    log_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 13: truncate_to fsynced the truncated last segment while the fsync of the segment
+    rolled before it still waited in the background; a machine crash then kept the later
+    segment and lost the earlier one's end at a batch boundary, and the log reloaded with a
+    hole in its offsets (LEO 12 without offsets 6-8), served as whole. truncate_to now makes
+    the log below its new end durable, the earlier segments first."""
+    log = open_log(segment_bytes=1000, index_interval_bytes=100)  # 3 batches a segment
+    power = PowerLoss(log_dir.resolve(), monkeypatch)
+    jobs: list[FlushJob] = []
+    log.flush_in_background = lambda lg, job: jobs.append(job)
+    for i in range(2):
+        log.append_as_leader(make_batch(3, body=body(i)), leader_epoch=1)
+    log.flush()  # flush.ms: offsets 0-5 on disk
+    for i in range(2, 6):  # 6-8 stay in the page cache; the roll at 9 queues their fsync
+        log.append_as_leader(make_batch(3, body=body(i)), leader_epoch=1)
+    assert [s.base_offset for s in log.segments] == [0, 9]
+    assert len(jobs) == 1
+    log.truncate_to(12)  # a diverging follower: batches 4 and 5 go
+    power.crash(log, jobs)
+
+    reopened = open_log(recovery_point=log.recovery_point, segment_bytes=1000)
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(4)]
+    assert reopened.log_end_offset == 12
+
+
+def build_log_with_a_gap(directory: Path, clock: Clock, make_batch: MakeBatch) -> list[int]:
+    """Segments of 3 batches (9 offsets) up to LEO 60, the second cut after its first batch
+    at a crash (offsets 12-17 lost, those after kept); returns the segments' base offsets."""
+    log = Log.open(directory, LogConfig(segment_bytes=1000), 0, clock)
+    fill(log, make_batch, 20)
+    bases = [s.base_offset for s in log.segments]
+    crash(log)
+    second = directory / segment_files(directory)[1]
+    data = second.read_bytes()
+    second.write_bytes(data[: read_header(data).size])
+    return bases
+
+
+def test_loading_deletes_the_segments_after_a_gap(
+    tmp_path: Path,
+    clock: Clock,
+    make_batch: MakeBatch,
+    split: Split,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Offsets are contiguous (no compaction): a segment that ends before the next one starts
+    lost its end in a crash (the OS wrote a later segment back first), and the segments after
+    it are deleted, as after a torn tail, with an ERROR naming the gap. Before (review 13) the
+    log loaded with the hole and LEO 60: a replica rejoined the ISR, and a follower fetching
+    inside the hole got the batch after it, again and again. A gap wholly before the log
+    start offset (checkpointed) loses nothing: that segment is dropped, the later ones kept."""
+    config = LogConfig(segment_bytes=1000)
+    bases = build_log_with_a_gap(tmp_path / "events-0", clock, make_batch)
+    assert bases[:3] == [0, 9, 18]
+    with caplog.at_level(logging.ERROR):
+        log = Log.open(tmp_path / "events-0", config, 0, clock)
+    assert "events-0: offsets 12 to 17 are missing" in caplog.text
+    assert [(s.base_offset, s.next_offset) for s in log.segments] == [(0, 9), (9, 12)]
+    assert segment_files(tmp_path / "events-0") == [f"{b:020d}.log" for b in (0, 9)]
+    assert bodies(read_all(log, split)) == [body(i) for i in range(4)]
+    crash(log)
+
+    build_log_with_a_gap(tmp_path / "events-1", clock, make_batch)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        log = Log.open(tmp_path / "events-1", config, 0, clock, log_start_offset=18)
+    assert "missing" not in caplog.text
+    assert (log.log_start_offset, log.log_end_offset) == (18, 60)
+    assert [s.base_offset for s in log.segments] == bases[2:]
+    crash(log)
+
+
 def test_torn_tail_is_truncated_and_appends_continue(
     open_log: OpenLog,
     make_batch: MakeBatch,

@@ -37,6 +37,7 @@ from tidewater.broker.log.segment import (
     LOG_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogSegment,
+    segment_file_name,
 )
 from tidewater.errors import (
     CorruptMessage,
@@ -186,8 +187,9 @@ class Log:
     ) -> Log:
         """Load (or create) the log in `directory`. Segments at or after `recovery_point`, and
         any whose indexes are missing or corrupt, are recovered; a torn or corrupt tail is
-        truncated with a warning and the segments after it are deleted. `log_start_offset`
-        (checkpointed) is kept within [first segment's base offset, LEO]."""
+        truncated with a warning and the segments after it are deleted, as are those after a
+        gap in the offsets (an error). `log_start_offset` (checkpointed) is kept within
+        [first segment's base offset, LEO]."""
         directory = Path(directory)
         parse_partition_dir(directory.name)
         unsynced_dirs: set[Path] = set()
@@ -195,7 +197,7 @@ class Log:
             directory.mkdir(parents=True)
             unsynced_dirs.add(directory.parent)
         now = time_ms()
-        segments = _load_segments(directory, config, recovery_point, now)
+        segments = _load_segments(directory, config, recovery_point, log_start_offset, now)
         try:
             if not segments:
                 segments = [LogSegment.create(directory, 0, now)]
@@ -491,7 +493,13 @@ class Log:
         self._bases.append(base_offset)
         self._unsynced_dirs.add(self.dir)
         # The finished segment will not change again: make it durable (Kafka's flush on
-        # roll), which also moves the recovery point to the new segment.
+        # roll), which also moves the recovery point to the new segment. While its fsync
+        # waits in the background, nothing fsyncs a later segment before it: flush() and
+        # flush_job() start at the recovery point's segment, which the job has not moved yet
+        # (nor marked flushed); truncate_to fsyncs the segments before the truncated one
+        # first; truncate_fully_and_start_at deletes them all; retention and
+        # advance_log_start only delete the oldest segments. The OS may still write a later
+        # segment's pages back first: a crash then leaves a gap, which loading cuts off.
         if self.flush_in_background is None:
             self.flush(base_offset)
         elif (job := self.flush_job(base_offset)) is not None:
@@ -560,6 +568,14 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return
         self._generation += 1
+        # The segments before the one truncated go to disk first, in order: a rolled segment's
+        # fsync may still wait in the background (_roll), and the fsync below would otherwise
+        # put the later segment's records on disk before the earlier one's end. A crash then
+        # left a hole in the offsets with records after it (review 13). So the log below the
+        # new end is durable before the truncation is, and before the checkpoint of a
+        # lowered recovery point (_after_truncation).
+        for segment in self._segments[self._floor(self.recovery_point) : self._floor(offset)]:
+            segment.flush()
         # Newest first, so that a crash midway leaves a shorter but whole log.
         while self._bases[-1] > offset:
             self._bases.pop()
@@ -856,8 +872,14 @@ def _split_batches(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
 
 
 def _load_segments(
-    directory: Path, config: LogConfig, recovery_point: int, now_ms: int
+    directory: Path, config: LogConfig, recovery_point: int, log_start_offset: int, now_ms: int
 ) -> list[LogSegment]:
+    """The segments of `directory`, loaded or recovered, up to the first one that ends early:
+    its torn or corrupt tail truncated, or ending before the next segment's base offset (a
+    crash kept a later segment's records and lost this one's end at a batch boundary; the
+    offsets of a log are contiguous, without compaction). The segments after it are deleted,
+    unless it lies wholly before the log start offset (checkpointed): its end then does not
+    matter, and the log drops it (Log.__init__)."""
     bases = _segment_bases(directory)
     segments: list[LogSegment] = []
     interval = config.index_interval_bytes
@@ -878,17 +900,35 @@ def _load_segments(
                     f"{segment.log_path} holds offsets up to {segment.next_offset - 1}, past "
                     f"the next segment's base offset {next_base}"
                 )
-            if truncated and next_base is not None:
+            if next_base is None or next_base <= log_start_offset:
+                continue  # the last segment, or one the log drops
+            if truncated:
                 log.warning(
                     "%s: deleting the %d segments after the truncated %s",
                     directory.name,
                     len(bases) - i - 1,
                     segment.log_path.name,
                 )
-                for later in bases[i + 1 :]:
-                    LogSegment.open(directory, later, now_ms).delete()
-                fsync_dir(directory)
-                break
+            elif segment.next_offset < next_base:
+                # Loud: acknowledged records may be gone. Not fsynced yet, this segment's end
+                # was lost while the OS had written the next one's pages back.
+                log.error(
+                    "%s: offsets %d to %d are missing, %s ends before %s starts: deleting "
+                    "the %d segments from offset %d on",
+                    directory.name,
+                    segment.next_offset,
+                    next_base - 1,
+                    segment.log_path.name,
+                    segment_file_name(next_base, LOG_SUFFIX),
+                    len(bases) - i - 1,
+                    next_base,
+                )
+            else:
+                continue
+            for later in bases[i + 1 :]:
+                LogSegment.open(directory, later, now_ms).delete()
+            fsync_dir(directory)
+            break
     except BaseException:
         for loaded in segments:
             loaded.close()

@@ -17,6 +17,7 @@ from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import Log
 from tidewater.local.tcp_proxy import LinkMode
 from tidewater.records.batch import Record, build_batch
+from tidewater.records.header import read_header
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
@@ -310,6 +311,48 @@ def lose_tail(partition_dir: Path, records: int) -> None:
         log.truncate_to(log.log_end_offset - records)
     finally:
         log.close()
+
+
+def lose_an_earlier_segments_end(partition_dir: Path) -> None:
+    """What a machine crash could do to a stopped broker's log (review 13): the segment before
+    the last, unflushed, loses its second half at a batch boundary while the last one stays."""
+    earlier = sorted(partition_dir.glob("*.log"))[-2]
+    data = earlier.read_bytes()
+    batch_ends = [0]
+    while batch_ends[-1] < len(data):
+        batch_ends.append(batch_ends[-1] + read_header(data, batch_ends[-1]).size)
+    earlier.write_bytes(data[: batch_ends[len(batch_ends) // 2]])
+    for index in (earlier.with_suffix(".index"), earlier.with_suffix(".timeindex")):
+        index.unlink()  # rebuilt on load
+
+
+async def test_a_replica_whose_crash_left_a_gap_in_its_log_serves_every_acked_record(
+    make_cluster: Callable[..., Awaitable[Cluster]], eventually: Eventually, tmp_path: Path
+) -> None:
+    """Before review 13, the replica loaded the hole with its LEO past it, rejoined the ISR
+    and, elected, served the acknowledged records without those in the hole. Loading now cuts
+    its log at the gap, and it fetches the rest back before it rejoins the ISR."""
+    cluster = await make_cluster()
+    topic = "gap"
+    await cluster.create_topic(
+        topic, assignments=[(3, 1, 2)], **{"min.insync.replicas": "2", "segment.bytes": "600"}
+    )
+    await eventually(lambda: cluster.settled([topic]), 30)
+    acked = await cluster.produce_all(topic, 0, [f"r{i:03d}".encode() for i in range(40)])
+    cluster.brokers[3].kill()
+    lose_an_earlier_segments_end(tmp_path / "broker-3" / f"{topic}-0")
+    await cluster.start_broker(3)
+    await eventually(lambda: cluster.settled([topic]), 40)
+    await cluster.call_controller(
+        "ElectLeaders", cpb.ElectLeadersRequest(election_type=cpb.ELECTION_TYPE_PREFERRED)
+    )
+
+    async def led_by_3() -> bool:
+        state = (await cluster.partitions(topic))[0]
+        return state["leader"] == 3 and await cluster.applied([topic])
+
+    await eventually(led_by_3, 30)
+    assert await cluster.read(3, topic, 0) == acked
 
 
 async def led_by_1_with_acked_records(

@@ -175,7 +175,7 @@ class ReplicaManager:
                 common_pb2.PartitionError(
                     topic=ps.topic,
                     partition=ps.partition,
-                    error_code=error.code if error else ErrorCode.NONE,
+                    error_code=error.code if error else NO_ERROR,
                     error_message=error.message if error else "",
                 )
             )

@@ -30,7 +30,7 @@ from tidewater.client.positions import (
     for_current_leader,
     validated,
 )
-from tidewater.errors import InvalidConfig, OffsetOutOfRange, TidewaterError
+from tidewater.errors import NO_ERROR, InvalidConfig, OffsetOutOfRange, TidewaterError
 from tidewater.records.batch import ConsumerRecord, decode_batches
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -427,7 +427,7 @@ class Consumer:
             # The topic's id changed since (created again): that offset is the old topic's.
             if self.metadata.topic_id(tp[0]) != sent[tp].topic_id:
                 continue
-            if result.error_code != ErrorCode.NONE:
+            if result.error_code != NO_ERROR:
                 self._failed(tp, result.error_code, result.error_message)
                 continue
             out_of_range = self._out_of_range.get(tp)
@@ -521,7 +521,7 @@ class Consumer:
             position = sent.get(tp)
             if position is None:  # its position changed meanwhile (_PerLeader.answered)
                 continue
-            if result.error_code != ErrorCode.NONE:
+            if result.error_code != NO_ERROR:
                 self._failed(tp, result.error_code, result.error_message)
                 continue
             try:
@@ -578,7 +578,7 @@ class Consumer:
             timeout=self.request_timeout_s,
         )
         result = response.partitions[0]
-        if result.error_code != ErrorCode.NONE:
+        if result.error_code != NO_ERROR:
             if result.error_code in REFRESH_METADATA:
                 self.metadata.request_refresh()
             raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
@@ -639,7 +639,7 @@ class Consumer:
             if result.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 self._fetch_out_of_range(tp, position.offset, result.error_message)
                 continue
-            if result.error_code != ErrorCode.NONE:
+            if result.error_code != NO_ERROR:
                 if result.error_code not in REFRESH_METADATA:
                     self._keep_error(tp, result.error_code, result.error_message)
                     continue

@@ -39,6 +39,7 @@ from tidewater.client.partitioner import StickyPartitioner, partition_for_key
 from tidewater.client.sequences import REFUSED_BEFORE_APPEND, ProducerSequences
 from tidewater.client.spans import BatchTrace
 from tidewater.errors import (
+    NO_ERROR,
     InvalidConfig,
     MessageTooLarge,
     TidewaterError,
@@ -402,11 +403,11 @@ class Producer:
 
     async def _partition_count(self, topic: str, deadline: float) -> int:
         info = self.metadata.topics.get(topic)
-        while info is None or info.error_code != ErrorCode.NONE or not info.num_partitions:
+        while info is None or info.error_code != NO_ERROR or not info.num_partitions:
             self._check_open()  # after close(), a refresh opens channels nothing closes
             await self._refresh([topic])
             info = self.metadata.topics.get(topic)
-            if info is not None and info.error_code == ErrorCode.NONE and info.num_partitions:
+            if info is not None and info.error_code == NO_ERROR and info.num_partitions:
                 break
             if time.monotonic() + self.config.retry_backoff_s > deadline:
                 reason = info.error_message if info is not None else "not in metadata"
@@ -468,7 +469,7 @@ class Producer:
             except grpc.aio.AioRpcError as e:
                 errors.append(f"{address}: {e.code().name}")
                 continue
-            if response.error_code != ErrorCode.NONE:
+            if response.error_code != NO_ERROR:
                 raise error_for(response.error_code, f"InitProducerId: {response.error_message}")
             self._sequences.set_producer_id(response.producer_id, response.producer_epoch)
             return
@@ -602,7 +603,7 @@ class Producer:
         tp = batch.tp
         self._in_flight[tp].remove(batch)
         code = result.error_code
-        if code == ErrorCode.NONE:
+        if code == NO_ERROR:
             if self.config.idempotent:
                 self._sequences.acknowledged(batch)
             batch.complete(result.base_offset, result.log_append_time_ms)

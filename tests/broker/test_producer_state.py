@@ -19,17 +19,21 @@ from tidewater.broker.producer_state import (
     snapshot_path,
 )
 from tidewater.broker.topic_config import TopicConfig
+from tidewater.client.errors import RETRIABLE
+from tidewater.client.sequences import ProducerSequences
 from tidewater.errors import (
     InvalidProducerEpoch,
     InvalidRequest,
     OutOfOrderSequence,
+    TidewaterError,
     UnknownProducerId,
 )
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import BatchHeader, read_header
-from tidewater.replication.partition import Partition
+from tidewater.replication.partition import LeaderAndIsr, Partition
 
 PID = 7
+EXPIRATION_MS = 86_400_000
 
 
 def raw_batch(
@@ -51,10 +55,12 @@ def batch(
     return read_header(raw_batch(sequence, records, epoch, pid, offset))
 
 
-def append(state: ProducerStateManager, header: BatchHeader, offset: int) -> None:
-    """What the leader does: check, then record the append at `offset`."""
+def append(
+    state: ProducerStateManager, header: BatchHeader, offset: int, now_ms: int = 1_000
+) -> None:
+    """What the leader does: check, then record the append at `offset` at `now_ms`."""
     assert state.check(header) is None
-    state.update(header, offset)
+    state.update(header, offset, now_ms)
 
 
 @pytest.fixture
@@ -124,7 +130,7 @@ def test_sequences_wrap_after_the_largest_int32(state: ProducerStateManager) -> 
     # Replayed from the log (no checks): a batch crossing the wrap, whose last sequence is
     # (MAX - 1 + 2) mod 2^31 = 0.
     crossing = batch(SEQUENCE_MAX - 1, records=3)
-    state.load_from_log([crossing._replace(base_offset=100)])
+    state.load_from_log([crossing._replace(base_offset=100)], 1_000)
     assert state.producers[PID].last_sequence == 0
     assert state.check(crossing) == Duplicate(100, 102)
     assert state.check(batch(1)) is None
@@ -143,7 +149,7 @@ def test_replaying_the_log_rebuilds_the_state(state: ProducerStateManager) -> No
             raw_batch(1, records=2, offset=4),
         ]
     )
-    state.load_from_log(batch_headers(log))
+    state.load_from_log(batch_headers(log), 1_000)
     assert state.check(batch(1, records=2)) == Duplicate(4, 5)
     assert state.check(batch(0, pid=9, records=2)) == Duplicate(2, 3)
     assert state.check(batch(3)) is None
@@ -162,17 +168,51 @@ def test_truncation_forgets_batches_from_the_offset_on(state: ProducerStateManag
         state.check(batch(1, pid=9))
 
 
-def test_producers_whose_batches_retention_deleted_are_forgotten(
+def test_a_producer_idle_for_the_expiration_is_forgotten(state: ProducerStateManager) -> None:
+    append(state, batch(0), 0, now_ms=10_000)
+    append(state, batch(0, pid=9), 1, now_ms=10_000)
+    append(state, batch(1, pid=9), 2, now_ms=15_000)  # each batch renews its producer
+    assert state.expire(now_ms=10_000 + EXPIRATION_MS - 1, expiration_ms=EXPIRATION_MS) == 0
+    assert state.expire(now_ms=10_000 + EXPIRATION_MS, expiration_ms=EXPIRATION_MS) == 1
+    assert set(state.producers) == {9}
+    # Its next batch: UNKNOWN_PRODUCER_ID, and the client's bumped epoch starts afresh.
+    with pytest.raises(UnknownProducerId):
+        state.check(batch(1))
+    assert state.check(batch(0, epoch=1)) is None
+
+
+def test_expiry_counts_from_the_brokers_clock_not_the_batchs_timestamp(
     state: ProducerStateManager,
 ) -> None:
-    append(state, batch(0), 0)
-    append(state, batch(0, pid=9), 1)
-    append(state, batch(1), 2)
-    state.evict_before(2)  # offsets 0 and 1 are gone
-    assert set(state.producers) == {PID}
-    with pytest.raises(UnknownProducerId):
-        state.check(batch(1, pid=9))
-    assert state.check(batch(0, pid=9, epoch=1)) is None  # a bumped epoch starts afresh
+    # The batch says 1970 (a producer whose clock lags, or a replay of old records): Kafka,
+    # which stamps the entry with it, would expire the producer at its next check.
+    old = batch(0)
+    assert old.max_timestamp == 1_000
+    now = 1_800_000_000_000
+    append(state, old, 0, now_ms=now)
+    state.load_from_log([batch(0, pid=9)], now)  # a follower's replay too
+    assert state.expire(now + EXPIRATION_MS - 1, EXPIRATION_MS) == 0
+    assert set(state.producers) == {PID, 9}
+
+
+def test_an_older_snapshot_brings_an_expired_producer_back_only_until_the_next_check(
+    tmp_path: Path, state: ProducerStateManager
+) -> None:
+    append(state, batch(0), 0, now_ms=0)
+    state.take_snapshot(1)
+    assert state.expire(EXPIRATION_MS, EXPIRATION_MS) == 1
+    assert state.producers == {}
+    # A restart before the next snapshot: the producer is back, with the time it was last
+    # seen (not the restart's), as it was before it expired; the next check expires it.
+    restarted = ProducerStateManager(tmp_path)
+    assert restarted.load_snapshot(log_end_offset=1) == 1
+    assert restarted.check(batch(0)) == Duplicate(0, 0)
+    assert restarted.expire(EXPIRATION_MS, EXPIRATION_MS) == 1
+    # A snapshot taken after the expiry leaves it out.
+    state.take_snapshot(2)
+    after = ProducerStateManager(tmp_path)
+    assert after.load_snapshot(log_end_offset=2) == 2
+    assert after.producers == {}
 
 
 def test_a_snapshot_round_trips_the_state(tmp_path: Path, state: ProducerStateManager) -> None:
@@ -242,7 +282,7 @@ def test_a_roll_snapshots_the_state_and_leaves_the_fsync_to_the_background(
     jobs: list[FlushJob] = []
     log.flush_in_background = lambda lg, job: jobs.append(job)
     state = Partition("t", 0, 1, log, replication_config(config, 30_000), 0)
-    hosted = HostedPartition(state, log, config)
+    hosted = HostedPartition(state, log, config, lambda: 1_000)
     while len(log.segments) < 2:
         batch = raw_batch(log.log_end_offset, offset=log.log_end_offset)
         asyncio.run(hosted.append_as_follower(batch))
@@ -254,4 +294,76 @@ def test_a_roll_snapshots_the_state_and_leaves_the_fsync_to_the_background(
     loaded = ProducerStateManager(log.dir)
     assert loaded.load_snapshot(log.log_end_offset) == log.log_end_offset
     assert loaded.producers == hosted.producer_state.producers
+    log.close()
+
+
+class ClientBatch:
+    """A producer batch as the client's sequence state machine numbers it."""
+
+    def __init__(self, value: bytes) -> None:
+        self.tp = ("t", 0)
+        self.value = value
+        self.pid = self.epoch = self.sequence = -1
+
+    @property
+    def record_count(self) -> int:
+        return 1
+
+    def stamp(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
+        self.pid, self.epoch, self.sequence = producer_id, producer_epoch, base_sequence
+
+    def data(self) -> bytearray:
+        return bytearray(
+            build_batch(
+                [Record(value=self.value)],
+                producer_id=self.pid,
+                producer_epoch=self.epoch,
+                base_sequence=self.sequence,
+                now_ms=1_000,
+            )
+        )
+
+
+async def test_a_retry_whose_first_attempt_retention_deleted_is_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    # Review 14's M1: the producer's state went with its batches, the retry got
+    # UNKNOWN_PRODUCER_ID, and the client (renumbering it from 0 in a bumped epoch, as a batch
+    # known not to be in the log) had it appended a second time.
+    config = TopicConfig(log=LogConfig(segment_bytes=400, retention_bytes=400))
+    log = Log.open(tmp_path / "t-0", config.log, 0, lambda: 1_000)
+    state = Partition("t", 0, 1, log, replication_config(config, 30_000), 0)
+    state.make_leader(LeaderAndIsr(1, 1, (1,), (1,), 1), 1_000)
+    hosted = HostedPartition(state, log, config, lambda: 1_000)
+    client = ProducerSequences(producer_id=PID, epoch=0)
+
+    async def attempt(batch: ClientBatch) -> int:
+        """An attempt at a batch the client is sending and, if the broker refuses it, the
+        client's resend; returns where the batch is."""
+        try:
+            info, _ = await hosted.append_as_leader(batch.data(), -1, 1_000)
+        except TidewaterError as e:
+            assert client.retriable(batch, e.code, RETRIABLE)
+            client.settle()
+            info, _ = await hosted.append_as_leader(batch.data(), -1, 1_000)
+        client.acknowledged(batch)
+        return info.first_offset
+
+    sent = ClientBatch(b"p-0")
+    client.sending(sent)
+    await attempt(sent)
+    lost = ClientBatch(b"p-1")
+    client.sending(lost)
+    first, _ = await hosted.append_as_leader(lost.data(), -1, 1_000)  # its answer is lost
+    # Another producer's traffic rolls segments, and retention deletes the one holding it.
+    other = 0
+    while log.log_start_offset <= first.last_offset:
+        await hosted.append_as_leader(bytearray(raw_batch(other, pid=9)), -1, 1_000)
+        other += 1
+        log.delete_retention_segments(1_000, state.high_watermark)
+    await hosted.append_as_leader(bytearray(raw_batch(other, pid=9)), -1, 1_000)
+    log_end = log.log_end_offset
+
+    assert await attempt(lost) == first.first_offset  # the retry
+    assert log.log_end_offset == log_end
     log.close()

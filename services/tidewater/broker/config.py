@@ -71,6 +71,10 @@ class BrokerConfig:
     broker_heartbeat_interval_ms: int = 500
     controlled_shutdown_timeout_ms: int = 15000
     isr_change_propagation_window_ms: int = 50
+    # An idempotent producer with no batch in a partition for this long is forgotten there
+    # (Kafka's defaults: 1 day, checked every 10 minutes).
+    producer_id_expiration_ms: int = 86400000
+    producer_id_expiration_check_interval_ms: int = 600000
     rack: str = ""
     # advertised.listeners: what the broker registers (followers and clients dial it); None:
     # its bound address.

@@ -41,18 +41,20 @@ def replication_config(config: TopicConfig, replica_lag_time_max_ms: int) -> Rep
 
 
 class HostedPartition:
-    def __init__(self, state: Partition, log: Log, config: TopicConfig) -> None:
+    def __init__(
+        self, state: Partition, log: Log, config: TopicConfig, time_ms: Callable[[], int]
+    ) -> None:
         self.state = state
         self.log = log
         self.config = config
+        # The broker's clock: when the producer state saw each producer last.
+        self._time_ms = time_ms
         self.producer_state = ProducerStateManager(log.dir)
         self._leader_appends = asyncio.Lock()
         # Set when the broker stops hosting the partition: a produce still waiting for its
         # turn must not append after that.
         self.stopped = False
         self._rebuild_producer_state()
-        # The log start the producer state was last trimmed to (retention moves it).
-        self._producers_trimmed_to = 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -112,9 +114,6 @@ class HostedPartition:
             leader_epoch = self.state.leader_epoch
             header = read_header(batch)
             if header.producer_id >= 0:
-                if self.log.log_start_offset > self._producers_trimmed_to:
-                    self._producers_trimmed_to = self.log.log_start_offset
-                    self.producer_state.evict_before(self._producers_trimmed_to)
                 duplicate = self.producer_state.check(header)
                 if duplicate is not None:
                     info = AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0)
@@ -124,7 +123,7 @@ class HostedPartition:
             def appended(info: AppendInfo) -> None:
                 # Runs as the batch enters the log, before anything else changes it.
                 if header.producer_id >= 0:
-                    self.producer_state.update(header, info.first_offset)
+                    self.producer_state.update(header, info.first_offset, now_ms)
                 self._snapshot_if_rolled(active_segment)
                 self.state.after_leader_append(now_ms)
 
@@ -138,7 +137,7 @@ class HostedPartition:
 
         def appended(_: AppendInfo) -> None:
             # Runs as the data enters the log, before anything else changes it.
-            self.producer_state.load_from_log(batch_headers(batches))
+            self.producer_state.load_from_log(batch_headers(batches), self._time_ms())
             self._snapshot_if_rolled(active_segment)
 
         return await self.log.append_as_follower_off_loop(batches, appended)
@@ -154,7 +153,8 @@ class HostedPartition:
         self.producer_state.clear()
 
     def advance_log_start(self, offset: int) -> None:
-        # The producer state is trimmed to the log start before the next leader append.
+        # The producer state keeps producers whose batches lie before the log start: they
+        # go only by expiry (ProducerStateManager.expire).
         self.log.advance_log_start(offset)
 
     @reports_io_failures
@@ -179,7 +179,7 @@ class HostedPartition:
         """Load the latest snapshot and replay the log after it (or the whole log)."""
         covered = self.producer_state.load_snapshot(self.log.log_end_offset)
         self.producer_state.load_from_log(
-            self._headers_from(max(covered or 0, self.log.log_start_offset))
+            self._headers_from(max(covered or 0, self.log.log_start_offset)), self._time_ms()
         )
 
     def _headers_from(self, start: int) -> Iterator[BatchHeader]:

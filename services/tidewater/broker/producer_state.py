@@ -1,11 +1,16 @@
 """Idempotent producers' state in one partition (Kafka's ProducerStateManager).
 
 Per producer id: its epoch, the metadata of its last five batches (sequence range and offset
-range) and the timestamp of its last batch. The leader checks each idempotent batch against it
-before appending: a retry of one of those five batches is a duplicate answered with the
-original offsets; any other sequence must follow the last one. Followers and log recovery
+range) and when this broker last saw a batch of it. The leader checks each idempotent batch
+against it before appending: a retry of one of those five batches is a duplicate answered with
+the original offsets; any other sequence must follow the last one. Followers and log recovery
 replay batch headers into it without checks, so a new leader or a restarted broker
 deduplicates retries as the old leader would have.
+
+A producer stays until it has been idle for producer.id.expiration.ms (expire()), leader and
+follower alike; not until retention deletes its batches (Kafka since KIP-360): a retry whose
+first attempt retention already deleted is still answered as a duplicate, where forgetting
+the producer made it UNKNOWN_PRODUCER_ID and the client appended it again under a new epoch.
 
 Snapshots `<offset>.snapshot` in the partition directory (JSON) hold the state as of an offset,
 so a restart replays only the log after the latest one.
@@ -66,6 +71,8 @@ class ProducerEntry:
     """A producer with at least one batch in the partition (entries never hold none)."""
 
     epoch: int
+    # The broker's clock when it last appended or replicated (or replayed) a batch of the
+    # producer: what expire() measures idleness from.
     last_timestamp: int
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_RETAINED))
 
@@ -146,13 +153,20 @@ class ProducerStateManager:
 
     # -- updates -----------------------------------------------------------------------------
 
-    def update(self, header: BatchHeader, first_offset: int) -> None:
-        """Record an appended idempotent batch whose first offset is `first_offset`."""
+    def update(self, header: BatchHeader, first_offset: int, now_ms: int) -> None:
+        """Record an idempotent batch whose first offset is `first_offset`, appended at
+        `now_ms` by the broker's clock.
+
+        Kafka stamps the entry with the batch's max timestamp, which under CreateTime is the
+        producer's clock: a producer whose clock lags (or that sends old timestamps, a
+        replay) is expired at the next check, and its retry may then be appended twice; one
+        whose clock runs ahead is never expired. The broker's own clock has neither
+        failure, and expiry compares it with the same clock."""
         entry = self.producers.get(header.producer_id)
         if entry is None or entry.epoch != header.producer_epoch:
             # A new epoch forgets the old one's batches: their sequences no longer apply.
             entry = self.producers[header.producer_id] = ProducerEntry(
-                header.producer_epoch, header.max_timestamp
+                header.producer_epoch, now_ms
             )
         entry.batches.append(
             BatchMetadata(
@@ -162,14 +176,16 @@ class ProducerStateManager:
                 first_offset + header.last_offset_delta,
             )
         )
-        entry.last_timestamp = header.max_timestamp
+        entry.last_timestamp = now_ms
 
-    def load_from_log(self, headers: Iterable[BatchHeader]) -> None:
+    def load_from_log(self, headers: Iterable[BatchHeader], now_ms: int) -> None:
         """Replay batches already in a log (replicated or recovered), offsets as stored; no
-        checks: the leader that appended them made them."""
+        checks: the leader that appended them made them. They count as seen at `now_ms`: a
+        recovered producer may then live up to one expiration longer than on the leader,
+        never shorter."""
         for header in headers:
             if header.producer_id >= 0:
-                self.update(header, header.base_offset)
+                self.update(header, header.base_offset, now_ms)
 
     def truncate_to(self, offset: int) -> None:
         """Forget batches at or after `offset` (the log was truncated there), and snapshots
@@ -185,16 +201,24 @@ class ProducerStateManager:
             if snapshot_offset > offset:
                 path.unlink()
 
-    def evict_before(self, log_start_offset: int) -> None:
-        """Forget producers whose last batch lies before the log start (retention deleted it):
-        Kafka's evictUnretainedProducers. Their next batch gets UNKNOWN_PRODUCER_ID unless it
-        starts a new epoch at sequence 0, which is what the producer does next."""
-        for pid in [
+    def expire(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers with no batch for `expiration_ms` up to `now_ms` (Kafka's
+        removeExpiredProducers); returns how many. Their next batch gets UNKNOWN_PRODUCER_ID
+        unless it starts at sequence 0, and the producer bumps its epoch and starts at 0.
+
+        The next snapshot leaves them out. A restart from an older snapshot brings them
+        back with the timestamps they had, as the state was before they expired (every batch
+        since is in the log after that snapshot and replayed over it): the next check
+        expires them again, and meanwhile they check batches as they did before they
+        expired."""
+        expired = [
             pid
             for pid, entry in self.producers.items()
-            if entry.batches[-1].last_offset < log_start_offset
-        ]:
+            if now_ms - entry.last_timestamp >= expiration_ms
+        ]
+        for pid in expired:
             del self.producers[pid]
+        return len(expired)
 
     def clear(self) -> None:
         """Forget every producer and snapshot (the log restarted empty at a new offset)."""

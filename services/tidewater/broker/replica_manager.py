@@ -312,7 +312,7 @@ class ReplicaManager:
             checkpointed_high_watermark=self._checkpointed_hws.get(tp, 0),
             usable_broker_epoch=self._usable_broker_epoch,
         )
-        hosted = HostedPartition(state, log_, config)
+        hosted = HostedPartition(state, log_, config, self.time_ms)
         self.partitions[tp] = hosted
         return hosted
 
@@ -1059,6 +1059,23 @@ class ReplicaManager:
             by_dir.setdefault(partition.log.dir.parent, {})[tp] = partition.state.high_watermark
         # The writer skips HWs its file already holds (idle partitions).
         return list(by_dir.items())
+
+    # -- idempotent producers -----------------------------------------------------------------
+
+    def expire_producers(self) -> None:
+        """Kafka's PeriodicProducerExpirationCheck, run every
+        producer.id.expiration.check.interval.ms: every hosted partition, led or followed,
+        forgets its producers idle for producer.id.expiration.ms."""
+        now = self.time_ms()
+        for hosted in list(self.partitions.values()):
+            expired = hosted.producer_state.expire(now, self.config.producer_id_expiration_ms)
+            if expired:
+                log.info(
+                    "%s: expired %d producer(s) idle for %d ms",
+                    hosted.state.name,
+                    expired,
+                    self.config.producer_id_expiration_ms,
+                )
 
     # -- ISR ---------------------------------------------------------------------------------
 

@@ -106,6 +106,11 @@ class BrokerServer:
                 self.replica_manager.maybe_shrink_isrs,
                 "isr-expiration",
             ),
+            background.start_every(
+                self.config.producer_id_expiration_check_interval_ms / 1000,
+                self.replica_manager.expire_producers,
+                "producer-expiration",
+            ),
             background.start(self.replica_manager.isr_channel.run(), "alter-isr-channel"),
         ]
         if self.replica_manager.controller.configured:

@@ -16,6 +16,7 @@ from tidewater.broker.producer_state import SNAPSHOT_SUFFIX
 from tidewater.local.fetch import list_offsets
 from tidewater.local.process import ManagedProcess
 from tidewater.local.standin_controller import StandinController
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2 as pb
@@ -36,9 +37,9 @@ class Cluster:
         self.controller_address = address
         self.procs: dict[int, ManagedProcess] = {}
 
-    def start(self, broker_id: int) -> None:
+    def start(self, broker_id: int, **settings: str) -> None:
         """Start (or restart, on a port of its own) a broker process."""
-        proc = self.make(broker_id, controllers=self.controller_address, **SETTINGS)
+        proc = self.make(broker_id, controllers=self.controller_address, **SETTINGS | settings)
         self.controller.brokers[broker_id] = proc.start()
         self.procs[broker_id] = proc
 
@@ -160,6 +161,29 @@ async def test_a_retry_after_the_leader_is_killed_is_deduplicated_by_the_new_lea
     assert await cluster.log_end_offset(2) == 4
     after = await cluster.produce(2, idempotent_batch(pid, epoch, 4))
     assert (after.error_code, after.base_offset) == (ErrorCode.NONE, 4)
+
+
+async def test_a_follower_expires_idle_producers_too(cluster: Cluster) -> None:
+    expiry = {
+        "producer.id.expiration.ms": "1000",
+        "producer.id.expiration.check.interval.ms": "100",
+    }
+    for broker_id in (1, 2):
+        cluster.start(broker_id, **expiry)
+    await cluster.controller.elect(TOPIC, 0, leader=1, replicas=[1, 2])
+    pid, epoch = await cluster.init_producer_id(1)
+    first = await cluster.produce(1, idempotent_batch(pid, epoch, 0))
+    assert (first.error_code, first.base_offset) == (ErrorCode.NONE, 0)  # acks=all: on 2 too
+
+    # The follower forgets the idle producer by itself, as it would keep it for good before.
+    follower_log = cluster.procs[2].log_file
+    await eventually(lambda: "expired 1 producer(s)" in follower_log.read_text(), 30)
+    cluster.kill(1)
+    await cluster.controller.elect(TOPIC, 0, leader=2, isr=[2])
+    # The producer's next batch, in sequence, finds no state: the client bumps its epoch.
+    after = await cluster.produce(2, idempotent_batch(pid, epoch, 1))
+    assert after.error_code == ErrorCode.UNKNOWN_PRODUCER_ID
+    assert await cluster.log_end_offset(2) == 1
 
 
 @pytest.mark.parametrize("shutdown", ["kill -9", "clean"])

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
+from itertools import pairwise
 
 from tests.controller.cluster import Cluster, Eventually
 from tidewater.controller.model import TopicState
+from tidewater.controller.service import PRODUCER_ID_BLOCK
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -185,9 +187,10 @@ async def test_producer_id_blocks_never_repeat(cluster: Cluster) -> None:
             ),
         )
         assert response.error_code == ErrorCode.NONE
-        assert response.producer_id_count == 1000
+        assert response.producer_id_count == PRODUCER_ID_BLOCK
         firsts.append(response.first_producer_id)
-    assert firsts == sorted(firsts) and len({f // 1000 for f in firsts}) == 3
+    # Each block is the count it says: the store reserved exactly that many ids.
+    assert [b - a for a, b in pairwise(firsts)] == [PRODUCER_ID_BLOCK] * 2
     stale = await cluster.call_controller(
         "AllocateProducerIds",
         cpb.AllocateProducerIdsRequest(

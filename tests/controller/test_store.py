@@ -237,13 +237,13 @@ async def test_deposed_controller_writes_fail_and_change_nothing(connect_store: 
     with pytest.raises(NotController):
         await old.put_broker(1, 7, {"host": "h", "port": 1})
     with pytest.raises(NotController):
-        await old.allocate_producer_ids(1)
+        await old.allocate_producer_ids(1, 1000)
 
     assert await new.load_topics() == topics
     assert await new.load_partitions() == partitions
     assert await new.load_deletions() == {}
     assert await new.load_brokers() == {}
-    assert await new.allocate_producer_ids(2) == 0
+    assert await new.allocate_producer_ids(2, 1000) == 0
 
 
 async def test_writes_before_any_election_are_refused(connect_store: Connect) -> None:
@@ -406,7 +406,7 @@ async def test_values_are_json_readable_with_etcdctl(
     epoch = await store.campaign(3, "127.0.0.1:9103", 5)
     await store.put_topic(epoch, "t", {"configs": {}, "assignment": {"0": [1]}})
     await store.write_partitions(epoch, [("t", 0, None, leader_and_isr(1, 0, [1], epoch))])
-    await store.allocate_producer_ids(epoch)
+    await store.allocate_producer_ids(epoch, 1000)
 
     lines = subprocess.run(
         [

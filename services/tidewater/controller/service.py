@@ -312,7 +312,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             self._broker(request.broker_id, request.broker_epoch)
-            response.first_producer_id = await self._c.store.allocate_producer_ids(self._c.epoch)
+            response.first_producer_id = await self._c.store.allocate_producer_ids(
+                self._c.epoch, PRODUCER_ID_BLOCK
+            )
             response.producer_id_count = PRODUCER_ID_BLOCK
 
         return await self._answer(response, event)

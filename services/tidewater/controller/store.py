@@ -426,7 +426,7 @@ class ControllerStore:
 
     # -- producer ids --------------------------------------------------------------------------
 
-    async def allocate_producer_ids(self, epoch: int, block_size: int = 1000) -> int:
+    async def allocate_producer_ids(self, epoch: int, block_size: int) -> int:
         """Reserve [first, first + block_size) and return first. Compare-and-swap on the key's
         mod_revision, so no two blocks overlap, whoever allocates."""
         if block_size <= 0:

@@ -155,6 +155,7 @@ def test_broker_unit_runs_with_the_deploy_broker_toml() -> None:
     assert config.topic_defaults["retention.ms"] == "604800000"
     assert config.controlled_shutdown_timeout_ms == 15000
     assert config.replica_lag_time_max_ms == 30000
+    assert config.producer_id_expiration_ms == 86400000
     # The topic defaults as the broker reads them when it starts.
     assert TopicConfig.from_properties(dict(config.topic_defaults)).min_insync_replicas == 2
 

@@ -54,8 +54,14 @@ async def cluster(start_broker: Callable[..., Awaitable[Any]]) -> AsyncIterator[
 
 
 @pytest.fixture
+def process_settings() -> dict[str, str]:
+    """The process brokers' settings; a test parametrizes it to change them."""
+    return PROCESS_SETTINGS
+
+
+@pytest.fixture
 async def process_cluster(
-    broker_processes: Callable[..., ManagedProcess],
+    broker_processes: Callable[..., ManagedProcess], process_settings: dict[str, str]
 ) -> AsyncIterator[Cluster]:
     """The same cluster with broker processes (killed at teardown by broker_processes)."""
     controller = StandinController(brokers={})
@@ -64,7 +70,7 @@ async def process_cluster(
     await meta.start()
     try:
         procs = {
-            broker_id: broker_processes(broker_id, controllers=address, **PROCESS_SETTINGS)
+            broker_id: broker_processes(broker_id, controllers=address, **process_settings)
             for broker_id in (1, 2, 3)
         }
         addresses = await asyncio.gather(

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 
 from tests.client.cluster import Cluster
+from tests.client.conftest import PROCESS_SETTINGS
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import DeliveryTimeout
 from tidewater.client.producer import Producer, RecordMetadata
+from tidewater.local.process import ManagedProcess
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.records.header import BatchHeader
@@ -154,24 +156,24 @@ async def test_leader_killed_mid_stream_fails_over_without_duplicates(
     await stream.assert_exactly_once_in_order()
 
 
-async def test_a_producer_the_broker_forgot_bumps_its_epoch_and_goes_on(
+async def test_a_producer_whose_batches_retention_deleted_goes_on_in_its_epoch(
     process_cluster: Cluster, tmp_path: Path
 ) -> None:
     # Tiny segments, retention keeping only the active one: another producer's records push
-    # the quiet producer's batches out of the log, and the leader forgets it.
-    process_cluster.controller.configs["forgetful"] = {
+    # the quiet producer's batches out of the log. The leader keeps its state (KIP-360).
+    process_cluster.controller.configs["retained"] = {
         "segment.bytes": "1024",
         "retention.bytes": "1",
     }
-    await process_cluster.create_topic("forgetful")
-    tp = ("forgetful", 0)
+    await process_cluster.create_topic("retained")
+    tp = ("retained", 0)
     async with (
         Producer(process_cluster.bootstrap, **PRODUCER) as quiet,
         Producer(process_cluster.bootstrap, batch_size=500, **PRODUCER) as busy,
     ):
-        await quiet.send_and_wait("forgetful", b"quiet-0", partition=0)
-        last = await quiet.send_and_wait("forgetful", b"quiet-1", partition=0)
-        filler = [await busy.send("forgetful", bytes(200), partition=0) for _ in range(20)]
+        await quiet.send_and_wait("retained", b"quiet-0", partition=0)
+        last = await quiet.send_and_wait("retained", b"quiet-1", partition=0)
+        filler = [await busy.send("retained", bytes(200), partition=0) for _ in range(20)]
         await busy.flush()
         assert all(f.exception() is None for f in filler)
 
@@ -179,6 +181,35 @@ async def test_a_producer_the_broker_forgot_bumps_its_epoch_and_goes_on(
             return batches_on_disk(tmp_path, 1, tp)[0].base_offset > last.offset
 
         await eventually(deleted, DEADLINE_S)
+        after = await quiet.send_and_wait("retained", b"quiet-2", partition=0)
+
+    stored = {h.base_offset: h for h in batches_on_disk(tmp_path, 1, tp)}
+    assert (stored[after.offset].producer_epoch, stored[after.offset].base_sequence) == (0, 2)
+
+
+# Producers idle for 3 s are forgotten (checked every 100 ms); the test's sends follow each
+# other much closer than that.
+EXPIRING = PROCESS_SETTINGS | {
+    "producer.id.expiration.ms": "3000",
+    "producer.id.expiration.check.interval.ms": "100",
+}
+
+
+@pytest.mark.parametrize("process_settings", [EXPIRING])
+async def test_a_producer_the_broker_forgot_bumps_its_epoch_and_goes_on(
+    process_cluster: Cluster, tmp_path: Path
+) -> None:
+    await process_cluster.create_topic("forgetful")
+    tp = ("forgetful", 0)
+    async with Producer(process_cluster.bootstrap, **PRODUCER) as quiet:
+        await quiet.send_and_wait("forgetful", b"quiet-0", partition=0)
+        await quiet.send_and_wait("forgetful", b"quiet-1", partition=0)
+        leader = process_cluster.brokers[1]
+        assert isinstance(leader, ManagedProcess)
+        leader_log = leader.log_file
+        await eventually(
+            lambda: "forgetful-0: expired 1 producer(s)" in leader_log.read_text(), DEADLINE_S
+        )
         # Its sequence 2 is refused (UNKNOWN_PRODUCER_ID): it bumps its epoch and starts at 0.
         after = await quiet.send_and_wait("forgetful", b"quiet-2", partition=0)
         again = await quiet.send_and_wait("forgetful", b"quiet-3", partition=0)

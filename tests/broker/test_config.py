@@ -40,6 +40,10 @@ def test_toml_file_with_kafka_names_and_overrides(tmp_path: Path) -> None:
             "listeners \\(--listen\\) must be HOST:PORT",
         ),
         ({"broker.id": 1, "log.dirs": "/a", "bogus.key": 1}, "unknown broker config: bogus.key"),
+        (
+            {"broker.id": 1, "log.dirs": "/a", "producer.id.expiration.check.interval.ms": 0},
+            "producer.id.expiration.check.interval.ms must be at least 1",
+        ),
     ],
 )
 def test_bad_broker_config(props: dict[str, object], message: str) -> None:

@@ -130,6 +130,10 @@ class BrokerConfig:
             if f.type == "int" and f.name not in ("broker_id", "port")
         }
         integers["num_replica_fetchers"] = max(1, integers["num_replica_fetchers"])
+        # Kafka's atLeast(1): a check every 0 ms would take the event loop.
+        for name in ("producer_id_expiration_ms", "producer_id_expiration_check_interval_ms"):
+            if integers[name] < 1:
+                raise InvalidConfig(f"{name.replace('_', '.')} must be at least 1")
         config = cls(
             broker_id=broker_id,
             log_dirs=tuple(Path(str(d).strip()) for d in dirs),

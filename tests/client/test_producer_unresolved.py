@@ -43,7 +43,7 @@ class NewLeader:
         duplicate = self.producers.check(header)
         if duplicate is not None:
             return duplicate.first_offset
-        self.producers.update(header, len(self.values))
+        self.producers.update(header, len(self.values), now_ms=0)
         self.values.extend(bytes(r.value or b"") for r in batch.records)
         return len(self.values) - len(batch.records)
 

@@ -160,8 +160,8 @@ class ProducerStateManager:
         Kafka stamps the entry with the batch's max timestamp, which under CreateTime is the
         producer's clock: a producer whose clock lags (or that sends old timestamps, a
         replay) is expired at the next check, and its retry may then be appended twice; one
-        whose clock runs ahead is never expired. The broker's own clock has neither
-        failure, and expiry compares it with the same clock."""
+        whose clock runs ahead is kept that much longer. Expiry compares the broker's clock
+        with itself here."""
         entry = self.producers.get(header.producer_id)
         if entry is None or entry.epoch != header.producer_epoch:
             # A new epoch forgets the old one's batches: their sequences no longer apply.

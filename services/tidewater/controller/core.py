@@ -455,8 +455,10 @@ def complete_reassignment(
     model: ClusterModel, tp: TopicPartition, controller_epoch: int
 ) -> PartitionChange | None:
     """Once every target replica is in the ISR: the targets alone are the replicas, the ISR
-    keeps only them, and leadership moves to one of them if the leader is being removed.
-    None while the targets are still catching up."""
+    keeps only them, and leadership moves to one of them if the leader is being removed (or
+    is not usable). None while the targets are still catching up, or while none of them could
+    lead (a new controller that has not heard from them yet, or a leader shutting down): it
+    stays in flight, and completes at a later ISR change or when a new controller resumes it."""
     reassignment = model.topics[tp[0]].reassignments[tp[1]]
     record = model.partitions[tp]
     if not set(reassignment.target) <= set(record.isr):
@@ -464,7 +466,12 @@ def complete_reassignment(
     isr = tuple(b for b in record.isr if b in reassignment.target)
     after = record.with_(isr=isr, leader_epoch=record.leader_epoch + 1)
     if record.leader not in reassignment.target or record.leader not in model.usable_brokers():
-        result = reassigned_partition_leader(reassignment.target, after, model.usable_brokers())
+        try:
+            result = reassigned_partition_leader(
+                reassignment.target, after, model.usable_brokers()
+            )
+        except NoReplicaOnline:
+            return None
         after = result.leader_and_isr.with_(leader_epoch=record.leader_epoch + 1)
     change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))
     return with_elr(model, change, replicas=reassignment.target)

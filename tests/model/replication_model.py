@@ -1,8 +1,9 @@
 """A model check of the replication and controller rules together: Hypothesis plays one
-partition on three brokers and their controller through any order of produces, fetches,
-message deliveries, crashes, restarts, session expiries, controller failovers and
-min.insync.replicas changes, and after every step checks that nothing committed or
-acknowledged is lost (the invariants at the end of ReplicationModel).
+partition on four brokers (three of them its first replicas) and their controller through any
+order of produces, fetches, message deliveries, crashes, restarts, session expiries, controller
+failovers, min.insync.replicas changes and reassignments (KIP-455: started, re-targeted,
+cancelled, completed, resumed by a new controller), and after every step checks that nothing
+committed or acknowledged is lost (the invariants at the end of ReplicationModel).
 
 The rules under test are the real ones: the controller's pure decisions
 (tidewater.controller.core) and the replica's state machine (tidewater.replication: Partition,
@@ -10,18 +11,21 @@ the follower's functions), over tests/replication/in_memory.py's MemoryLog. Arou
 module plays what the services do with I/O, as small classes:
 
 - ModelController: the controller's event handling as controller.py and service.py do it:
-  commit a change (with the partition epoch compare), then tell the brokers;
+  commit a change (with the partition epoch compare), then tell the brokers; a reassignment's
+  two writes (the assignment and the partition's state), between which it may fail over;
 - ModelBroker: a broker's log (it outlives a crash) and partition state (it does not), and
-  what the replica manager does on a LeaderAndIsr or a topic config update;
-- the channels: each broker's control queue (LeaderAndIsr and config updates, in the order the
-  controller sent them), and AlterIsr requests and answers, which arrive in any order; an
-  answer may be lost after the controller committed (the leader sends the proposal again);
+  what the replica manager does on a LeaderAndIsr, a StopReplica (its log deleted) or a
+  topic config update (a FULL one also removes a stray log: broker/stray_logs.py's rule);
+- the channels: each broker's control queue (LeaderAndIsr, StopReplica and metadata updates,
+  in the order the controller sent them), and AlterIsr requests and answers, which arrive in
+  any order; an answer may be lost after the controller committed (the leader sends the
+  proposal again);
 - History: what the checks hold the cluster to: the committed records (those the controller's
   leader's HW covered) and the acknowledged acks=all ones.
 
 What the model leaves out: the network never cuts a live broker off the controller (a live
 broker always heartbeats in time, so only a dead broker's session expires), retention, more
-than one partition, reassignments.
+than one partition, unclean.leader.election.enable.
 
 Run by tests/model/test_replication_model.py (and test_broken_rules.py, which shows it
 catches deliberately broken rules); README, Tests and their helpers, says how to run it
@@ -30,10 +34,12 @@ longer.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Concatenate, ParamSpec, TypeVar
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -50,6 +56,7 @@ from hypothesis.stateful import (
 )
 
 from tests.replication.in_memory import MemoryLog, fetch_once
+from tidewater.broker.stray_logs import ClusterView, find_stray_logs
 from tidewater.controller import core
 from tidewater.controller.core import PartitionChange
 from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
@@ -67,7 +74,8 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 TOPIC = "orders"
 TP = (TOPIC, 0)
-BROKER_IDS = (1, 2, 3)
+BROKER_IDS = (1, 2, 3, 4)
+FIRST_REPLICAS = (1, 2, 3)  # the topic's assignment at creation; broker 4 is not a replica
 LAG_MS = 1_000  # replica.lag.time.max.ms
 
 # A record as the checks compare them: (the leader epoch of its batch, its payload).
@@ -93,14 +101,24 @@ class LeaderAndIsrMessage:
 
 @dataclass(frozen=True)
 class ConfigMessage:
-    """An UpdateMetadata with the topic's changed configs."""
+    """An UpdateMetadata with the topic's configs (changed, or a FULL view's)."""
 
     controller_epoch: int
     broker_epoch: int
     min_insync_replicas: int
+    # A FULL view's replicas of the partition (the stray log rule reads them); None: a delta.
+    replicas: tuple[int, ...] | None = None
 
 
-ControlMessage = LeaderAndIsrMessage | ConfigMessage
+@dataclass(frozen=True)
+class StopReplicaMessage:
+    """StopReplica (delete): the broker is no longer a replica."""
+
+    controller_epoch: int
+    broker_epoch: int
+
+
+ControlMessage = LeaderAndIsrMessage | ConfigMessage | StopReplicaMessage
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,33 @@ class Election:
 # -- the controller --------------------------------------------------------------------------
 
 
+class ControllerFailed(Exception):
+    """The controller fails over between a reassignment's two writes (as planned by the
+    machine's reassign rule)."""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def controller_event(
+    method: Callable[Concatenate[ModelController, P], R],
+) -> Callable[Concatenate[ModelController, P], R | None]:
+    """An event the controller handles from start to end, unless it fails over midway
+    (ControllerFailed): then a new controller takes over from what etcd holds, and the event's
+    answer is lost (None)."""
+
+    @functools.wraps(method)
+    def handle(self: ModelController, *args: P.args, **kwargs: P.kwargs) -> R | None:
+        try:
+            return method(self, *args, **kwargs)
+        except ControllerFailed:
+            self.fail_over()
+            return None
+
+    return handle
+
+
 class ModelController:
     """The active controller (any one of them: a failover keeps the model, as a new controller
     loads it from etcd). Partition epochs and broker epochs come from one counter, as both are
@@ -141,6 +186,10 @@ class ModelController:
         self.in_grace = False
         self.outbox: dict[int, deque[ControlMessage]] = {b: deque() for b in BROKER_IDS}
         self.elections: list[Election] = []  # committed, not yet checked
+        # The reassignments whose completion committed: their targets, not yet checked.
+        self.completions: list[tuple[int, ...]] = []
+        # This controller fails over between the two writes of the next completion.
+        self.fails_completing = False
 
     @property
     def min_insync_replicas(self) -> int:
@@ -149,6 +198,11 @@ class ModelController:
     @property
     def record(self) -> PartitionRecord:
         return self.model.partitions[TP]
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """The partition's assigned replicas (during a reassignment, targets and originals)."""
+        return self.model.replicas(TP)
 
     def usable_broker_epoch(self, broker_id: int) -> int | None:
         """What a leader's metadata says of a follower (Partition's UsableBrokerEpoch)."""
@@ -176,16 +230,23 @@ class ModelController:
         )
         return epoch
 
+    @controller_event
     def heartbeat(self, broker_id: int) -> None:
+        self._heartbeat(broker_id)
+
+    def _heartbeat(self, broker_id: int) -> None:
         """Its first heartbeat unfences it (controller.unfence): offline partitions may get a
-        leader, and it learns the partition's state and the topic's configs."""
+        leader, and it learns the partition's state (if a replica) and a FULL view (the
+        topic's configs and replicas). The last broker a new controller hears from ends its
+        grace period, and what its predecessor cut short goes on."""
         state = self.model.brokers[broker_id]
         if not state.fenced or state.shutting_down:
             return
         state.fenced = False
         if TP not in self.model.partitions:
             return  # the cluster is starting: nothing to tell yet
-        if self.in_grace and not any(s.fenced for s in self.model.brokers.values()):
+        grace_ends = self.in_grace and not any(s.fenced for s in self.model.brokers.values())
+        if grace_ends:
             self.in_grace = False
         changes = core.changes_for_offline_partitions(
             self.model, self.epoch, in_grace=self.in_grace
@@ -193,17 +254,21 @@ class ModelController:
         if not self.commit_and_send(changes):
             self.send_leader_and_isr([broker_id])
         self.outbox[broker_id].append(
-            ConfigMessage(self.epoch, state.epoch, self.min_insync_replicas)
+            ConfigMessage(self.epoch, state.epoch, self.min_insync_replicas, self.replicas)
         )
+        if grace_ends:
+            self.finish_what_was_cut_short()
 
     def controlled_shutdown(self, broker_id: int) -> None:
         changes = core.changes_for_controlled_shutdown(self.model, broker_id, self.epoch)
         self.model.brokers[broker_id].shutting_down = True
         self.commit_and_send(changes)
 
+    @controller_event
     def alter_isr(self, request: AlterIsrRequest) -> AlterIsrAnswer:
         """service.AlterIsr: a fenced or stale incarnation is refused whole; a valid change
-        is committed (no LeaderAndIsr: the leader learns it from the answer)."""
+        is committed (no LeaderAndIsr: the leader learns it from the answer), and completes a
+        reassignment whose targets are all in the ISR now."""
         state = self.model.brokers.get(request.broker_id)
         if state is None or state.epoch != request.broker_epoch or state.fenced:
             refused = TidewaterError("stale or fenced broker", ErrorCode.STALE_BROKER_EPOCH)
@@ -222,8 +287,9 @@ class ModelController:
             )
         except TidewaterError as e:
             return AlterIsrAnswer(request, None, e)
-        if change is not None:  # None: a retry of what is committed already
-            self.commit([change])
+        # None: a retry of what is committed already
+        if change is not None and self.commit([change]):
+            self.maybe_complete_reassignment()
         record = self.record
         committed = LeaderAndIsr(
             record.leader,
@@ -239,10 +305,10 @@ class ModelController:
 
     def create_topic(self, min_insync_replicas: int) -> None:
         configs = {"min.insync.replicas": str(min_insync_replicas)}
-        self.model.topics[TOPIC] = TopicState(TOPIC, configs, {0: BROKER_IDS})
+        self.model.topics[TOPIC] = TopicState(TOPIC, configs, {0: FIRST_REPLICAS})
         self.commit_and_send(
             core.initial_partition_records(
-                {0: BROKER_IDS}, TOPIC, self.model.usable_brokers(), self.epoch
+                {0: FIRST_REPLICAS}, TOPIC, self.model.usable_brokers(), self.epoch
             )
         )
 
@@ -276,13 +342,18 @@ class ModelController:
             state.fenced = True
             state.shutting_down = False
         self.in_grace = True
+        self.fails_completing = False
         self.commit_and_send(core.stale_elr_changes(self.model, self.epoch))
 
+    @controller_event
     def end_grace(self, live: set[int]) -> None:
-        """The grace period is over: the `live` brokers have heartbeated by now; the others
-        are gone and leave their ISRs and leaderships."""
+        """The grace period is over: the `live` brokers have heartbeated by now (the last of
+        them may have ended it); the others are gone and leave their ISRs and leaderships,
+        and what the predecessor cut short goes on."""
         for broker_id in sorted(live):
-            self.heartbeat(broker_id)
+            self._heartbeat(broker_id)
+        if not self.in_grace:
+            return
         self.in_grace = False
         for state in list(self.model.brokers.values()):
             if state.fenced:
@@ -290,6 +361,84 @@ class ModelController:
                     core.changes_for_unusable_broker(self.model, state.broker_id, self.epoch)
                 )
         self.commit_and_send(core.changes_for_offline_partitions(self.model, self.epoch))
+        self.finish_what_was_cut_short()
+
+    # -- reassignment (controller.reassign and what follows) --------------------------------
+
+    @controller_event
+    def reassign(self, target: tuple[int, ...] | None, cut_short: bool = False) -> None:
+        """AlterPartitionReassignments (`target` None: cancel, back to the original replicas):
+        the assignment with the reassignment in flight, then the partition's state in a new
+        leader epoch; StopReplica to a replica it drops (a cancelled add), and it completes
+        at once if its targets are in the ISR. Refused (nothing changes) as the controller
+        refuses it. `cut_short`: the controller fails over between the two writes."""
+        topic = self.model.topics[TOPIC]
+        if target is None:
+            ongoing = topic.reassignments.get(TP[1])
+            if ongoing is None:
+                return  # NO_REASSIGNMENT_IN_PROGRESS
+            target = ongoing.original
+        try:
+            reassignment, change = core.start_reassignment(self.model, TP, target, self.epoch)
+        except TidewaterError:
+            return
+        previous = self.replicas
+        topic.reassignments[TP[1]] = reassignment
+        topic.assignment[TP[1]] = reassignment.replicas
+        if cut_short:
+            raise ControllerFailed
+        self.commit_and_send([change])
+        for broker_id in previous:
+            if broker_id not in reassignment.replicas:
+                self.stop_replica(broker_id)
+        self.maybe_complete_reassignment()
+
+    def maybe_complete_reassignment(self) -> None:
+        if TP[1] not in self.model.topics[TOPIC].reassignments:
+            return
+        change = core.complete_reassignment(self.model, TP, self.epoch)
+        if change is not None:
+            self._complete_reassignment(change)
+
+    def _complete_reassignment(self, change: PartitionChange) -> None:
+        """The targets' state (the replicas removed are no longer told), then the assignment
+        of the targets alone, then StopReplica to the replicas removed."""
+        topic = self.model.topics[TOPIC]
+        reassignment = topic.reassignments.pop(TP[1])
+        removing = [b for b in self.replicas if b not in reassignment.target]
+        topic.assignment[TP[1]] = reassignment.target
+        self.commit_and_send([change])  # made from the current state: it commits
+        self.completions.append(reassignment.target)
+        if self.fails_completing:
+            # What etcd holds: the reassignment still in flight.
+            topic.assignment[TP[1]] = reassignment.replicas
+            topic.reassignments[TP[1]] = reassignment
+            raise ControllerFailed
+        for broker_id in removing:
+            self.stop_replica(broker_id)
+
+    def finish_what_was_cut_short(self) -> None:
+        """controller._finish_what_was_cut_short: once the grace period is over, a
+        reassignment in flight completes, or is announced again in a new leader epoch (the
+        predecessor may have died before telling the replicas); one that cannot go on stays
+        in flight."""
+        if TP[1] not in self.model.topics[TOPIC].reassignments:
+            return
+        try:
+            completes, change = core.resume_reassignment(self.model, TP, self.epoch)
+        except TidewaterError:
+            return
+        if completes:
+            self._complete_reassignment(change)
+        else:
+            self.commit_and_send([change])
+
+    def stop_replica(self, broker_id: int) -> None:
+        """To its registered incarnation: the sender tries once even if fenced (a broker
+        that misses it deletes the log as a stray one when it comes back)."""
+        broker = self.model.brokers.get(broker_id)
+        if broker is not None:
+            self.outbox[broker_id].append(StopReplicaMessage(self.epoch, broker.epoch))
 
     # -- committing and telling ------------------------------------------------------------
 
@@ -313,25 +462,26 @@ class ModelController:
     def commit_and_send(self, changes: list[PartitionChange]) -> list[PartitionChange]:
         committed = self.commit(changes)
         if committed:
-            self.send_leader_and_isr(BROKER_IDS)
+            self.send_leader_and_isr(self.replicas)
         return committed
 
     def send_leader_and_isr(self, broker_ids: tuple[int, ...] | list[int]) -> None:
         """To each registered, unfenced broker (shutting down too: it follows until it
-        stops)."""
+        stops) that is a replica, with the assigned replicas."""
         record = self.record
+        replicas = self.replicas
         state = LeaderAndIsr(
             record.leader,
             record.leader_epoch,
             record.isr,
-            BROKER_IDS,
+            replicas,
             record.partition_epoch,
             self.epoch,
             record.elr,
         )
         for broker_id in broker_ids:
             broker = self.model.brokers.get(broker_id)
-            if broker is not None and not broker.fenced:
+            if broker is not None and not broker.fenced and broker_id in replicas:
                 message = LeaderAndIsrMessage(
                     self.epoch, broker.epoch, state, self.min_insync_replicas
                 )
@@ -372,13 +522,40 @@ class ModelBroker:
         for another incarnation, is ignored."""
         if message.controller_epoch < self.controller_epoch or message.broker_epoch != self.epoch:
             return
+        if isinstance(message, ConfigMessage) and message.replicas is not None:
+            self._remove_stray_log(message)
         self.controller_epoch = message.controller_epoch
-        if isinstance(message, ConfigMessage):
+        if isinstance(message, StopReplicaMessage):
+            self.delete_replica()
+        elif isinstance(message, ConfigMessage):
             self.min_insync_replicas = message.min_insync_replicas
             if self.partition is not None:
                 self.partition.reconfigure(self.config(), now_ms)
-            return
-        self._leader_and_isr(message, now_ms)
+        else:
+            self._leader_and_isr(message, now_ms)
+
+    def _remove_stray_log(self, full: ConfigMessage) -> None:
+        """replica_manager.update_metadata: a FULL view that no longer names this broker a
+        replica of a partition it does not host finds its log stray (a StopReplica it missed
+        while down)."""
+        view = ClusterView(
+            full=True,
+            controller_epoch=full.controller_epoch,
+            broker_epoch=full.broker_epoch,
+            replicas={TP: full.replicas},
+            deleting_topics=frozenset(),
+        )
+        hosted = () if self.partition is None else (TP,)
+        if find_stray_logs([TP], view, hosted, self.broker_id, self.epoch, self.controller_epoch):
+            self.delete_replica()
+
+    def delete_replica(self) -> None:
+        """StopReplica (delete), or a stray log removed: no partition state, no log, no HW
+        checkpoint; if it becomes a replica again, it starts from an empty log."""
+        self.partition = None
+        self.log = MemoryLog()
+        self.checkpointed_high_watermark = 0
+        self.lost_tail = False
 
     def _leader_and_isr(self, message: LeaderAndIsrMessage, now_ms: int) -> None:
         """replica_manager: a state that is no news changes nothing (not even the configs);
@@ -508,11 +685,21 @@ def new_min_insync_replicas(machine: ReplicationModel) -> list[int]:
     return [v for v in (1, 2, 3) if v != current]
 
 
+def reassignment_targets(machine: ReplicationModel) -> st.SearchStrategy[tuple[int, ...] | None]:
+    """Any replicas, in any order (the first is the preferred leader); with one in flight,
+    None too: cancel it."""
+    targets = st.lists(st.sampled_from(BROKER_IDS), min_size=1, max_size=4, unique=True).map(tuple)
+    if machine.controller.model.topics[TOPIC].reassignments:
+        return st.none() | targets
+    return targets
+
+
 # How many of the rare events one run may have: more add little, and crowd out the produces
 # and fetches between them that a failure needs.
 MAX_STOPS = 4
 MAX_FAILOVERS = 2
 MAX_CONFIG_CHANGES = 3
+MAX_REASSIGNMENTS = 3
 
 
 # -- the state machine -----------------------------------------------------------------------
@@ -532,15 +719,15 @@ class ReplicationModel(RuleBasedStateMachine):
         self.brokers = {b: ModelBroker(b, self.controller) for b in BROKER_IDS}
         self.history = History()
         self.produced = 0
-        self.stops = self.failovers = self.config_changes = 0
+        self.stops = self.failovers = self.config_changes = self.reassignments = 0
         # What the monotonicity invariants saw last, per broker: (partition state, ...).
         self.leader_high_watermarks: dict[int, tuple[Partition, int]] = {}
         self.partition_epochs: dict[int, tuple[Partition, int, int]] = {}
 
     @initialize(min_insync_replicas=st.sampled_from([1, 2, 3]))
     def create_cluster(self, min_insync_replicas: int) -> None:
-        """Three brokers register and heartbeat, the topic is created and every broker hears
-        of it: broker 1 leads, every broker is in the ISR."""
+        """Four brokers register and heartbeat, the topic is created on the first three and
+        they hear of it: broker 1 leads, every replica is in the ISR."""
         for broker in self.brokers.values():
             broker.start()
             self.controller.heartbeat(broker.broker_id)
@@ -631,7 +818,7 @@ class ReplicationModel(RuleBasedStateMachine):
         """The controller decides an ISR proposal. Its answer may be lost on the way back:
         the outcome is unknown to the leader, which sends the proposal again."""
         answer = self.controller.alter_isr(request)
-        if answer_lost:
+        if answer is None or answer_lost:  # None: the controller failed over answering
             return AlterIsrAnswer(request, None, RequestTimedOut("the answer was lost"))
         return answer
 
@@ -718,6 +905,25 @@ class ReplicationModel(RuleBasedStateMachine):
         for broker in heartbeats:
             if is_alive_and_fenced(self, self.brokers[broker]):
                 self.controller.heartbeat(broker)
+
+    @precondition(lambda self: self.reassignments < MAX_REASSIGNMENTS)
+    @rule(
+        # Not `target`: a rule's target is the bundle its result goes to.
+        replicas=st.runner().flatmap(reassignment_targets),
+        controller_fails=st.sampled_from(["", "", "starting", "completing"]),
+    )
+    def reassign(self, replicas: tuple[int, ...] | None, controller_fails: str) -> None:
+        """An operator reassigns the partition to `replicas` (None: cancels the reassignment in
+        flight). The controller may fail over between the two writes of its start, or of its
+        completion (whenever that comes: at once, after an AlterIsr or once a new controller's
+        grace period ends); the next one resumes it."""
+        self.reassignments += 1
+        if self.failovers >= MAX_FAILOVERS:
+            controller_fails = ""
+        if controller_fails:
+            self.failovers += 1
+        self.controller.fails_completing = controller_fails == "completing"
+        self.controller.reassign(replicas, cut_short=controller_fails == "starting")
 
     @precondition(lambda self: self.controller.in_grace)
     @rule()
@@ -822,6 +1028,39 @@ class ReplicationModel(RuleBasedStateMachine):
                 f"the committed offsets {lacking}: it holds {records_of(b.log)}, the "
                 f"committed history is {self.history.committed}"
             )
+
+    @invariant()
+    def only_replicas_lead_or_are_in_the_isr_or_elr(self) -> None:
+        """A replica removed by a reassignment (or a cancelled one) leaves the leadership, ISR
+        and ELR with it, and none is ever added to them."""
+        record = self.controller.record
+        replicas = self.controller.replicas
+        members = set(record.isr + record.elr) | ({record.leader} - {NO_LEADER})
+        assert members <= set(replicas), (
+            f"leader {record.leader}, ISR {list(record.isr)} or ELR {list(record.elr)} names "
+            f"brokers {sorted(members - set(replicas))} that are not replicas {list(replicas)}"
+        )
+
+    @invariant()
+    def completed_reassignments_hold_every_committed_record(self) -> None:
+        """A reassignment completes only when each of its targets holds every committed
+        record: they alone are the replicas then (a stopped one is left out, as above)."""
+        self._record_commits()
+        completions, self.controller.completions = self.controller.completions, []
+        if self.history.data_loss_allowed:
+            return
+        registered = self.controller.model.brokers
+        for target in completions:
+            for broker_id in target:
+                b = self.brokers[broker_id]
+                if not b.alive or registered[broker_id].epoch != b.epoch:
+                    continue
+                lacking = self._lacking(b)
+                assert not lacking, (
+                    f"the reassignment to {list(target)} completed while its target {broker_id} "
+                    f"lacks the committed offsets {lacking}: it holds {records_of(b.log)}, the "
+                    f"committed history is {self.history.committed}"
+                )
 
     @invariant()
     def elected_leaders_hold_every_committed_record(self) -> None:

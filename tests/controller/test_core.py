@@ -10,6 +10,7 @@ from tidewater.controller.core import (
     changes_for_offline_partitions,
     changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
+    complete_reassignment,
     elr_changes_for_configs,
     initial_partition_records,
     resume_reassignment,
@@ -400,6 +401,18 @@ def test_a_reassignment_in_flight_with_no_replica_to_lead_is_left_as_it_is() -> 
     with pytest.raises(TidewaterError) as info:
         resume_reassignment(m, ("t", 0), EPOCH)
     assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+def test_a_reassignment_whose_targets_cannot_lead_yet_stays_in_flight() -> None:
+    # A new controller has heard from no broker: the leader must move (it is fenced), and no
+    # target could lead. Resumed, it is announced again; it completes later.
+    m = reassigning((1, 2, 4, 3), leader=1)
+    for broker in m.brokers.values():
+        broker.fenced = True
+    assert complete_reassignment(m, ("t", 0), EPOCH) is None
+    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
+    assert not completes
+    assert (change.after.leader, change.after.leader_epoch) == (1, 8)
 
 
 def test_partitions_stored_without_a_leader_and_isr_start_as_new_ones() -> None:

@@ -17,6 +17,7 @@ Not caught, and why (review 12's other broken variants):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
@@ -28,6 +29,9 @@ from tests.model.replication_model import (
     ReplicationModel,
     model_settings,
 )
+from tidewater.controller import core
+from tidewater.controller.core import PartitionChange
+from tidewater.controller.model import ClusterModel, TopicPartition
 from tidewater.errors import TidewaterError
 from tidewater.replication.partition import AlterIsrProposal, IsrState, LeaderAndIsr, Partition
 
@@ -69,6 +73,32 @@ def apply_superseded_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Partition, "on_alter_isr_result", broken)
 
 
+def complete_before_every_target_is_in_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """complete_reassignment waits for one target in the ISR, not every one: the others
+    become the replicas without the committed records."""
+    complete_reassignment = core.complete_reassignment
+
+    def broken(
+        model: ClusterModel, tp: TopicPartition, controller_epoch: int
+    ) -> PartitionChange | None:
+        record = model.partitions[tp]
+        target = model.topics[tp[0]].reassignments[tp[1]].target
+        if not set(target) & set(record.isr):
+            return None
+        # The rule as if every target were in the ISR; those that are not stay out of it.
+        model.partitions[tp] = record.with_(isr=tuple(dict.fromkeys(record.isr + target)))
+        try:
+            change = complete_reassignment(model, tp, controller_epoch)
+        finally:
+            model.partitions[tp] = record
+        if change is None:
+            return None
+        isr = tuple(b for b in change.after.isr if b in record.isr)
+        return replace(change, before=record, after=change.after.with_(isr=isr))
+
+    monkeypatch.setattr(core, "complete_reassignment", broken)
+
+
 def resent_state_supersedes_a_proposal(state: Replay) -> None:
     state.create_cluster(min_insync_replicas=2)
     (request,) = state.time_passes(ms=1500).values
@@ -95,9 +125,18 @@ def answer_arrives_after_a_newer_state(state: Replay) -> None:
     state.leader_gets_alter_isr_answer(answer=answer)
 
 
+def a_reassignment_adds_a_replica_after_a_commit(state: Replay) -> None:
+    state.create_cluster(min_insync_replicas=1)
+    state.produce(acks_all=False, broker=1)
+    for follower in (2, 3, 2, 3):  # the second fetches tell the leader they hold r1
+        state.fetch(follower=follower)
+    state.reassign(replicas=(1, 4), controller_fails="")
+
+
 BROKEN_RULES = [
     (accept_the_same_partition_epoch, resent_state_supersedes_a_proposal),
     (apply_superseded_answers, answer_arrives_after_a_newer_state),
+    (complete_before_every_target_is_in_sync, a_reassignment_adds_a_replica_after_a_commit),
 ]
 
 

@@ -38,3 +38,21 @@ def test_a_min_isr_raise_before_the_leader_has_it_loses_nothing() -> None:
     state.leader_gets_alter_isr_answer(answer=answer)
     state.produce(broker=1, acks_all=True)
     assert state.machine.controller.record.elr == (2, 3)
+
+
+def test_a_reassignment_no_target_could_lead_yet_stays_in_flight() -> None:
+    """Found by the machine with reassignments (shrunk by hand): a new controller that has not
+    heard from any broker yet takes a reassignment whose target is in the ISR already. Its
+    completion must move the leadership off the fenced leader and finds no target that could
+    lead: complete_reassignment raised NO_REPLICA_ONLINE after the start had committed (the
+    operator was told it failed; an AlterIsr whose ISR change committed was answered with the
+    error). It stays in flight now, and completes once the grace period is over."""
+    state = Replay()
+    state.create_cluster(min_insync_replicas=1)
+    state.controller_fails_over(heartbeats=[])
+    state.reassign(replicas=(1,), controller_fails="")
+    controller = state.machine.controller
+    assert controller.model.topics["orders"].reassignments
+    state.grace_period_ends()
+    assert not controller.model.topics["orders"].reassignments
+    assert (controller.replicas, controller.record.isr) == ((1,), (1,))

@@ -467,9 +467,7 @@ def complete_reassignment(
     after = record.with_(isr=isr, leader_epoch=record.leader_epoch + 1)
     if record.leader not in reassignment.target or record.leader not in model.usable_brokers():
         try:
-            result = reassigned_partition_leader(
-                reassignment.target, after, model.usable_brokers()
-            )
+            result = reassigned_partition_leader(reassignment.target, after, model.usable_brokers())
         except NoReplicaOnline:
             return None
         after = result.leader_and_isr.with_(leader_epoch=record.leader_epoch + 1)

@@ -4,7 +4,8 @@ its bundle values unpacked): the story passes with the rule intact and fails an 
 it broken. On demand, the search finds the first in random examples too:
 TIDEWATER_MODEL_EXAMPLES=3000 runs test_the_search_catches_a_resent_state_taken_as_news (found
 in 64 s on 2026-11-24; README, Tests and their helpers). It finds the second rarely: in one
-run of four of 2,000 examples.
+run of four of 2,000 examples. The third (a reassignment completing too soon) it finds at
+once: test_the_search_catches_a_reassignment_completed_too_soon (16 s on 2026-11-24).
 
 Not caught, and why (review 12's other broken variants):
 - a lower min.insync.replicas that clears no ELR (core.elr_changes_for_configs returning
@@ -169,5 +170,15 @@ def test_the_search_catches_a_resent_state_taken_as_news(monkeypatch: pytest.Mon
     # Lowered only: the broken rule shows in the changes of the ISR or ELR alone that a lower
     # value makes; a raise holds the leaders' HW (the ELR) and takes examples from the search.
     monkeypatch.setattr(replication_model, "new_min_insync_replicas", lower_values)
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(ReplicationModel, settings=model_settings())
+
+
+@pytest.mark.skipif(not EXAMPLES_ON_DEMAND, reason="on demand: TIDEWATER_MODEL_EXAMPLES")
+@pytest.mark.timeout(0)  # as long as its examples take
+def test_the_search_catches_a_reassignment_completed_too_soon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    complete_before_every_target_is_in_sync(monkeypatch)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(ReplicationModel, settings=model_settings())

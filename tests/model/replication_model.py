@@ -910,6 +910,7 @@ class ReplicationModel(RuleBasedStateMachine):
     @rule(
         # Not `target`: a rule's target is the bundle its result goes to.
         replicas=st.runner().flatmap(reassignment_targets),
+        # Half of them run through; the others fail over midway.
         controller_fails=st.sampled_from(["", "", "starting", "completing"]),
     )
     def reassign(self, replicas: tuple[int, ...] | None, controller_fails: str) -> None:
@@ -989,6 +990,12 @@ class ReplicationModel(RuleBasedStateMachine):
             if offset >= len(held) or held[offset] != record
         ]
 
+    def _lacking_if_registered(self, b: ModelBroker) -> list[int]:
+        """What the broker lacks of the committed records, if it runs as the incarnation the
+        controller knows (a stopped one's next registration fences what it held)."""
+        registered = self.controller.model.brokers[b.broker_id]
+        return self._lacking(b) if b.alive and registered.epoch == b.epoch else []
+
     def _live_partitions(self) -> list[tuple[ModelBroker, Partition]]:
         return [(b, b.partition) for b in self.brokers.values() if b.alive and b.partition]
 
@@ -1016,12 +1023,9 @@ class ReplicationModel(RuleBasedStateMachine):
         if self.history.data_loss_allowed:
             return
         record = self.controller.record
-        registered = self.controller.model.brokers
         for broker_id in record.isr + record.elr:
             b = self.brokers[broker_id]
-            if not b.alive or registered[broker_id].epoch != b.epoch:
-                continue
-            lacking = self._lacking(b)
+            lacking = self._lacking_if_registered(b)
             role = "ISR member" if broker_id in record.isr else "eligible leader replica"
             assert not lacking, (
                 f"{role} {broker_id} (ISR {list(record.isr)}, ELR {list(record.elr)}) lacks "
@@ -1049,13 +1053,10 @@ class ReplicationModel(RuleBasedStateMachine):
         completions, self.controller.completions = self.controller.completions, []
         if self.history.data_loss_allowed:
             return
-        registered = self.controller.model.brokers
         for target in completions:
             for broker_id in target:
                 b = self.brokers[broker_id]
-                if not b.alive or registered[broker_id].epoch != b.epoch:
-                    continue
-                lacking = self._lacking(b)
+                lacking = self._lacking_if_registered(b)
                 assert not lacking, (
                     f"the reassignment to {list(target)} completed while its target {broker_id} "
                     f"lacks the committed offsets {lacking}: it holds {records_of(b.log)}, the "

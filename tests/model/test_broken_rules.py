@@ -170,6 +170,8 @@ def test_the_search_catches_a_resent_state_taken_as_news(monkeypatch: pytest.Mon
     # Lowered only: the broken rule shows in the changes of the ISR or ELR alone that a lower
     # value makes; a raise holds the leaders' HW (the ELR) and takes examples from the search.
     monkeypatch.setattr(replication_model, "new_min_insync_replicas", lower_values)
+    # Nor reassignments: the broken rule shows without them, and they take steps from it.
+    monkeypatch.setattr(replication_model, "MAX_REASSIGNMENTS", 0)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(ReplicationModel, settings=model_settings())
 

@@ -140,11 +140,12 @@ class MemoryLog:
 
     def crash_losing_tail(self, offset: int) -> None:
         """A crash lost the unflushed batches from the one holding `offset` on. The epoch
-        checkpoint survives (it is written on every change); reopening the log trims it to
-        the LEO, as Log does on load."""
+        checkpoint survives (it is written on every change, but for the epochs below the log
+        start); reopening the log trims it to the LEO and the log start, as Log does on load."""
         self.batches = [b for b in self.batches if b.last_offset < offset]
         self.leader_epoch_cache = LeaderEpochCache(self.checkpoint)
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
+        self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
 
 
 def fetch_once(

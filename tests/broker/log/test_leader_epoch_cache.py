@@ -105,7 +105,46 @@ def test_truncate_from_start_moves_the_holding_epoch_up(
     assert cache.epoch_entries == [EpochEntry(5, 45), EpochEntry(8, 60)]
     cache.truncate_from_start(60)
     assert cache.epoch_entries == [EpochEntry(8, 60)]
-    assert checkpoint.read() == [EpochEntry(8, 60)]
+
+
+def test_the_checkpoint_keeps_the_epochs_below_the_log_start_until_it_is_checkpointed(
+    checkpoint: LeaderEpochCheckpoint,
+) -> None:
+    """Review 13 L3: a crash before the log start offset checkpoint loads the log from the
+    start checkpointed before, whose records need their epochs."""
+    cache = cache_with(checkpoint, (2, 10), (5, 30), (8, 60))
+    cache.truncate_from_start(45)
+    cache.truncate_from_start(62)
+    assert cache.epoch_entries == [EpochEntry(8, 62)]
+    assert checkpoint.read() == [EpochEntry(2, 10), EpochEntry(5, 30), EpochEntry(8, 60)]
+    cache.assign(9, 70)  # changes that persist write the epochs below the log start too
+    cache.truncate_from_end(75)
+    assert checkpoint.read() == [(2, 10), (5, 30), (8, 60), (9, 70)]
+    cache.log_start_checkpointed(45)
+    assert checkpoint.read() == [(5, 45), (8, 60), (9, 70)]
+    cache.log_start_checkpointed(62)
+    assert checkpoint.read() == [(8, 62), (9, 70)]
+    assert cache.epoch_entries == [(8, 62), (9, 70)]
+    reloaded = LeaderEpochCache(checkpoint)
+    reloaded.truncate_from_start(45)  # an older log start checkpointed: the epochs hold
+    assert reloaded.epoch_for_offset(45) == -1 < reloaded.epoch_for_offset(62) == 8
+
+
+def test_a_truncation_below_the_log_start_keeps_the_epochs_before_it_in_the_checkpoint(
+    checkpoint: LeaderEpochCheckpoint,
+) -> None:
+    """A truncation inside the batch holding the log start ends the log before it (the log
+    start follows, checkpointed at once): the records below keep their epochs on disk until
+    then, and the next epoch replaces them in the checkpoint."""
+    cache = cache_with(checkpoint, (2, 10), (5, 30))
+    cache.truncate_from_start(40)
+    cache.truncate_from_end(35)
+    assert cache.epoch_entries == []
+    assert checkpoint.read() == [(2, 10), (5, 30)]
+    cache.log_start_checkpointed(35)
+    assert checkpoint.read() == [(5, 35)]
+    cache.assign(7, 35)
+    assert cache.epoch_entries == checkpoint.read() == [(7, 35)]
 
 
 def test_clear_and_flush(checkpoint: LeaderEpochCheckpoint) -> None:

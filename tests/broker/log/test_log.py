@@ -1070,25 +1070,38 @@ def crash(log: Log) -> None:
 class PowerLoss:
     """A machine crash for the files of one directory, a small form of review 13's model:
     from its creation on, each file keeps at the crash only the bytes it held at its last
-    fsync (none if it had none), and a file the directory's last fsync did not list is gone.
-    Pessimistic about appends only: deletions and truncations stay done."""
+    fsync (none if it had none), a file the directory's last fsync did not list is gone, and
+    one it listed that was deleted since is back. Truncations stay done."""
 
     def __init__(self, directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.directory = directory
         self.durable: dict[int, int] = {}  # inode -> size at its last fsync
-        self.names: set[str] = set()  # the directory's entries at its last fsync
-        fsync = os.fsync
+        self.names: dict[str, int] = {}  # the directory's entries at its last fsync: inodes
+        self.deleted: dict[int, Path] = {}  # inode -> where a file deleted since is kept
+        self.graveyard = directory.with_name(f"{directory.name}.power-loss")
+        fsync, unlink = os.fsync, os.unlink
 
         def tracking_fsync(fd: int) -> None:
             fsync(fd)
             path = Path(os.readlink(f"/proc/self/fd/{fd}"))
             if path == directory:
-                self.names = set(os.listdir(directory))
+                self.names = {entry.name: entry.inode() for entry in os.scandir(directory)}
             elif path.parent == directory:
                 stat = os.fstat(fd)
                 self.durable[stat.st_ino] = stat.st_size
 
+        def keeping_unlink(path: str | os.PathLike[str]) -> None:
+            if Path(path).parent.resolve() != directory:
+                unlink(path)
+                return
+            self.graveyard.mkdir(exist_ok=True)
+            inode = os.stat(path).st_ino
+            self.deleted[inode] = self.graveyard / str(inode)
+            os.rename(path, self.deleted[inode])
+
         monkeypatch.setattr(os, "fsync", tracking_fsync)
+        monkeypatch.setattr(os, "unlink", keeping_unlink)
+        self._unlink = unlink
 
     def crash(self, log: Log, jobs: list[FlushJob]) -> None:
         """The machine stops: `log`'s background flush `jobs` never run."""
@@ -1097,18 +1110,23 @@ class PowerLoss:
         crash(log)
         for path in self.directory.iterdir():
             if path.name not in self.names:
-                path.unlink()
-            else:
+                self._unlink(path)
+        for name, inode in self.names.items():
+            path = self.directory / name
+            if not path.exists() and inode in self.deleted:
+                os.rename(self.deleted[inode], path)
+            if path.exists():
                 durable = self.durable.get(path.stat().st_ino, 0)
                 os.truncate(path, min(durable, path.stat().st_size))
 
 
+@pytest.fixture
+def power_loss(log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> PowerLoss:
+    return PowerLoss(log_dir.resolve(), monkeypatch)
+
+
 def test_a_truncation_after_a_roll_leaves_no_hole_after_a_machine_crash(
-    open_log: OpenLog,
-    make_batch: MakeBatch,
-    split: Split,
-    log_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, power_loss: PowerLoss
 ) -> None:
     """Review 13: truncate_to fsynced the truncated last segment while the fsync of the segment
     rolled before it still waited in the background; a machine crash then kept the later
@@ -1116,7 +1134,6 @@ def test_a_truncation_after_a_roll_leaves_no_hole_after_a_machine_crash(
     hole in its offsets (LEO 12 without offsets 6-8), served as whole. truncate_to now makes
     the log below its new end durable, the earlier segments first."""
     log = open_log(segment_bytes=1000, index_interval_bytes=100)  # 3 batches a segment
-    power = PowerLoss(log_dir.resolve(), monkeypatch)
     jobs: list[FlushJob] = []
     log.flush_in_background = lambda lg, job: jobs.append(job)
     for i in range(2):
@@ -1127,11 +1144,36 @@ def test_a_truncation_after_a_roll_leaves_no_hole_after_a_machine_crash(
     assert [s.base_offset for s in log.segments] == [0, 9]
     assert len(jobs) == 1
     log.truncate_to(12)  # a diverging follower: batches 4 and 5 go
-    power.crash(log, jobs)
+    power_loss.crash(log, jobs)
 
     reopened = open_log(recovery_point=log.recovery_point, segment_bytes=1000)
     assert bodies(read_all(reopened, split)) == [body(i) for i in range(4)]
     assert reopened.log_end_offset == 12
+
+
+def test_records_below_a_log_start_no_checkpoint_holds_keep_their_epochs_after_a_crash(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, power_loss: PowerLoss
+) -> None:
+    """Review 13 L3: a moved log start trimmed the leader epoch checkpoint at once, while the
+    log start offset's own checkpoint (the LogManager's, periodic) and the deletion of the
+    segments before it could still be lost. A machine crash then brought those records back
+    below a start whose epoch history no longer knew them: epoch -1 for ListOffsets, and
+    OffsetForLeaderEpoch answering their epochs with the new start. The epoch checkpoint now
+    keeps them until the log start checkpoint holds the new start (the LogManager's crash
+    test); here none does."""
+    log = open_log(segment_bytes=1000)  # 3 batches (9 offsets) a segment
+    for i in range(8):
+        log.append_as_leader(make_batch(3, body=body(i)), leader_epoch=i // 4)  # 1 from 12 on
+    log.flush()
+    log.advance_log_start(18)  # a follower whose leader's log starts there now
+    power_loss.crash(log, [])
+
+    reopened = open_log(segment_bytes=1000)  # from the log start offset checkpointed: none
+    assert reopened.log_start_offset == 0
+    headers = [read_header(batch) for batch in read_all(reopened, split)]
+    assert [h.base_offset for h in headers] == list(range(0, 24, 3))
+    cache = reopened.leader_epoch_cache
+    assert [cache.epoch_for_offset(h.base_offset) for h in headers] == [0] * 4 + [1] * 4
 
 
 def build_log_with_a_gap(directory: Path, clock: Clock, make_batch: MakeBatch) -> list[int]:

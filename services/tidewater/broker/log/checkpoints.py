@@ -174,6 +174,11 @@ class OffsetCheckpointWriter:
             log_dir, asyncio.to_thread(self._write, log_dir, offsets, next(self._asked))
         )
 
+    def on_disk(self, log_dir: Path) -> Mapping[tuple[str, int], int]:
+        """The offsets in `log_dir`'s file as of the last write that landed (none before the
+        first)."""
+        return self._on_disk.get(log_dir, {})
+
     async def _reported(self, log_dir: Path, write: Awaitable[None]) -> None:
         with guarded(self.dir_failures, log_dir):
             await write

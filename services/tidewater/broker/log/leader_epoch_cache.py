@@ -3,7 +3,11 @@
 Entries (epoch, start offset) say at which offset each leader epoch's data began, epochs and
 offsets both increasing. Followers ask the leader for an epoch's end offset
 (OffsetForLeaderEpoch) to find where their log diverges, instead of truncating to their HW.
-The logic is in memory; every change is persisted through the checkpoint before returning.
+The logic is in memory; every change is persisted through the checkpoint before returning,
+but for a moved log start: the checkpoint lets go of the epochs before it only once the log
+start offset's own checkpoint holds it (log_start_checkpointed). Either file may be older
+after a crash: loading trims the epochs to the log start it finds, which must never be
+below the epochs the checkpoint kept.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ class LeaderEpochCache:
         """`guard`: around each checkpoint write (the log's: an I/O error is its log dir's)."""
         self._checkpoint = checkpoint
         self._guard = guard
-        self._entries: list[EpochEntry] = checkpoint.read()
+        # What the checkpoint holds: the entries, and those before the log start until the
+        # log start offset checkpoint holds it.
+        self._written: list[EpochEntry] = checkpoint.read()
+        self._entries = list(self._written)
 
     @property
     def epoch_entries(self) -> list[EpochEntry]:
@@ -50,9 +57,9 @@ class LeaderEpochCache:
             latest = self._entries[-1]
             if epoch <= latest.epoch or start_offset < latest.start_offset:
                 return
-            if start_offset == latest.start_offset:
-                self._entries.pop()
-        self._entries.append(EpochEntry(epoch, start_offset))
+        entry = EpochEntry(epoch, start_offset)
+        _append(self._entries, entry)
+        _append(self._written, entry)
         self._persist()
 
     def epoch_for_offset(self, offset: int) -> int:
@@ -82,28 +89,59 @@ class LeaderEpochCache:
 
     def truncate_from_end(self, end_offset: int) -> None:
         """The log was truncated to `end_offset`: forget epochs that began at or after it."""
-        keep = bisect.bisect_left(self._entries, end_offset, key=lambda e: e.start_offset)
-        if keep < len(self._entries):
-            del self._entries[keep:]
+        _truncate_from_end(self._entries, end_offset)
+        if _truncate_from_end(self._written, end_offset):
             self._persist()
 
     def truncate_from_start(self, start_offset: int) -> None:
         """The log now starts at `start_offset`: the epoch holding it starts there, and the
-        epochs wholly before it go."""
-        covered = bisect.bisect_right(self._entries, start_offset, key=lambda e: e.start_offset)
-        if covered == 0:
-            return
-        holder = self._entries[covered - 1]
-        if covered == 1 and holder.start_offset == start_offset:
-            return
-        self._entries[:covered] = [EpochEntry(holder.epoch, start_offset)]
-        self._persist()
+        epochs wholly before it go, from the checkpoint too once the log start offset is
+        checkpointed (log_start_checkpointed)."""
+        self._entries = _truncated_from_start(self._entries, start_offset)
+
+    def log_start_checkpointed(self, start_offset: int) -> None:
+        """The log start offset checkpoint holds `start_offset` now: the epoch checkpoint lets
+        go of the epochs before it. Not sooner (review 13 L3): a crash in between brought the
+        log back from the start checkpointed before, the records below the new one with no
+        epoch (-1 in ListOffsets, OffsetForLeaderEpoch answering the new start)."""
+        trimmed = _truncated_from_start(self._written, start_offset)
+        if trimmed != self._written:
+            self._written = trimmed
+            self._persist()
 
     def clear_and_flush(self) -> None:
         self._entries.clear()
+        self._written.clear()
         self._persist()
 
     def _persist(self) -> None:
         with self._guard():
-            self._checkpoint.write(self._entries)
-        log.debug("%s: leader epochs %s", self._checkpoint.path, self._entries)
+            self._checkpoint.write(self._written)
+        log.debug("%s: leader epochs %s", self._checkpoint.path, self._written)
+
+
+def _append(entries: list[EpochEntry], entry: EpochEntry) -> None:
+    """Add the latest entry; an epoch that began where it does wrote nothing and goes. (In
+    the checkpoint's entries, any that does not come before it: those of records below a
+    log start that a truncation lowered, which a newer epoch cannot follow.)"""
+    while entries and (
+        entries[-1].start_offset >= entry.start_offset or entries[-1].epoch >= entry.epoch
+    ):
+        entries.pop()
+    entries.append(entry)
+
+
+def _truncate_from_end(entries: list[EpochEntry], end_offset: int) -> bool:
+    """Drop the epochs that begin at or after `end_offset`; whether any went."""
+    keep = bisect.bisect_left(entries, end_offset, key=lambda e: e.start_offset)
+    dropped = keep < len(entries)
+    del entries[keep:]
+    return dropped
+
+
+def _truncated_from_start(entries: list[EpochEntry], start_offset: int) -> list[EpochEntry]:
+    """The epochs of a log starting at `start_offset`: the one holding it starts there."""
+    covered = bisect.bisect_right(entries, start_offset, key=lambda e: e.start_offset)
+    if covered == 0 or (covered == 1 and entries[0].start_offset == start_offset):
+        return entries
+    return [EpochEntry(entries[covered - 1].epoch, start_offset), *entries[covered:]]

@@ -168,7 +168,8 @@ class Log:
             lambda: guarded(self.dir_failures, self.log_dir),
         )
         # The epoch checkpoint may know of data that the crash took back, or that retention
-        # removed: Kafka trims it to the log on load.
+        # removed: Kafka trims it to the log on load (its epochs below the log start stay
+        # on disk until the log start is checkpointed: see log_start_checkpointed).
         self.leader_epoch_cache.truncate_from_end(self.log_end_offset)
         self.leader_epoch_cache.truncate_from_start(self.log_start_offset)
         # Segments whose deletion a crash undid after the log start was checkpointed.
@@ -675,6 +676,13 @@ class Log:
         self._delete_oldest_segments(
             self._wholly_before(offset), f"the leader's log start offset {offset}"
         )
+
+    def log_start_checkpointed(self, offset: int) -> None:
+        """The LogManager's log-start-offset-checkpoint holds `offset` for this log now (at
+        most the log start): the leader epoch checkpoint may let go of the epochs before it.
+        Kafka trims that file as the log start moves, while its own checkpoint waits for the
+        next period: a crash in between brings the records below back with no epoch."""
+        self.leader_epoch_cache.log_start_checkpointed(offset)
 
     def _wholly_before(self, offset: int) -> int:
         """How many segments end at or before `offset` (all but the one holding it)."""

@@ -345,7 +345,22 @@ class LogManager:
     def checkpoint_log_start_offsets(self) -> None:
         """Write each log dir's log-start-offset-checkpoint."""
         for log_dir in self.log_dirs:
-            self._log_start_writer.write(log_dir, self._log_start_offsets(log_dir))
+            self._write_log_starts(log_dir)
+
+    def _write_log_starts(self, log_dir: Path) -> None:
+        self._log_start_writer.write(log_dir, self._log_start_offsets(log_dir))
+        self._log_starts_on_disk(log_dir)
+
+    def _log_starts_on_disk(self, log_dir: Path) -> None:
+        """`log_dir`'s log-start-offset-checkpoint was written: each log's leader epoch
+        checkpoint may now let go of the epochs below the log start it holds, and not before
+        (review 13 L3). Read on the event loop right after the write: what the writer says
+        is on disk is the file's content (a write off the loop asked for before and not
+        landed yet never lands, see OffsetCheckpointWriter)."""
+        on_disk = self._log_start_writer.on_disk(log_dir)
+        for tp in self._partitions_in[log_dir]:
+            if tp in on_disk:
+                self._logs[tp].log_start_checkpointed(on_disk[tp])
 
     def _checkpoint_offsets_in(self, lg: Log) -> None:
         """A truncation lowered `lg`'s recovery point or log start offset: its log dir's
@@ -356,7 +371,7 @@ class LogManager:
 
     def _checkpoint_offsets(self, log_dir: Path) -> None:
         self._recovery_point_writer.write(log_dir, self._recovery_points(log_dir))
-        self._log_start_writer.write(log_dir, self._log_start_offsets(log_dir))
+        self._write_log_starts(log_dir)
 
     async def _checkpoint_offsets_off_loop(self) -> None:
         for log_dir in self.log_dirs:
@@ -366,6 +381,7 @@ class LogManager:
                 log_dir, self._recovery_points(log_dir)
             )
             await self._log_start_writer.write_off_loop(log_dir, self._log_start_offsets(log_dir))
+            self._log_starts_on_disk(log_dir)
 
     def _recovery_points(self, log_dir: Path) -> dict[TopicPartition, int]:
         return {tp: self._logs[tp].recovery_point for tp in self._partitions_in[log_dir]}

@@ -1176,6 +1176,62 @@ def test_records_below_a_log_start_no_checkpoint_holds_keep_their_epochs_after_a
     assert [cache.epoch_for_offset(h.base_offset) for h in headers] == [0] * 4 + [1] * 4
 
 
+def write_and_kill(log: Log, make_batch: MakeBatch, count: int, flushed: int) -> None:
+    """Append `count` batches (3 a segment), fsync the first `flushed`, leave the fsyncs of
+    the rolls waiting; the last batch is of a new epoch, whose checkpoint write fsyncs the
+    directory (every segment's name on disk). Then the process is killed."""
+    jobs: list[FlushJob] = []
+    log.flush_in_background = lambda lg, job: jobs.append(job)
+    for i in range(count):
+        if i == flushed:
+            log.flush()
+        log.append_as_leader(make_batch(3, body=body(i)), leader_epoch=1 + (i == count - 1))
+    for job in jobs:
+        job.close()
+    crash(log)
+
+
+def test_recovery_puts_the_segments_before_the_one_it_truncates_on_disk_first(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, power_loss: PowerLoss
+) -> None:
+    """Review 13: loading after a killed process truncated a torn segment and fsynced it, and
+    not the segments before it, which the process had left to a background fsync. A machine
+    crash then kept the truncated segment and lost the earlier ones' ends, and the next load
+    cut the log at the hole: the records loaded before went with the segments after it. As
+    truncate_to, recovery now fsyncs the segments from the recovery point's on first."""
+    log = open_log(segment_bytes=1000)
+    write_and_kill(log, make_batch, 9, flushed=2)  # offsets 0-5 on disk, 6-26 in the cache
+    last = power_loss.directory / segment_files(power_loss.directory)[-1]
+    os.truncate(last, last.stat().st_size - 50)  # the last write was torn
+
+    reopened = open_log(recovery_point=6, segment_bytes=1000)
+    assert reopened.log_end_offset == 24
+    loaded = read_all(reopened, split)
+    power_loss.crash(reopened, [])
+    again = open_log(recovery_point=6, segment_bytes=1000)
+    assert again.log_end_offset == 24
+    assert read_all(again, split) == loaded
+
+
+def test_a_flush_after_a_restart_puts_the_recovered_segments_on_disk(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, power_loss: PowerLoss
+) -> None:
+    """What a restart recovers after the recovery point may be in the page cache only (the
+    process that wrote it was killed). Before, a loaded segment counted as flushed: a flush
+    moved the recovery point past it without an fsync, and a machine crash then lost records
+    below the recovery point checkpointed."""
+    log = open_log(segment_bytes=1000)
+    write_and_kill(log, make_batch, 8, flushed=0)
+
+    reopened = open_log(segment_bytes=1000)
+    loaded = read_all(reopened, split)
+    reopened.flush()
+    assert reopened.recovery_point == 24
+    power_loss.crash(reopened, [])
+    again = open_log(recovery_point=24, segment_bytes=1000)
+    assert read_all(again, split) == loaded
+
+
 def build_log_with_a_gap(directory: Path, clock: Clock, make_batch: MakeBatch) -> list[int]:
     """Segments of 3 batches (9 offsets) up to LEO 60, the second cut after its first batch
     at a crash (offsets 12-17 lost, those after kept); returns the segments' base offsets."""

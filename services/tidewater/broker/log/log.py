@@ -569,14 +569,9 @@ class Log:
             self.truncate_fully_and_start_at(offset)
             return
         self._generation += 1
-        # The segments before the one truncated go to disk first, in order: a rolled segment's
-        # fsync may still wait in the background (_roll), and the fsync below would otherwise
-        # put the later segment's records on disk before the earlier one's end. A crash then
-        # left a hole in the offsets with records after it (review 13). So the log below the
-        # new end is durable before the truncation is, and before the checkpoint of a
-        # lowered recovery point (_after_truncation).
-        for segment in self._segments[self._floor(self.recovery_point) : self._floor(offset)]:
-            segment.flush()
+        # The log below the new end is durable before the truncation is, and before the
+        # checkpoint of a lowered recovery point (_after_truncation).
+        _flush_in_order(self._segments, self.recovery_point, self._floor(offset))
         # Newest first, so that a crash midway leaves a shorter but whole log.
         while self._bases[-1] > offset:
             self._bases.pop()
@@ -855,6 +850,18 @@ class FlushJob:
         self.fds = []
 
 
+def _flush_in_order(segments: Sequence[LogSegment], recovery_point: int, end: int) -> None:
+    """fsync segments[:end] in order, from the one holding `recovery_point` (those before it
+    are on disk): what a truncation does first, before it fsyncs the truncated segment. A
+    rolled segment's fsync may still wait in the background (Log._roll), or the process
+    that wrote it was killed, and the truncated segment would otherwise reach the disk
+    before the earlier one's end: a machine crash then left a hole in the offsets with
+    records after it, which the next load cuts off with them (review 13)."""
+    first = max(bisect.bisect_right(segments, recovery_point, key=lambda s: s.base_offset) - 1, 0)
+    for segment in segments[first:end]:
+        segment.flush()
+
+
 def _split_batches(buf: bytes | bytearray | memoryview) -> list[BatchHeader]:
     """Headers of the whole batches that make up `buf`; CorruptMessage if there is none or a
     batch is malformed or cut short."""
@@ -901,8 +908,8 @@ def _load_segments(
             if truncated:
                 # On disk before the log takes appends, as truncate_to does: a crash could
                 # otherwise bring back the dropped tail and later segments, CRCs good, around
-                # records appended since.
-                segment.flush()
+                # records appended since. The segments before it first, as there.
+                _flush_in_order(segments, recovery_point, i + 1)
             if next_base is not None and segment.next_offset > next_base:
                 raise StorageError(
                     f"{segment.log_path} holds offsets up to {segment.next_offset - 1}, past "

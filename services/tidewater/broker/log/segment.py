@@ -438,7 +438,9 @@ class LogSegment:
             )
             os.ftruncate(self._fd, problem.position)
             self._size = problem.position
-            self._dirty = True
+        # What was checked may be in the page cache only (the process that wrote it was
+        # killed): the next flush over it must fsync it.
+        self._dirty = True
         self._start_age_at_first_batch()
         return truncated
 

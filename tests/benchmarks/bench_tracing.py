@@ -141,6 +141,19 @@ async def create_topic(cluster: LocalCluster) -> None:
         await admin.create_topic(TOPIC, partitions=PARTITIONS, replication_factor=3)
 
 
+async def open_fetch_streams(cluster: LocalCluster) -> None:
+    """Returns once every follower's FetchStream is open: an acks=all record to each
+    partition is acknowledged only when both its followers have fetched it. A switched
+    broker must not be switched off before: a stream that opens untraced declares no
+    sampled-out parent, and its leader would decide a trace of its own for each fetch on it
+    whenever switched on, which no cluster traced from its start does (create_topic()
+    returns before the brokers have even heard of the partitions)."""
+    bootstrap = [m.address for m in cluster.record().find("metadata")]
+    async with Producer(bootstrap, acks=-1) as producer:
+        for partition in range(PARTITIONS):
+            await producer.send_and_wait(TOPIC, VALUE, partition=partition)
+
+
 def start_cluster(
     stack: contextlib.ExitStack, work: Path, mode: str, broker_entry: Sequence[str] = TIDEWATER
 ) -> LocalCluster:
@@ -157,7 +170,8 @@ def start_cluster(
     cluster.start()
     asyncio.run(create_topic(cluster))
     if mode == SET_UP:
-        # After the topic: the followers' FetchStreams open traced, declaring their constant.
+        # Once the followers' FetchStreams are open traced, declaring their constant.
+        asyncio.run(open_fetch_streams(cluster))
         switch_brokers(cluster, False)
     return cluster
 
@@ -316,6 +330,7 @@ def toggle(records: int, rounds: int, tmp: Path) -> None:
     results: list[Results] = []
     with contextlib.ExitStack() as stack:
         cluster = start_cluster(stack, tmp / "cluster", "1%", (str(SWITCHED_BROKER),))
+        asyncio.run(open_fetch_streams(cluster))
         for round_ in range(rounds + 1):
             order = list(TOGGLES)
             random.Random(round_).shuffle(order)

@@ -5,8 +5,10 @@ SIGUSR1 switches it off, SIGUSR2 on again: `tracing.ENABLED`, the one test every
 of the broker makes first. What tracing set up when the broker started stays: its provider
 and trace file, the gRPC instrumentation's interceptors (on calls outside the data plane),
 the FetchStreams' declared sampled-out parent. So start it with tracing set up
-(`--trace-file`). Each switch is acknowledged by writing "on" or "off" to `<ready file>.tracing`,
-which the benchmark waits for.
+(`--trace-file`), and switch it only once its fetchers' streams are open (a stream opened
+switched off declares nothing: bench_tracing.open_fetch_streams). Each switch is
+acknowledged by writing "on" or "off" to `<ready file>.tracing`, which the benchmark waits
+for.
 
 Run by ManagedProcess in place of `-m tidewater`: python switched_broker.py broker ARGS...
 (ManagedProcess adds --ready-file)."""

@@ -4,15 +4,19 @@ the log, truncation and snapshots."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.broker.log.test_log import PowerLoss
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob, Log
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_state import (
     SEQUENCE_MAX,
+    SNAPSHOT_SUFFIX,
     Duplicate,
     ProducerStateManager,
     batch_headers,
@@ -28,9 +32,12 @@ from tidewater.errors import (
     TidewaterError,
     UnknownProducerId,
 )
+from tidewater.local.standin_controller import make_leader
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import BatchHeader, read_header
 from tidewater.replication.partition import LeaderAndIsr, Partition
+from tidewater.v1 import broker_pb2 as pb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 PID = 7
 EXPIRATION_MS = 86_400_000
@@ -156,16 +163,34 @@ def test_replaying_the_log_rebuilds_the_state(state: ProducerStateManager) -> No
     assert set(state.producers) == {PID, 9}
 
 
-def test_truncation_forgets_batches_from_the_offset_on(state: ProducerStateManager) -> None:
-    for i in range(3):
-        append(state, batch(i), i)
-    append(state, batch(0, pid=9), 3)
-    state.truncate_to(2)
-    assert state.check(batch(1)) == Duplicate(1, 1)
-    assert state.check(batch(2)) is None  # the truncated batch may be sent again
-    assert 9 not in state.producers
-    with pytest.raises(UnknownProducerId):
-        state.check(batch(1, pid=9))
+async def test_a_truncation_brings_back_the_older_epoch_a_removed_batch_had_replaced(
+    tmp_path: Path,
+) -> None:
+    """Review 14 L1: a follower's truncation popped the removed batches off the one entry it
+    keeps a producer, which the removed batch, the first of a new epoch, had begun afresh:
+    the producer was forgotten, while the new leader (which never had that batch), and this
+    replica after a restart, held its older epoch; a stale retry of that epoch was appended
+    again here. Now the state is rebuilt from a snapshot and the log after it (Kafka's
+    truncateTo), and the snapshots past the new end go."""
+    new_leader = follower(tmp_path / "b" / "t-0")
+    diverged = follower(tmp_path / "c" / "t-0", segment_bytes=100)  # a batch a segment
+    for offset in range(3):
+        for replica in (new_leader, diverged):
+            await replica.append_as_follower(raw_batch(offset, offset=offset))
+    # The old leader's last batch, which the new leader never got: epoch 1 of the producer.
+    await diverged.append_as_follower(raw_batch(0, epoch=1, offset=3))
+    assert snapshots(diverged.log.dir) == [3, 4]  # taken at the rolls, the newest two kept
+
+    diverged.truncate_to(3)
+    assert diverged.producer_state.producers == new_leader.producer_state.producers
+    assert diverged.producer_state.check(batch(0)) == Duplicate(0, 0)
+    assert diverged.producer_state.check(batch(0, epoch=1)) is None  # may be sent again
+    assert snapshots(diverged.log.dir) == [3]
+    for replica in (new_leader, diverged):
+        replica.log.close()
+    restarted = follower(diverged.log.dir)
+    assert restarted.producer_state.producers == new_leader.producer_state.producers
+    restarted.log.close()
 
 
 def test_a_producer_idle_for_the_expiration_is_forgotten(state: ProducerStateManager) -> None:
@@ -253,25 +278,47 @@ def test_a_snapshot_that_cannot_be_used_is_deleted_and_the_one_before_it_loaded(
     assert not newest.exists()
 
 
-def test_only_the_newest_snapshots_are_kept_and_truncation_drops_later_ones(
-    tmp_path: Path, state: ProducerStateManager
-) -> None:
+def test_only_the_newest_snapshots_are_kept(tmp_path: Path, state: ProducerStateManager) -> None:
     for offset in (10, 20, 30):
         append(state, batch(offset // 10 - 1), offset - 1)
         state.take_snapshot(offset)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        snapshot_path(tmp_path, 20).name,
-        snapshot_path(tmp_path, 30).name,
-    ]
-    state.truncate_to(25)
-    assert [p.name for p in tmp_path.iterdir()] == [snapshot_path(tmp_path, 20).name]
-    assert ProducerStateManager(tmp_path).load_snapshot(log_end_offset=25) == 20
+    assert snapshots(tmp_path) == [20, 30]
 
 
 def test_no_snapshot_leaves_the_state_empty(tmp_path: Path) -> None:
     state = ProducerStateManager(tmp_path)
     assert state.load_snapshot(log_end_offset=100) is None
     assert state.producers == {}
+
+
+@pytest.mark.parametrize("truncation", ["truncate_to", "truncate_fully_and_start_at"])
+async def test_snapshots_a_truncation_deletes_stay_deleted_after_a_machine_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, truncation: str
+) -> None:
+    """Review 14 L2: the snapshots past a truncation were unlinked after the log's directory
+    fsync, and nothing fsynced the directory again before the records appended after it were
+    on disk. A machine crash could bring such a snapshot back under a log as long again:
+    another producer's records at its offsets, and the truncated producer's retry answered
+    as a duplicate at them. The deletions are fsynced before the truncation returns."""
+    power = PowerLoss((tmp_path / "t-0").resolve(), monkeypatch)
+    hosted = follower(tmp_path / "t-0", segment_bytes=600)
+    for offset in range(10):
+        await hosted.append_as_follower(raw_batch(offset, offset=offset))
+    assert snapshots(hosted.log.dir) == [9]  # the roll's, fsynced (no background flusher)
+    getattr(hosted, truncation)(3)
+    # The new leader's records from offset 3 on: another producer's (no roll), on disk.
+    await hosted.append_as_follower(raw_batch(0, records=7, pid=9, offset=3))
+    hosted.log.flush()
+    power.crash(hosted.log, [])
+
+    restarted = follower(hosted.log.dir)
+    replayed = ProducerStateManager(tmp_path)
+    replayed.load_from_log(
+        batch_headers(restarted.log.read(restarted.log_start_offset, 1 << 20)), 1_000
+    )
+    # Not the snapshot at 9 back, answering producer 7's retry of offset 5 as a duplicate.
+    assert restarted.producer_state.producers == replayed.producers
+    restarted.log.close()
 
 
 def test_a_roll_snapshots_the_state_and_leaves_the_fsync_to_the_background(
@@ -367,3 +414,50 @@ async def test_a_retry_whose_first_attempt_retention_deleted_is_a_duplicate(
     assert await attempt(lost) == first.first_offset  # the retry
     assert log.log_end_offset == log_end
     log.close()
+
+
+async def test_hosting_a_partition_reads_none_of_its_log(
+    tmp_path: Path, start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 14 M3: with no snapshot at the log end (a kill -9), the first LeaderAndIsr to
+    host the partition replayed the log after the newest snapshot on the event loop that also
+    answers heartbeats: up to a segment, about a minute for 1 GiB of small batches, with the
+    broker fenced long before. The log now loads its producers as it opens, when the broker
+    loads its logs before it listens or registers; hosting the partition reads none of it,
+    and the state it finds deduplicates retries."""
+    log = Log.open(tmp_path / "broker-1" / "events-0", LogConfig())
+    log.append_as_follower(b"".join(raw_batch(i, offset=i) for i in range(20)))
+    log.close()  # no snapshot, as a kill -9 leaves it
+    _, client = await start_broker(1)
+    reads: list[int] = []
+    read = Log.read
+
+    def recorded_read(self: Log, offset: int, *args: Any, **kwargs: Any) -> bytes | memoryview:
+        reads.append(offset)
+        return read(self, offset, *args, **kwargs)
+
+    monkeypatch.setattr(Log, "read", recorded_read)
+    await make_leader(client.channel, "events", 0, leader=1, leader_epoch=1, replicas=[1])
+    assert reads == []
+    retry = await client.service.Produce(
+        pb.ProduceRequest(
+            acks=1,
+            partitions=[
+                pb.PartitionProduceData(topic="events", partition=0, record_batch=raw_batch(19))
+            ],
+        )
+    )
+    assert [(p.error_code, p.base_offset) for p in retry.partitions] == [(ErrorCode.NONE, 19)]
+
+
+def follower(directory: Path, segment_bytes: int = 1 << 20) -> HostedPartition:
+    """A replica (broker 3) following broker 1 on a log opened in `directory`."""
+    config = TopicConfig(log=LogConfig(segment_bytes=segment_bytes))
+    log = Log.open(directory, config.log, 0, lambda: 1_000)
+    state = Partition("t", 0, 3, log, replication_config(config, 30_000), 0)
+    state.make_follower(LeaderAndIsr(1, 1, (1, 2, 3), (1, 2, 3), 1))
+    return HostedPartition(state, log, config, lambda: 1_000)
+
+
+def snapshots(directory: Path) -> list[int]:
+    return sorted(int(p.name.removesuffix(SNAPSHOT_SUFFIX)) for p in directory.glob("*.snapshot"))

@@ -5,21 +5,18 @@ log (the fetcher appends and truncates through this class for that reason)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from tidewater.broker.log.dir_failure import LogDirFailureChannel, reports_io_failures
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import AppendInfo, Log
-from tidewater.broker.producer_state import ProducerStateManager, batch_headers
+from tidewater.broker.producer_state import batch_headers
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import NotLeaderOrFollower
-from tidewater.records.header import BatchHeader, read_header
+from tidewater.records.header import read_header
 from tidewater.replication.partition import Partition, ReplicationConfig
-
-# How much log one read brings in while replaying batch headers into the producer state.
-_REPLAY_READ_BYTES = 1 << 20
 
 
 # A NamedTuple, not a frozen dataclass (about three times as dear to make): one per read of a
@@ -49,12 +46,12 @@ class HostedPartition:
         self.config = config
         # The broker's clock: when the producer state saw each producer last.
         self._time_ms = time_ms
-        self.producer_state = ProducerStateManager(log.dir)
+        # Loaded with the log: hosting the partition reads none of it.
+        self.producer_state = log.producer_state
         self._leader_appends = asyncio.Lock()
         # Set when the broker stops hosting the partition: a produce still waiting for its
         # turn must not append after that.
         self.stopped = False
-        self._rebuild_producer_state()
 
     @property
     def key(self) -> tuple[str, int]:
@@ -144,8 +141,12 @@ class HostedPartition:
 
     @reports_io_failures
     def truncate_to(self, offset: int) -> None:
+        log_end_offset = self.log.log_end_offset
         self.log.truncate_to(offset)
-        self.producer_state.truncate_to(self.log.log_end_offset)
+        # Rebuilt as Kafka's truncateTo does, from a snapshot and the log after it (up to
+        # about a segment), so only when records went.
+        if self.log.log_end_offset < log_end_offset:
+            self.producer_state.rebuild(self.log, self._time_ms())
 
     @reports_io_failures
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -173,26 +174,6 @@ class HostedPartition:
         if self._active_segment_base() != active_segment_before:
             leo = self.log.log_end_offset
             self.log.sync_files([self.producer_state.take_snapshot(leo, durable=False)])
-
-    @reports_io_failures
-    def _rebuild_producer_state(self) -> None:
-        """Load the latest snapshot and replay the log after it (or the whole log)."""
-        covered = self.producer_state.load_snapshot(self.log.log_end_offset)
-        self.producer_state.load_from_log(
-            self._headers_from(max(covered or 0, self.log.log_start_offset)), self._time_ms()
-        )
-
-    def _headers_from(self, start: int) -> Iterator[BatchHeader]:
-        """Headers of the batches holding the offsets from `start` to the LEO."""
-        offset = start
-        while offset < self.log.log_end_offset:
-            data = self.log.read(offset, _REPLAY_READ_BYTES)
-            if not data:
-                return
-            for header in batch_headers(data):
-                if header.last_offset >= start:
-                    yield header
-                offset = header.next_offset
 
     def read(
         self, fetch_offset: int, max_bytes: int, *, for_follower: bool, min_one_batch: bool

@@ -13,7 +13,9 @@ first attempt retention already deleted is still answered as a duplicate, where 
 the producer made it UNKNOWN_PRODUCER_ID and the client appended it again under a new epoch.
 
 Snapshots `<offset>.snapshot` in the partition directory (JSON) hold the state as of an offset,
-so a restart replays only the log after the latest one.
+so loading a log replays only the log after the latest one (rebuild()). The log loads its
+state when it opens (Kafka's loadProducerState in the log's loading), so a LeaderAndIsr that
+hosts the partition reads none of the log on the event loop.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tidewater.broker.log.checkpoints import write_atomically
+from tidewater.broker.log.checkpoints import fsync_dir, write_atomically
 from tidewater.errors import (
     InvalidProducerEpoch,
     InvalidRequest,
@@ -34,6 +37,9 @@ from tidewater.errors import (
     UnknownProducerId,
 )
 from tidewater.records.header import SEQUENCE_MAX, BatchHeader, read_header
+
+if TYPE_CHECKING:
+    from tidewater.broker.log.log import Log
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,8 @@ SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOTS_KEPT = 2
 _SNAPSHOT_FILE = re.compile(r"([0-9]{20})\.snapshot")
 _SNAPSHOT_VERSION = 1
+# How much log one read brings in while replaying batch headers into the state.
+_REPLAY_READ_BYTES = 1 << 20
 
 
 class CorruptSnapshot(Exception):
@@ -187,19 +195,14 @@ class ProducerStateManager:
             if header.producer_id >= 0:
                 self.update(header, header.base_offset, now_ms)
 
-    def truncate_to(self, offset: int) -> None:
-        """Forget batches at or after `offset` (the log was truncated there), and snapshots
-        taken after it. A producer left with no batch is forgotten: its next batch starts
-        again at sequence 0 of an epoch, or gets UNKNOWN_PRODUCER_ID."""
-        for pid in list(self.producers):
-            batches = self.producers[pid].batches
-            while batches and batches[-1].last_offset >= offset:
-                batches.pop()
-            if not batches:
-                del self.producers[pid]
-        for snapshot_offset, path in self._snapshots():
-            if snapshot_offset > offset:
-                path.unlink()
+    def rebuild(self, log: Log, now_ms: int) -> None:
+        """Replace the state with the newest snapshot at or below the log's end plus the log
+        after it (the whole log without one): Kafka's rebuildProducerState, when the log
+        opens and after a truncation. A truncation cannot just drop the batches it removed:
+        they may have begun a new epoch of a producer, whose entry replaced the older
+        epoch's, and only a snapshot and the log still hold that one (review 14 L1)."""
+        covered = self.load_snapshot(log.log_end_offset)
+        self.load_from_log(_headers_from(log, max(covered or 0, log.log_start_offset)), now_ms)
 
     def expire(self, now_ms: int, expiration_ms: int) -> int:
         """Forget producers with no batch for `expiration_ms` up to `now_ms` (Kafka's
@@ -223,8 +226,7 @@ class ProducerStateManager:
     def clear(self) -> None:
         """Forget every producer and snapshot (the log restarted empty at a new offset)."""
         self.producers.clear()
-        for _, path in self._snapshots():
-            path.unlink()
+        self._delete_durably([path for _, path in self._snapshots()])
 
     # -- snapshots ---------------------------------------------------------------------------
 
@@ -258,20 +260,34 @@ class ProducerStateManager:
     def load_snapshot(self, log_end_offset: int) -> int | None:
         """Replace the state with the newest readable snapshot at or below the LEO and return
         its offset (None: none, the state is empty). Snapshots past the LEO describe data a
-        crash took back and are deleted, as are corrupt ones."""
+        crash or a truncation took back and are deleted, as are corrupt ones."""
         self.producers.clear()
+        unusable = []
+        loaded = None
         for offset, path in reversed(self._snapshots()):
             if offset > log_end_offset:
-                path.unlink()
+                unusable.append(path)
                 continue
             try:
                 self.producers = _parse_snapshot(path.read_bytes(), offset)
             except CorruptSnapshot as e:
                 log.warning("%s: %s; deleting it", path, e)
-                path.unlink()
+                unusable.append(path)
                 continue
-            return offset
-        return None
+            loaded = offset
+            break
+        self._delete_durably(unusable)
+        return loaded
+
+    def _delete_durably(self, paths: list[Path]) -> None:
+        """Delete snapshots, durably before the log takes another append: after a machine
+        crash a deleted snapshot past the LEO that came back once the log had grown past it
+        again would describe other records, its producers' retries answered as duplicates
+        at offsets another producer's records hold (review 14 L2)."""
+        for path in paths:
+            path.unlink()
+        if paths:
+            fsync_dir(self.dir)
 
     def _snapshots(self) -> list[tuple[int, Path]]:
         """(offset, path) of every snapshot in the directory, oldest first."""
@@ -281,6 +297,19 @@ class ProducerStateManager:
             if match:
                 found.append((int(match[1]), path))
         return sorted(found)
+
+
+def _headers_from(log: Log, start: int) -> Iterator[BatchHeader]:
+    """Headers of the log's batches holding the offsets from `start` to its end."""
+    offset = start
+    while offset < log.log_end_offset:
+        data = log.read(offset, _REPLAY_READ_BYTES)
+        if not data:
+            return
+        for header in batch_headers(data):
+            if header.last_offset >= start:
+                yield header
+            offset = header.next_offset
 
 
 def _parse_snapshot(data: bytes, offset: int) -> dict[int, ProducerEntry]:

@@ -326,17 +326,17 @@ def reassigning(isr: tuple[int, ...], leader: int, *, unclean: bool = False) -> 
 def test_cancelling_a_reassignment_takes_the_replicas_it_added_out_of_the_isr() -> None:
     m = reassigning((1, 2, 4), leader=1)
     reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
-    assert reassignment.replicas == (1, 2, 3)
+    # Broker 4 stays assigned (dropping) until this change has committed.
+    assert (reassignment.replicas, reassignment.dropping) == ((1, 2, 3, 4), (4,))
     after = change.after
     assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2))
-    assert set(after.isr) <= set(reassignment.replicas)
     assert change.expected_partition_epoch == 200
 
 
 def test_re_targeting_a_reassignment_takes_the_dropped_replica_out_of_the_isr() -> None:
     m = reassigning((1, 2, 4), leader=1)
     reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 5), EPOCH)
-    assert reassignment.replicas == (1, 2, 5, 3)
+    assert (reassignment.replicas, reassignment.dropping) == ((1, 2, 5, 3, 4), (4,))
     assert change.after.isr == (1, 2)
 
 
@@ -375,14 +375,40 @@ def test_a_reassignment_in_flight_is_announced_again_in_a_new_leader_epoch() -> 
     assert change.expected_partition_epoch == 200
 
 
+def cancel_cut_short(isr: tuple[int, ...], leader: int) -> ClusterModel:
+    """A cancel's first write, back to [1, 2, 3], stored while broker 4 still leads or is in
+    the ISR: 4 stays assigned, as being dropped."""
+    m = reassigning(isr, leader)
+    reassignment, _ = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    m.topics["t"].reassignments[0] = reassignment
+    m.topics["t"].assignment[0] = reassignment.replicas
+    return m
+
+
 def test_a_cancel_in_flight_still_moves_leadership_off_the_replica_it_drops() -> None:
-    # A cancel's first write: back to [1, 2, 3] while broker 4, being dropped, still leads.
-    m = reassigning((4, 3, 2), leader=4)
-    m.topics["t"].assignment[0] = (1, 2, 3)
-    m.topics["t"].reassignments[0] = Reassignment((1, 2, 3), (1, 2, 3))
+    m = cancel_cut_short((4, 3, 2), leader=4)
     completes, change = resume_reassignment(m, ("t", 0), EPOCH)
     assert not completes
     assert (change.after.leader, change.after.leader_epoch, change.after.isr) == (2, 8, (3, 2))
+    # The controller that resumes it knows whom to drop (and StopReplica) once it commits.
+    assert m.topics["t"].reassignments[0].dropping == (4,)
+
+
+def test_a_cancel_cut_short_keeps_the_replicas_it_drops_assigned() -> None:
+    """The first write's assignment names every broker the partition's state still names:
+    when no replica left could lead (ISR [4] by the time it resumes), the resume raises and broker 4 leads a
+    partition it is still a replica of (it gets LeaderAndIsr, fencing moves it, its log is
+    not stray). The topic's etcd value keeps it too."""
+    m = cancel_cut_short((4, 3), leader=4)
+    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(4,))  # then 3 was fenced
+    assert m.replicas(("t", 0)) == (1, 2, 3, 4)
+    with pytest.raises(TidewaterError) as info:
+        resume_reassignment(m, ("t", 0), EPOCH)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    assert [c.tp for c in changes_for_unusable_broker(m, 4, EPOCH)] == [("t", 0)]
+    stored = TopicState.from_json("t", m.topics["t"].to_json())
+    assert stored.reassignments[0] == Reassignment((1, 2, 3), (1, 2, 3), (4,))
+    assert stored.reassignments[0].removing == (4,)
 
 
 def test_a_reassignment_in_flight_whose_targets_are_in_the_isr_completes() -> None:
@@ -392,15 +418,6 @@ def test_a_reassignment_in_flight_whose_targets_are_in_the_isr_completes() -> No
     after = change.after
     # Broker 3 leaves: leadership goes to the first target in the ISR.
     assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2, 4))
-
-
-def test_a_reassignment_in_flight_with_no_replica_to_lead_is_left_as_it_is() -> None:
-    m = reassigning((4,), leader=4)
-    m.topics["t"].assignment[0] = (1, 2, 3)
-    m.topics["t"].reassignments[0] = Reassignment((1, 2, 3), (1, 2, 3))
-    with pytest.raises(TidewaterError) as info:
-        resume_reassignment(m, ("t", 0), EPOCH)
-    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
 
 
 def test_a_reassignment_whose_targets_cannot_lead_yet_stays_in_flight() -> None:

@@ -190,10 +190,6 @@ class ModelController:
         self.completions: list[tuple[int, ...]] = []
         # This controller fails over between the two writes of the next completion.
         self.fails_completing = False
-        # The replicas a cancel or re-target dropped from the assignment in its first write,
-        # which a failover kept from its second (the partition's state without them): they
-        # may lead or be in the ISR until the next controller resumes it.
-        self.dropped_unannounced: set[int] = set()
 
     @property
     def min_insync_replicas(self) -> int:
@@ -370,12 +366,14 @@ class ModelController:
     # -- reassignment (controller.reassign and what follows) --------------------------------
 
     @controller_event
-    def reassign(self, target: tuple[int, ...] | None, cut_short: bool = False) -> None:
+    def reassign(self, target: tuple[int, ...] | None, fails: str = "") -> None:
         """AlterPartitionReassignments (`target` None: cancel, back to the original replicas):
-        the assignment with the reassignment in flight, then the partition's state in a new
-        leader epoch; StopReplica to a replica it drops (a cancelled add), and it completes
-        at once if its targets are in the ISR. Refused (nothing changes) as the controller
-        refuses it. `cut_short`: the controller fails over between the two writes."""
+        the assignment with the reassignment in flight (a replica it drops, a cancelled add,
+        still in it), then the partition's state in a new leader epoch, then the assignment
+        without the replicas it drops and their StopReplica; it completes at once if its
+        targets are in the ISR. Refused (nothing changes) as the controller refuses it.
+        `fails`: the controller fails over after the first write ("starting") or the second
+        ("dropping"); "completing" is `fails_completing`'s."""
         topic = self.model.topics[TOPIC]
         if target is None:
             ongoing = topic.reassignments.get(TP[1])
@@ -386,17 +384,27 @@ class ModelController:
             reassignment, change = core.start_reassignment(self.model, TP, target, self.epoch)
         except TidewaterError:
             return
-        previous = self.replicas
         topic.reassignments[TP[1]] = reassignment
         topic.assignment[TP[1]] = reassignment.replicas
-        if cut_short:
-            self.dropped_unannounced |= set(previous) - set(reassignment.replicas)
+        if fails == "starting":
             raise ControllerFailed
-        self.commit_and_send([change])
-        for broker_id in previous:
-            if broker_id not in reassignment.replicas:
-                self.stop_replica(broker_id)
+        if self.commit_and_send([change]):
+            if fails == "dropping":
+                raise ControllerFailed
+            self.drop_replicas()
         self.maybe_complete_reassignment()
+
+    def drop_replicas(self) -> None:
+        """controller._drop_replicas: once the partition's state without the replicas a
+        cancel or re-target drops has committed, the assignment without them and their
+        StopReplica."""
+        topic = self.model.topics[TOPIC]
+        reassignment = topic.reassignments[TP[1]]
+        kept = replace(reassignment, dropping=())
+        topic.reassignments[TP[1]] = kept
+        topic.assignment[TP[1]] = kept.replicas
+        for broker_id in reassignment.dropping:
+            self.stop_replica(broker_id)
 
     def maybe_complete_reassignment(self) -> None:
         if TP[1] not in self.model.topics[TOPIC].reassignments:
@@ -429,15 +437,14 @@ class ModelController:
         in flight."""
         if TP[1] not in self.model.topics[TOPIC].reassignments:
             return
-        self.dropped_unannounced = set()  # resumed: if it cannot go on, nothing else moves them
         try:
             completes, change = core.resume_reassignment(self.model, TP, self.epoch)
         except TidewaterError:
             return
         if completes:
             self._complete_reassignment(change)
-        else:
-            self.commit_and_send([change])
+        elif self.commit_and_send([change]):
+            self.drop_replicas()
 
     def stop_replica(self, broker_id: int) -> None:
         """To its registered incarnation: the sender tries once even if fenced (a broker
@@ -917,12 +924,13 @@ class ReplicationModel(RuleBasedStateMachine):
         # Not `target`: a rule's target is the bundle its result goes to.
         replicas=st.runner().flatmap(reassignment_targets),
         # Half of them run through; the others fail over midway.
-        controller_fails=st.sampled_from(["", "", "starting", "completing"]),
+        controller_fails=st.sampled_from(["", "", "", "starting", "dropping", "completing"]),
     )
     def reassign(self, replicas: tuple[int, ...] | None, controller_fails: str) -> None:
         """An operator reassigns the partition to `replicas` (None: cancels the reassignment in
-        flight). The controller may fail over between the two writes of its start, or of its
-        completion (whenever that comes: at once, after an AlterIsr or once a new controller's
+        flight). The controller may fail over between the writes of its start (after the
+        first, or, once the partition's state committed, before the assignment without the
+        replicas it drops), or between the two of its completion (whenever that comes: at once, after an AlterIsr or once a new controller's
         grace period ends); the next one resumes it."""
         self.reassignments += 1
         if self.failovers >= MAX_FAILOVERS:
@@ -930,7 +938,7 @@ class ReplicationModel(RuleBasedStateMachine):
         if controller_fails:
             self.failovers += 1
         self.controller.fails_completing = controller_fails == "completing"
-        self.controller.reassign(replicas, cut_short=controller_fails == "starting")
+        self.controller.reassign(replicas, fails=controller_fails)
 
     @precondition(lambda self: self.controller.in_grace)
     @rule()
@@ -1042,11 +1050,11 @@ class ReplicationModel(RuleBasedStateMachine):
     @invariant()
     def only_replicas_lead_or_are_in_the_isr_or_elr(self) -> None:
         """A replica removed by a reassignment (or a cancelled one) leaves the leadership, ISR
-        and ELR with it, and none is ever added to them; but for a cancel or re-target cut
-        short by a failover, until the next controller resumes it (its two writes are the
-        assignment, then the partition's state)."""
+        and ELR with it, and none is ever added to them, whatever failover cuts its writes
+        short (a cancel or re-target keeps the replicas it drops assigned until the
+        partition's state without them has committed)."""
         record = self.controller.record
-        replicas = set(self.controller.replicas) | self.controller.dropped_unannounced
+        replicas = set(self.controller.replicas)
         members = set(record.isr + record.elr) | ({record.leader} - {NO_LEADER})
         assert members <= replicas, (
             f"leader {record.leader}, ISR {list(record.isr)} or ELR {list(record.elr)} names "

@@ -14,6 +14,7 @@ from tests.model.replication_model import (
     EXAMPLES_ON_DEMAND,
     Replay,
     ReplicationModel,
+    StopReplicaMessage,
     model_settings,
 )
 
@@ -58,20 +59,17 @@ def test_a_reassignment_no_target_could_lead_yet_stays_in_flight() -> None:
     assert (controller.replicas, controller.record.isr) == ((1,), (1,))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancel cut short by a failover may leave a dropped replica the partition's leader",
-)
 def test_a_cancel_cut_short_leaves_no_dropped_replica_leading() -> None:
-    """Found by the machine with reassignments (shrunk by hand), not fixed. A cancel's first
-    write drops the replicas it was adding from the assignment; its second takes them out of
-    the leadership and ISR. A failover between the two leaves broker 4, dropped, leading with
-    ISR [3, 4]; broker 3 stops in the grace period, which ends by fencing it (ISR [4]). The
-    next controller's resume then finds no ISR member among the replicas [1, 2, 3] to lead
-    (ELIGIBLE_LEADERS_NOT_AVAILABLE, logged) and leaves the partition led by broker 4, which
-    is not a replica: no LeaderAndIsr reaches it, no fencing moves its leadership
-    (changes_for_unusable_broker skips brokers that are not replicas), and once it restarts
-    the stray log rule deletes its log, the only ISR member's."""
+    """Found by the machine with reassignments (shrunk by hand). A cancel's first write
+    dropped the replicas it was adding from the assignment; its second took them out of the
+    leadership and ISR. A failover between the two left broker 4, dropped, leading with ISR
+    [3, 4]; broker 3 stops in the grace period, which ends by fencing it (ISR [4]). The next
+    controller's resume found no ISR member among the replicas [1, 2, 3] to lead and left the
+    partition led by broker 4, not a replica: no LeaderAndIsr reached it, no fencing moved
+    its leadership, and once it restarted the stray log rule deleted its log, the only ISR
+    member's. Now the first write keeps 4 assigned (dropping) until the partition's state
+    without it commits: the resume still cannot go on, but 4 leads as a replica, and once the
+    cancel's targets are back in the ISR it completes without 4, which gets its StopReplica."""
     state = Replay()
     state.create_cluster(min_insync_replicas=1)
     state.reassign(replicas=(4, 2), controller_fails="")
@@ -89,3 +87,17 @@ def test_a_cancel_cut_short_leaves_no_dropped_replica_leading() -> None:
     state.reassign(replicas=None, controller_fails="starting")
     state.stop(broker=3, how="clean", lose_unflushed=0)
     state.grace_period_ends()
+    controller = state.machine.controller
+    assert (controller.record.leader, controller.record.isr) == (4, (4,))
+    assert controller.replicas == (1, 2, 3, 4)
+    for broker in (1, 3):
+        state.restart(broker=broker)
+    for broker in (1, 2, 3, 4):
+        state.deliver_control_messages(broker=broker, all_queued=True)
+    for follower in (1, 2, 3):  # they catch up from 4, and the cancel completes
+        (request,) = state.fetch(follower=follower).values
+        answer = state.controller_handles_alter_isr(request=request, answer_lost=False)
+        state.leader_gets_alter_isr_answer(answer=answer)
+    assert (controller.replicas, controller.record.isr) == ((1, 2, 3), (1, 2, 3))
+    assert not controller.model.topics["orders"].reassignments
+    assert [type(m) for m in controller.outbox[4]] == [StopReplicaMessage]

@@ -456,16 +456,29 @@ class Controller:
                 )
             target = ongoing.original
         reassignment, change = start_reassignment(self.model, tp, target, self.epoch)
-        previous = self.model.replicas(tp)
         topic.reassignments[tp[1]] = reassignment
         topic.assignment[tp[1]] = reassignment.replicas
         await self.store.put_topic(self.epoch, topic.name, topic.to_json())
-        await self.commit_and_send([change])
-        dropped = [b for b in previous if b not in reassignment.replicas]  # a cancelled add
-        for broker_id in dropped:
-            self.sender.stop_replica(broker_id, [tp], delete=True)
+        if await self.commit_and_send([change]):
+            await self._drop_replicas(tp)
         log.info("%s-%d: reassigning %s -> %s", *tp, list(reassignment.original), list(target))
         await self.maybe_complete_reassignment(tp)
+
+    async def _drop_replicas(self, tp: TopicPartition) -> None:
+        """A cancel's or re-target's third write, once the partition's state without the
+        replicas it drops has committed: the assignment without them, then their StopReplica.
+        Not before (KIP-455's order, as a completion's): a failover between its writes would
+        leave a broker that is not a replica leading, or in the ISR, and nobody to stop it."""
+        topic = self.model.topics[tp[0]]
+        reassignment = topic.reassignments[tp[1]]
+        if not reassignment.dropping:
+            return
+        kept = replace(reassignment, dropping=())
+        topic.reassignments[tp[1]] = kept
+        topic.assignment[tp[1]] = kept.replicas
+        await self.store.put_topic(self.epoch, topic.name, topic.to_json())
+        for broker_id in reassignment.dropping:
+            self.sender.stop_replica(broker_id, [tp], delete=True)
 
     async def maybe_complete_reassignment(self, tp: TopicPartition) -> None:
         topic = self.model.topics.get(tp[0])
@@ -514,6 +527,7 @@ class Controller:
                 announced.append(change)
         for change in await self.commit_and_send(announced):
             log.info("%s-%d: reassignment in flight resumed", *change.tp)
+            await self._drop_replicas(change.tp)
 
     # -- commits -------------------------------------------------------------------------------
 

@@ -392,7 +392,10 @@ def start_reassignment(
     the leader epoch moves so every replica hears of the change. Cancelling or re-targeting a
     reassignment drops replicas it was adding: they leave the ISR too, and if one of them
     led, the first live ISR member among the remaining replicas leads (KIP-455). With no such
-    member left, ELIGIBLE_LEADERS_NOT_AVAILABLE unless the topic allows unclean election."""
+    member left, ELIGIBLE_LEADERS_NOT_AVAILABLE unless the topic allows unclean election.
+
+    The reassignment returned keeps the dropped replicas (`dropping`, assigned still): the
+    controller drops them from the assignment only once the change has committed."""
     if not target or len(set(target)) != len(target):
         raise TidewaterError(
             f"{tp[0]}-{tp[1]}: target replicas {list(target)} must be distinct and non-empty",
@@ -406,9 +409,10 @@ def start_reassignment(
     topic = model.topics[tp[0]]
     current = topic.reassignments.get(tp[1])
     original = current.original if current else model.replicas(tp)
-    reassignment = Reassignment(original, target)
+    replicas = Reassignment(original, target).replicas
+    dropping = tuple(b for b in model.replicas(tp) if b not in replicas)
+    reassignment = Reassignment(original, target, dropping)
     record = model.partitions[tp]
-    replicas = reassignment.replicas
     kept = record.with_(isr=tuple(b for b in record.isr if b in replicas))
     if record.leader == NO_LEADER or record.leader in replicas:
         if not kept.isr and record.isr:
@@ -443,7 +447,10 @@ def resume_reassignment(
     completes it) once every target is in the ISR. Otherwise (False, the change that announces
     its replicas again in a new leader epoch, as when it started): the previous controller may
     have stored the assignment and died before the LeaderAndIsr that tells the replicas, who
-    would ignore one in the leader epoch they have. Raises when no replica could lead."""
+    would ignore one in the leader epoch they have, or, for a cancel or re-target, before the
+    change that takes the replicas it drops out of the leadership and ISR (the controller then
+    drops them from the assignment). Raises when no replica could lead: the dropped ones stay
+    assigned."""
     completing = complete_reassignment(model, tp, controller_epoch)
     if completing is not None:
         return True, completing

@@ -97,14 +97,20 @@ class PartitionRecord:
 @dataclass(frozen=True)
 class Reassignment:
     """A partition moving from `original` to `target` replicas (KIP-455). Until the target
-    replicas are all in the ISR, the partition is assigned to both."""
+    replicas are all in the ISR, the partition is assigned to both.
+
+    `dropping`: replicas a cancel or re-target stops adding. They stay assigned (and are being
+    removed) until the partition's state without them has committed, so that no failover
+    leaves one leading or in the ISR of a partition that does not name it, and the controller
+    that resumes it knows whom to send a StopReplica."""
 
     original: tuple[int, ...]
     target: tuple[int, ...]
+    dropping: tuple[int, ...] = ()
 
     @property
     def replicas(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(self.target + self.original))
+        return tuple(dict.fromkeys(self.target + self.original + self.dropping))
 
     @property
     def adding(self) -> tuple[int, ...]:
@@ -112,7 +118,17 @@ class Reassignment:
 
     @property
     def removing(self) -> tuple[int, ...]:
-        return tuple(b for b in self.original if b not in self.target)
+        return tuple(b for b in self.original if b not in self.target) + self.dropping
+
+    def to_json(self) -> dict[str, list[int]]:
+        value = {"original": list(self.original), "target": list(self.target)}
+        return value | ({"dropping": list(self.dropping)} if self.dropping else {})
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Reassignment:
+        return cls(
+            tuple(value["original"]), tuple(value["target"]), tuple(value.get("dropping", ()))
+        )
 
 
 @dataclass
@@ -131,10 +147,7 @@ class TopicState:
             "topic_id": str(self.topic_id),
             "configs": self.configs,
             "assignment": {str(p): list(r) for p, r in sorted(self.assignment.items())},
-            "reassignments": {
-                str(p): {"original": list(r.original), "target": list(r.target)}
-                for p, r in sorted(self.reassignments.items())
-            },
+            "reassignments": {str(p): r.to_json() for p, r in sorted(self.reassignments.items())},
         }
 
     @classmethod
@@ -147,8 +160,7 @@ class TopicState:
             configs={str(k): str(v) for k, v in value.get("configs", {}).items()},
             assignment={int(p): tuple(int(b) for b in r) for p, r in value["assignment"].items()},
             reassignments={
-                int(p): Reassignment(tuple(r["original"]), tuple(r["target"]))
-                for p, r in value.get("reassignments", {}).items()
+                int(p): Reassignment.from_json(r) for p, r in value.get("reassignments", {}).items()
             },
         )
 

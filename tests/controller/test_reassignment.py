@@ -1,5 +1,6 @@
-"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress, one cut
-by a controller failover, and one that moved a partition off a broker that was down."""
+"""Partition reassignment (KIP-455) on a real cluster: cancelling one in progress, one (and a
+cancel) cut by a controller failover, and one that moved a partition off a broker that was
+down."""
 
 from __future__ import annotations
 
@@ -139,6 +140,46 @@ async def test_a_reassignment_cut_by_a_controller_failover_is_resumed(
     assert {b"before", b"after"} <= set(await cluster.read(target[0], "moving", 0))
     (removed,) = set(reassignment.removing)
     await eventually(lambda: not (cluster.root / f"broker-{removed}" / "moving-0").exists(), 10)
+
+
+async def test_a_cancel_cut_by_a_controller_failover_stops_the_replica_it_drops(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    """A cancel's first write keeps the replica it drops assigned (as being dropped), so the
+    next controller takes it out of the ISR, then out of the assignment, and stops it."""
+    await cluster.create_topic("moving", assignments=[(1, 2)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    cluster.brokers[2].kill()
+
+    async def state(check: Any) -> bool:
+        return bool(check((await cluster.partitions("moving"))[0]))
+
+    await eventually(lambda: state(lambda s: s["isr"] == [1]), 20)
+    # Held up by broker 2, which is down: broker 3 joins the ISR, and it stays in flight.
+    await reassign(cluster, [3, 2])
+    await eventually(lambda: state(lambda s: sorted(s["isr"]) == [1, 3]), 20)
+    added_log = cluster.root / "broker-3" / "moving-0"
+    assert added_log.exists()
+    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
+    cancel = Reassignment(original=(1, 2), target=(1, 2), dropping=(3,))
+    topic.reassignments[0] = cancel
+    topic.assignment[0] = cancel.replicas
+    # The active controller dies after the cancel's first write: broker 3 is still in the ISR
+    # of a partition whose assignment keeps it, as being dropped.
+    await cluster.crash_controllers_after(
+        lambda epoch: cluster.store.put_topic(epoch, "moving", topic.to_json())
+    )
+
+    async def dropped() -> bool:
+        stored = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
+        return stored.assignment[0] == (1, 2) and not stored.reassignments[0].dropping
+
+    await eventually(dropped, 30)
+    current = (await cluster.partitions("moving"))[0]
+    assert (current["leader"], current["isr"]) == (1, [1])
+    await eventually(lambda: not added_log.exists(), 10)
+    await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
+    assert {b"before", b"after"} <= set(await cluster.read(1, "moving", 0))
 
 
 async def test_a_log_a_reassignment_moved_away_while_its_broker_was_down_is_deleted(

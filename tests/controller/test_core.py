@@ -396,9 +396,9 @@ def test_a_cancel_in_flight_still_moves_leadership_off_the_replica_it_drops() ->
 
 def test_a_cancel_cut_short_keeps_the_replicas_it_drops_assigned() -> None:
     """The first write's assignment names every broker the partition's state still names:
-    when no replica left could lead (ISR [4] by the time it resumes), the resume raises and broker 4 leads a
-    partition it is still a replica of (it gets LeaderAndIsr, fencing moves it, its log is
-    not stray). The topic's etcd value keeps it too."""
+    when no replica left could lead (ISR [4] by the time it resumes), the resume raises and
+    broker 4 leads a partition it is still a replica of (it gets LeaderAndIsr, fencing moves
+    it, its log is not stray). The topic's etcd value keeps it too."""
     m = cancel_cut_short((4, 3), leader=4)
     m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(4,))  # then 3 was fenced
     assert m.replicas(("t", 0)) == (1, 2, 3, 4)

@@ -930,8 +930,9 @@ class ReplicationModel(RuleBasedStateMachine):
         """An operator reassigns the partition to `replicas` (None: cancels the reassignment in
         flight). The controller may fail over between the writes of its start (after the
         first, or, once the partition's state committed, before the assignment without the
-        replicas it drops), or between the two of its completion (whenever that comes: at once, after an AlterIsr or once a new controller's
-        grace period ends); the next one resumes it."""
+        replicas it drops), or between the two of its completion (whenever that comes: at
+        once, after an AlterIsr or once a new controller's grace period ends); the next one
+        resumes it."""
         self.reassignments += 1
         if self.failovers >= MAX_FAILOVERS:
             controller_fails = ""

@@ -5,6 +5,7 @@ down."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +42,34 @@ async def elect_preferred(cluster: Cluster) -> None:
     assert response.partitions[0].error_code == ErrorCode.NONE, response.partitions[0]
 
 
+async def partition_is(cluster: Cluster, check: Callable[[dict[str, Any]], bool]) -> bool:
+    return check((await cluster.partitions("moving"))[0])
+
+
+async def reassign_held_up(
+    cluster: Cluster, eventually: Eventually, assignment: list[int], down: int, target: list[int]
+) -> None:
+    """Create "moving"-0 on `assignment`, kill broker `down` (one of them) and reassign it to
+    `target`: its other replicas join the ISR, and it stays in flight while `down` is out."""
+    await cluster.create_topic("moving", assignments=[tuple(assignment)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    cluster.brokers[down].kill()
+    up = [b for b in assignment if b != down]
+    await eventually(lambda: partition_is(cluster, lambda s: s["isr"] == up), 20)
+    await reassign(cluster, target)
+    joined = sorted(set(up + target) - {down})
+    await eventually(lambda: partition_is(cluster, lambda s: sorted(s["isr"]) == joined), 20)
+
+
 async def test_cancelling_a_reassignment_takes_its_added_replicas_out_of_the_isr(
     cluster: Cluster, eventually: Eventually
 ) -> None:
-    await cluster.create_topic("moving", assignments=[(1, 3)])
-    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
     # Broker 3 is gone: neither the reassignment to [2, 3] nor its cancellation (back to
     # [1, 3]) can complete while it is out of the ISR.
-    cluster.brokers[3].kill()
-
-    async def state(check: Any) -> bool:
-        return bool(check((await cluster.partitions("moving"))[0]))
-
-    await eventually(lambda: state(lambda s: s["isr"] == [1]), 20)
-    await reassign(cluster, [2, 3])
-    await eventually(lambda: state(lambda s: sorted(s["isr"]) == [1, 2]), 20)
+    await reassign_held_up(cluster, eventually, [1, 3], down=3, target=[2, 3])
     # The replica being added leads (it is the preferred one of the target replicas).
     await elect_preferred(cluster)
-    await eventually(lambda: state(lambda s: s["leader"] == 2), 10)
+    await eventually(lambda: partition_is(cluster, lambda s: s["leader"] == 2), 10)
 
     await reassign(cluster, None)
     # Back on [1, 3]: 2 is neither leader nor in the ISR of a partition it no longer holds,
@@ -147,17 +158,8 @@ async def test_a_cancel_cut_by_a_controller_failover_stops_the_replica_it_drops(
 ) -> None:
     """A cancel's first write keeps the replica it drops assigned (as being dropped), so the
     next controller takes it out of the ISR, then out of the assignment, and stops it."""
-    await cluster.create_topic("moving", assignments=[(1, 2)])
-    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
-    cluster.brokers[2].kill()
-
-    async def state(check: Any) -> bool:
-        return bool(check((await cluster.partitions("moving"))[0]))
-
-    await eventually(lambda: state(lambda s: s["isr"] == [1]), 20)
     # Held up by broker 2, which is down: broker 3 joins the ISR, and it stays in flight.
-    await reassign(cluster, [3, 2])
-    await eventually(lambda: state(lambda s: sorted(s["isr"]) == [1, 3]), 20)
+    await reassign_held_up(cluster, eventually, [1, 2], down=2, target=[3, 2])
     added_log = cluster.root / "broker-3" / "moving-0"
     assert added_log.exists()
     topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])

@@ -467,8 +467,9 @@ class Controller:
     async def _drop_replicas(self, tp: TopicPartition) -> None:
         """A cancel's or re-target's third write, once the partition's state without the
         replicas it drops has committed: the assignment without them, then their StopReplica.
-        Not before (KIP-455's order, as a completion's): a failover between its writes would
-        leave a broker that is not a replica leading, or in the ISR, and nobody to stop it."""
+        Not before (a completion's order: the partition's state, then the assignment): a
+        failover between the writes would leave a broker that is not a replica leading, or in
+        the ISR, and nobody to stop it."""
         topic = self.model.topics[tp[0]]
         reassignment = topic.reassignments[tp[1]]
         if not reassignment.dropping:

@@ -13,12 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.records.strategies import CODECS, record_lists
+from tests.records.strategies import batches
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.server import BrokerServer
 from tidewater.local.fetch import consumer_fetch
 from tidewater.local.standin_controller import leader_and_isr_request
-from tidewater.records.batch import build_batch
 from tidewater.records.header import read_header
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.v1 import broker_pb2 as pb
@@ -69,16 +68,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[broker_pb2_grpc
         thread.join(10)
 
 
-batches = st.builds(
-    lambda rs, codec: build_batch(rs, compression=codec),
-    record_lists(max_records=20, max_value=300),
-    st.sampled_from(CODECS),
-)
+BATCHES = batches(max_records=20, max_value=300)
 
 
 @st.composite
 def mutated(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(batches))
+    data = bytearray(draw(BATCHES))
     kind = draw(st.sampled_from(["none", "flip", "truncate", "extend", "overwrite", "random"]))
     if kind == "flip":
         for _ in range(draw(st.integers(1, 4))):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from tidewater.records.batch import Record
+from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import Compression
 
 # The codecs Tidewater supports (Kafka's SNAPPY is not among them).
@@ -28,4 +28,18 @@ def record_lists(max_records: int, max_value: int) -> st.SearchStrategy[list[Rec
         ),
         min_size=1,
         max_size=max_records,
+    )
+
+
+# The time a batch gives records without one. Fixed, because a batch whose length follows
+# the clock makes Hypothesis draw differently when it replays an example.
+NOW_MS = 1_700_000_000_000
+
+
+def batches(max_records: int, max_value: int) -> st.SearchStrategy[bytes]:
+    """One valid batch of `record_lists(max_records, max_value)` in a supported codec."""
+    return st.builds(
+        lambda records, codec: bytes(build_batch(records, compression=codec, now_ms=NOW_MS)),
+        record_lists(max_records, max_value),
+        st.sampled_from(CODECS),
     )

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.records.strategies import CODECS, record_lists
+from tests.records.strategies import CODECS, batches
 from tidewater.errors import (
     CorruptMessage,
     MessageTooLarge,
@@ -398,13 +398,13 @@ def test_find_offset_by_timestamp_bounds_decompression() -> None:
         find_offset_by_timestamp(batch, T0, limit=1000)
 
 
-RECORDS = record_lists(max_records=8, max_value=64)
+BATCHES = batches(max_records=8, max_value=64)
 
 
 @st.composite
 def mutated(draw: st.DrawFn) -> tuple[bytes, bytes]:
     """(original, mutation): a valid batch and a damaged copy, re-signed or not."""
-    batch = build_batch(draw(RECORDS), compression=draw(st.sampled_from(CODECS)))
+    batch = draw(BATCHES)
     kind = draw(st.sampled_from(["flip", "overwrite", "truncate", "extend"]))
     buf = bytearray(batch)
     if kind == "flip":

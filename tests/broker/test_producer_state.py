@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.broker.log.test_log import PowerLoss
+from tidewater.broker import producer_state
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob, Log
 from tidewater.broker.partition import HostedPartition, replication_config
@@ -193,12 +196,140 @@ async def test_a_truncation_brings_back_the_older_epoch_a_removed_batch_had_repl
     restarted.log.close()
 
 
+def replayed(directory: Path, headers: list[BatchHeader]) -> ProducerStateManager:
+    """The state of a log holding `headers`, each appended at 1,000 ms plus its offset."""
+    state = ProducerStateManager(directory)
+    for header in headers:
+        state.update(header, header.base_offset, 1_000 + header.base_offset)
+    return state
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    appends=st.lists(
+        st.tuples(st.integers(1, 3), st.booleans(), st.integers(1, 3)), min_size=1, max_size=30
+    ),
+    cut=st.integers(0, 30),
+    committed=st.integers(0, 30),
+)
+def test_a_truncated_tail_is_undone_to_the_state_of_the_log_before_it(
+    tmp_path: Path, appends: list[tuple[int, bool, int]], cut: int, committed: int
+) -> None:
+    """Three producers, some bumping their epochs (a new entry replacing the old one), more
+    than five batches each (the oldest pushed out): undoing every batch at and past a batch
+    boundary gives the state of the log before it, unless the boundary is below the HW the
+    journal was released to; appending the batches again then gives the whole log's."""
+    headers: list[BatchHeader] = []
+    epochs: dict[int, int] = {}
+    sequences: dict[int, int] = {}
+    offset = 0
+    for pid, bump, records in appends:
+        if bump and pid in epochs:
+            epochs[pid] += 1
+            sequences[pid] = 0
+        epoch = epochs.setdefault(pid, 0)
+        sequence = sequences.get(pid, 0)
+        headers.append(batch(sequence, records, epoch, pid, offset))
+        sequences[pid] = sequence + records
+        offset += records
+    boundaries = [h.base_offset for h in headers] + [offset]
+    end = boundaries[min(cut, len(boundaries) - 1)]
+    high_watermark = boundaries[min(committed, len(boundaries) - 1)]
+    state = replayed(tmp_path, headers)
+    state.release(high_watermark)
+
+    undone = state.truncate(end)
+    assert undone == (end >= high_watermark)
+    if undone:
+        kept = [h for h in headers if h.base_offset < end]
+        assert state.producers == replayed(tmp_path, kept).producers
+        for header in headers[len(kept) :]:
+            state.update(header, header.base_offset, 1_000 + header.base_offset)
+        assert state.producers == replayed(tmp_path, headers).producers
+
+
+def test_the_journal_reaches_back_no_further_than_its_last_updates(
+    state: ProducerStateManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(producer_state, "JOURNAL_MAX", 3)
+    headers = [batch(i, offset=i) for i in range(5)]
+    for header in headers:
+        state.update(header, header.base_offset, 1_000 + header.base_offset)
+    assert not state.truncate(1)  # offsets 0 and 1's updates left the journal
+    assert state.truncate(2)
+    assert state.producers == replayed(state.dir, headers[:2]).producers
+
+
+def test_an_expiry_leaves_truncations_below_it_to_a_rebuild(state: ProducerStateManager) -> None:
+    append(state, batch(0), 0, now_ms=0)
+    append(state, batch(0, pid=9), 1, now_ms=EXPIRATION_MS)
+    assert state.expire(EXPIRATION_MS, EXPIRATION_MS, log_end_offset=2) == 1
+    # Undoing offset 1's update cannot bring back producer 7's entry.
+    assert not state.truncate(1)
+    append(state, batch(1, pid=9), 2, now_ms=EXPIRATION_MS)
+    assert state.truncate(2)
+    assert state.producers[9].last_sequence == 0
+
+
+async def test_a_followers_truncation_reads_none_of_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower's truncation rebuilt the producer state from the newest snapshot and the
+    log after it, up to a segment of batch headers (about a minute for 1 GiB of small batches)
+    on the event loop that serves every partition and the heartbeats. It now undoes the
+    removed batches from the journal: no read of the log, the state the new leader holds, and
+    the snapshots past the new end deleted."""
+    new_leader = follower(tmp_path / "b" / "t-0")
+    diverged = follower(tmp_path / "c" / "t-0", segment_bytes=300)
+    for offset in range(12):
+        pid = PID if offset % 2 else 9
+        for replica in (new_leader, diverged):
+            await replica.append_as_follower(raw_batch(offset // 2, pid=pid, offset=offset))
+    # The old leader's tail the new leader never got: one producer's new epoch, and more.
+    await diverged.append_as_follower(raw_batch(0, epoch=1, offset=12))
+    await diverged.append_as_follower(raw_batch(6, pid=9, offset=13))
+    assert max(snapshots(diverged.log.dir)) > 12
+    reads: list[int] = []
+    read = Log.read
+
+    def recorded_read(self: Log, offset: int, *args: Any, **kwargs: Any) -> bytes | memoryview:
+        reads.append(offset)
+        return read(self, offset, *args, **kwargs)
+
+    monkeypatch.setattr(Log, "read", recorded_read)
+    diverged.truncate_to(12)
+    assert reads == []
+    assert diverged.producer_state.producers == new_leader.producer_state.producers
+    assert max(snapshots(diverged.log.dir)) <= 12
+    for replica in (new_leader, diverged):
+        replica.log.close()
+
+
+async def test_a_truncation_below_the_hw_rebuilds_the_state_from_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unclean election's truncation goes below the HW, where the journal keeps nothing:
+    the state is rebuilt from a snapshot and the log, as before the journal."""
+    hosted = follower(tmp_path / "t-0", segment_bytes=300)
+    headers = [batch(offset, offset=offset) for offset in range(8)]
+    for offset in range(8):
+        await hosted.append_as_follower(raw_batch(offset, offset=offset))
+    hosted.producer_state.release(6)  # what the appends do with the partition's HW
+    hosted.truncate_to(4)
+    assert "rebuilding it from the log" in caplog.text
+    expected = replayed(tmp_path, headers[:4]).producers
+    assert [(e.epoch, list(e.batches)) for e in hosted.producer_state.producers.values()] == [
+        (e.epoch, list(e.batches)) for e in expected.values()
+    ]
+    hosted.log.close()
+
+
 def test_a_producer_idle_for_the_expiration_is_forgotten(state: ProducerStateManager) -> None:
     append(state, batch(0), 0, now_ms=10_000)
     append(state, batch(0, pid=9), 1, now_ms=10_000)
     append(state, batch(1, pid=9), 2, now_ms=15_000)  # each batch renews its producer
-    assert state.expire(now_ms=10_000 + EXPIRATION_MS - 1, expiration_ms=EXPIRATION_MS) == 0
-    assert state.expire(now_ms=10_000 + EXPIRATION_MS, expiration_ms=EXPIRATION_MS) == 1
+    assert state.expire(10_000 + EXPIRATION_MS - 1, EXPIRATION_MS, 3) == 0
+    assert state.expire(10_000 + EXPIRATION_MS, EXPIRATION_MS, 3) == 1
     assert set(state.producers) == {9}
     # Its next batch: UNKNOWN_PRODUCER_ID, and the client's bumped epoch starts afresh.
     with pytest.raises(UnknownProducerId):
@@ -216,7 +347,7 @@ def test_expiry_counts_from_the_brokers_clock_not_the_batchs_timestamp(
     now = 1_800_000_000_000
     append(state, old, 0, now_ms=now)
     state.load_from_log([batch(0, pid=9)], now)  # a follower's replay too
-    assert state.expire(now + EXPIRATION_MS - 1, EXPIRATION_MS) == 0
+    assert state.expire(now + EXPIRATION_MS - 1, EXPIRATION_MS, 2) == 0
     assert set(state.producers) == {PID, 9}
 
 
@@ -225,14 +356,14 @@ def test_an_older_snapshot_brings_an_expired_producer_back_only_until_the_next_c
 ) -> None:
     append(state, batch(0), 0, now_ms=0)
     state.take_snapshot(1)
-    assert state.expire(EXPIRATION_MS, EXPIRATION_MS) == 1
+    assert state.expire(EXPIRATION_MS, EXPIRATION_MS, 1) == 1
     assert state.producers == {}
     # A restart before the next snapshot: the producer is back, with the time it was last
     # seen (not the restart's), as it was before it expired; the next check expires it.
     restarted = ProducerStateManager(tmp_path)
     assert restarted.load_snapshot(log_end_offset=1) == 1
     assert restarted.check(batch(0)) == Duplicate(0, 0)
-    assert restarted.expire(EXPIRATION_MS, EXPIRATION_MS) == 1
+    assert restarted.expire(EXPIRATION_MS, EXPIRATION_MS, 1) == 1
     # A snapshot taken after the expiry leaves it out.
     state.take_snapshot(2)
     after = ProducerStateManager(tmp_path)

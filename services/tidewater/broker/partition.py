@@ -5,6 +5,7 @@ log (the fetcher appends and truncates through this class for that reason)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -17,6 +18,8 @@ from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import NotLeaderOrFollower
 from tidewater.records.header import read_header
 from tidewater.replication.partition import Partition, ReplicationConfig
+
+log = logging.getLogger(__name__)
 
 
 # A NamedTuple, not a frozen dataclass (about three times as dear to make): one per read of a
@@ -121,6 +124,7 @@ class HostedPartition:
                 # Runs as the batch enters the log, before anything else changes it.
                 if header.producer_id >= 0:
                     self.producer_state.update(header, info.first_offset, now_ms)
+                    self.producer_state.release(self.state.high_watermark)
                 self._snapshot_if_rolled(active_segment)
                 self.state.after_leader_append(now_ms)
 
@@ -135,6 +139,7 @@ class HostedPartition:
         def appended(_: AppendInfo) -> None:
             # Runs as the data enters the log, before anything else changes it.
             self.producer_state.load_from_log(batch_headers(batches), self._time_ms())
+            self.producer_state.release(self.state.high_watermark)
             self._snapshot_if_rolled(active_segment)
 
         return await self.log.append_as_follower_off_loop(batches, appended)
@@ -143,9 +148,16 @@ class HostedPartition:
     def truncate_to(self, offset: int) -> None:
         log_end_offset = self.log.log_end_offset
         self.log.truncate_to(offset)
-        # Rebuilt as Kafka's truncateTo does, from a snapshot and the log after it (up to
-        # about a segment), so only when records went.
-        if self.log.log_end_offset < log_end_offset:
+        truncated_to = self.log.log_end_offset
+        # Undone from the producer state's journal; below its floor (an unclean election's
+        # truncation) rebuilt as Kafka's truncateTo does, from a snapshot and the log after it.
+        if truncated_to < log_end_offset and not self.producer_state.truncate(truncated_to):
+            log.warning(
+                "%s: truncated below the producer state's journal (offset %d); rebuilding it "
+                "from the log",
+                self.state.name,
+                truncated_to,
+            )
             self.producer_state.rebuild(self.log, self._time_ms())
 
     @reports_io_failures

@@ -1068,7 +1068,9 @@ class ReplicaManager:
         forgets its producers idle for producer.id.expiration.ms."""
         now = self.time_ms()
         for hosted in list(self.partitions.values()):
-            expired = hosted.producer_state.expire(now, self.config.producer_id_expiration_ms)
+            expired = hosted.producer_state.expire(
+                now, self.config.producer_id_expiration_ms, hosted.log.log_end_offset
+            )
             if expired:
                 log.info(
                     "%s: expired %d producer(s) idle for %d ms",

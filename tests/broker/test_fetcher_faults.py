@@ -324,6 +324,39 @@ async def test_a_follower_that_led_an_epoch_without_writing_catches_up_in_its_se
     await pair.caught_up(STEADY, other)
 
 
+async def test_a_diverged_follower_writes_its_log_out_off_the_loop_before_it_truncates(
+    make_pair: Callable[..., Awaitable[Pair]],
+) -> None:
+    """Broker 2 led an epoch broker 1 never heard of and wrote in it; broker 1 leads again.
+    Broker 2's truncation fsyncs its log below the new end on the event loop: its unflushed
+    data is written out on a worker thread first, so those fsyncs find little left."""
+    pair = await make_pair()
+    await pair.controller.elect(*STEADY, leader=1, replicas=[1, 2])
+    await pair.produce(STEADY, 3)
+    await pair.caught_up(STEADY)
+    address = pair.controller.brokers.pop(1)
+    await pair.controller.elect(*STEADY, leader=2, isr=[2])
+    await pair.produce(STEADY, 2, leader=2)
+    diverged = pair.hosted(2, STEADY).log
+    events: list[str] = []
+    write_out, truncate_to = diverged.write_out, diverged.truncate_to
+
+    async def recorded_write_out() -> None:
+        events.append("write_out")
+        await write_out()
+
+    def recorded_truncate_to(offset: int) -> None:
+        events.append(f"truncate_to {offset}")
+        truncate_to(offset)
+
+    diverged.write_out = recorded_write_out  # type: ignore[method-assign]
+    diverged.truncate_to = recorded_truncate_to  # type: ignore[method-assign]
+    pair.controller.brokers[1] = address
+    await pair.controller.elect(*STEADY, leader=1, isr=[1])
+    await pair.caught_up(STEADY)
+    assert events[:2] == ["write_out", "truncate_to 3"]
+
+
 def _sessions_on(pair: Pair, leader: int) -> set[int]:
     return set(pair.servers[leader].replica_manager.fetch_sessions.sessions)
 

@@ -31,6 +31,7 @@ from tidewater.errors import NO_ERROR, TidewaterError
 from tidewater.replication.follower import (
     FetchedPartition,
     StopReplicating,
+    TruncateTo,
     apply_out_of_range,
     follow_leader_log_start,
     next_fetch,
@@ -356,6 +357,10 @@ class ReplicaFetcher:
                         )
                     records = result.record_batches if lifted is None else lifted
                     fetched = FetchedPartition(result.high_watermark, diverging, records)
+                    if diverging is not None:
+                        await hosted.log.write_out()
+                        if not self._still_follows(tp, state, hosted):
+                            continue  # a LeaderAndIsr came meanwhile: the answer is stale
                     if not truncate_if_diverged(hosted.state, hosted, fetched):
                         if records:
                             start_ns = time.time_ns() if fetch_trace is not None else 0
@@ -440,6 +445,10 @@ class ReplicaFetcher:
             state.failed = True
         elif action is not None:
             log.warning("%s: fetch offset out of range; %s", hosted.state.name, action)
+            if isinstance(action, TruncateTo):  # not for a log deleted whole
+                await hosted.log.write_out()
+                if not self._still_follows(hosted.key, state, hosted):
+                    return
             apply_out_of_range(hosted.state, hosted, action)
 
     def _delay(self, tps: list[TopicPartition], seconds: float) -> None:

@@ -6,6 +6,7 @@ import gc
 import logging
 import mmap
 import os
+import threading
 import tracemalloc
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -591,6 +592,31 @@ def test_a_flush_job_of_a_truncated_log_does_not_move_the_recovery_point(
     jobs[0].run()
     log.finish_flush(jobs[0])
     assert log.recovery_point == 0 < log.log_end_offset == 3
+
+
+async def test_writing_out_fsyncs_the_unflushed_log_off_the_loop_and_moves_no_recovery_point(
+    open_log: OpenLog, make_batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a diverged follower does before it truncates (on the loop, fsyncing the log
+    below the new end): the writeback happens on a worker thread first."""
+    log = open_log()
+    fill(log, make_batch, 4)
+    fsynced: list[tuple[str, bool]] = []
+    fsync = os.fsync
+
+    def recorded(fd: int) -> None:
+        on_loop = threading.current_thread() is threading.main_thread()
+        fsynced.append((os.readlink(f"/proc/self/fd/{fd}"), on_loop))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recorded)
+    await log.write_out()
+    assert str(log.segments[0].log_path.resolve()) in {path for path, _ in fsynced}
+    assert not any(on_loop for _, on_loop in fsynced)
+    assert log.recovery_point == 0
+    # Nothing changed: the truncation's own fsyncs still run, and find the data written.
+    log.truncate_to(6)
+    assert log.log_end_offset == 6
 
 
 def test_files_synced_in_the_background_move_no_recovery_point_and_are_not_recreated(

@@ -360,6 +360,40 @@ def test_a_cancel_that_would_leave_no_isr_member_needs_unclean_election() -> Non
     assert (change.after.leader, change.after.isr, change.unclean) == (1, (1,), True)
 
 
+@pytest.mark.parametrize(
+    "offline",
+    [
+        PartitionRecord(NO_LEADER, 7, (), 1, partition_epoch=200, elr=(4,)),
+        PartitionRecord(NO_LEADER, 7, (), 1, partition_epoch=200, last_known_elr=(4,)),
+    ],
+    ids=["eligible leader replica", "last known leader"],
+)
+def test_a_cancel_of_an_offline_partition_keeps_the_replica_holding_its_records(
+    offline: PartitionRecord,
+) -> None:
+    """Review 15 H1: broker 4, added by the reassignment, led alone and acknowledged writes,
+    then failed too: the ISR is empty and 4 is the ELR (or the last known leader). A cancel
+    dropped 4 (and StopReplica deleted its log): the partition could come back only by an
+    unclean election, without the records 4 alone held."""
+    m = reassigning((), leader=NO_LEADER)
+    m.partitions[("t", 0)] = offline
+    with pytest.raises(TidewaterError) as info:
+        start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    assert "none of [4], the replicas holding every committed record" in str(info.value)
+    # Broker 4 stays a target: allowed, and the eligible one stays eligible.
+    _, change = start_reassignment(m, ("t", 0), (1, 4, 3), EPOCH)
+    assert (change.after.elr + change.after.last_known_elr) == (4,)
+    # With unclean election allowed, the operator may give those records up.
+    m.topics["t"].configs["unclean.leader.election.enable"] = "true"
+    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    assert (change.after.leader, change.after.elr, change.after.last_known_elr) == (
+        NO_LEADER,
+        (),
+        (),
+    )
+
+
 # What a new controller does with a reassignment it finds in flight: its predecessor may have
 # stored the assignment and died before the LeaderAndIsr in a new leader epoch.
 

@@ -1050,15 +1050,18 @@ class ReplicationModel(RuleBasedStateMachine):
 
     @invariant()
     def only_replicas_lead_or_are_in_the_isr_or_elr(self) -> None:
-        """A replica removed by a reassignment (or a cancelled one) leaves the leadership, ISR
-        and ELR with it, and none is ever added to them, whatever failover cuts its writes
-        short (a cancel or re-target keeps the replicas it drops assigned until the
-        partition's state without them has committed)."""
+        """A replica removed by a reassignment (or a cancelled one) leaves the leadership, ISR,
+        ELR and last known leader with it, and none is ever added to them, whatever failover
+        cuts its writes short (a cancel or re-target keeps the replicas it drops assigned
+        until the partition's state without them has committed)."""
         record = self.controller.record
         replicas = set(self.controller.replicas)
-        members = set(record.isr + record.elr) | ({record.leader} - {NO_LEADER})
+        members = set(record.isr + record.elr + record.last_known_elr) | (
+            {record.leader} - {NO_LEADER}
+        )
         assert members <= replicas, (
-            f"leader {record.leader}, ISR {list(record.isr)} or ELR {list(record.elr)} names "
+            f"leader {record.leader}, ISR {list(record.isr)}, ELR {list(record.elr)} or last "
+            f"known leader {list(record.last_known_elr)} names "
             f"brokers {sorted(members - replicas)} that are not replicas "
             f"{list(self.controller.replicas)}"
         )

@@ -209,7 +209,8 @@ def with_elr(
       rule), so each holds every committed record. `unclean_shutdown` (a broker whose new
       incarnation may have lost its unflushed tail) is left out;
     - an unclean election clears it: what the new leader lacks is no longer committed;
-    - the ELR holds replicas only (`replicas`: a reassignment's), in replica order.
+    - the ELR and the last known leader hold replicas only (`replicas`: a reassignment's), in
+      replica order.
 
     An ISR that becomes empty records its last leader (or, without one, its last member) as
     the last known leader; a leader clears it. Kafka keeps the ELR of an election from it
@@ -231,6 +232,7 @@ def with_elr(
         last_known_elr = ()
     else:
         last_known_elr = before.last_known_elr
+    last_known_elr = tuple(r for r in last_known_elr if r in replicas)
     return replace(change, after=after.with_(elr=elr, last_known_elr=last_known_elr))
 
 
@@ -415,10 +417,17 @@ def start_reassignment(
     record = model.partitions[tp]
     kept = record.with_(isr=tuple(b for b in record.isr if b in replicas))
     if record.leader == NO_LEADER or record.leader in replicas:
-        if not kept.isr and record.isr:
+        # Who holds every committed record: the ISR; with none (offline), the eligible
+        # leader replicas and the last leader (KIP-966). Dropping them all loses those records.
+        holders = record.isr or record.elr + record.last_known_elr
+        if (
+            holders
+            and not set(holders) & set(replicas)
+            and not topic.unclean_leader_election_enable
+        ):
             raise TidewaterError(
-                f"{tp[0]}-{tp[1]}: no member of the ISR {list(record.isr)} would remain a "
-                f"replica of {list(replicas)}",
+                f"{tp[0]}-{tp[1]}: none of {list(holders)}, the replicas holding every "
+                f"committed record, would remain a replica of {list(replicas)}",
                 ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
             )
         after, unclean = kept.with_(leader_epoch=record.leader_epoch + 1), False

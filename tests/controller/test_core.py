@@ -360,6 +360,24 @@ def test_a_cancel_that_would_leave_no_isr_member_needs_unclean_election() -> Non
     assert (change.after.leader, change.after.isr, change.unclean) == (1, (1,), True)
 
 
+def test_a_cancel_completes_while_an_original_replica_is_out_of_the_isr() -> None:
+    """Review 15 M1: a cancel waited, as a reassignment does, for every replica it goes back
+    to to be in the ISR: with broker 3 down it stayed listed as in flight until 3 came back,
+    and every cancel again only moved the leader epoch. It completes at once, as Kafka's
+    revert; a reassignment that adds a replica still waits for it."""
+    m = reassigning((1, 2, 4), leader=1)
+    reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    # The cancel's writes: its state without broker 4, then the assignment without it.
+    m.partitions[("t", 0)] = change.after
+    m.topics["t"].reassignments[0] = Reassignment(reassignment.original, reassignment.target)
+    m.topics["t"].assignment[0] = (1, 2, 3)
+    completing = complete_reassignment(m, ("t", 0), EPOCH)
+    assert completing is not None
+    assert (completing.after.leader, completing.after.isr) == (1, (1, 2))
+    m = reassigning((1, 2, 3), leader=1)  # broker 4, being added, not in the ISR yet
+    assert complete_reassignment(m, ("t", 0), EPOCH) is None
+
+
 @pytest.mark.parametrize(
     "offline",
     [
@@ -422,7 +440,7 @@ def cancel_cut_short(isr: tuple[int, ...], leader: int) -> ClusterModel:
 def test_a_cancel_in_flight_still_moves_leadership_off_the_replica_it_drops() -> None:
     m = cancel_cut_short((4, 3, 2), leader=4)
     completes, change = resume_reassignment(m, ("t", 0), EPOCH)
-    assert not completes
+    assert completes  # a cancel adds no replica to wait for
     assert (change.after.leader, change.after.leader_epoch, change.after.isr) == (2, 8, (3, 2))
     # The controller that resumes it knows whom to drop (and StopReplica) once it commits.
     assert m.topics["t"].reassignments[0].dropping == (4,)

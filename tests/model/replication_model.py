@@ -59,7 +59,13 @@ from tests.replication.in_memory import MemoryLog, fetch_once
 from tidewater.broker.stray_logs import ClusterView, find_stray_logs
 from tidewater.controller import core
 from tidewater.controller.core import PartitionChange
-from tidewater.controller.model import BrokerState, ClusterModel, PartitionRecord, TopicState
+from tidewater.controller.model import (
+    BrokerState,
+    ClusterModel,
+    PartitionRecord,
+    Reassignment,
+    TopicState,
+)
 from tidewater.errors import FencedLeaderEpoch, RequestTimedOut, TidewaterError
 from tidewater.replication.partition import (
     ACKS_ALL,
@@ -187,7 +193,7 @@ class ModelController:
         self.outbox: dict[int, deque[ControlMessage]] = {b: deque() for b in BROKER_IDS}
         self.elections: list[Election] = []  # committed, not yet checked
         # The reassignments whose completion committed: their targets, not yet checked.
-        self.completions: list[tuple[int, ...]] = []
+        self.completions: list[Reassignment] = []
         # This controller fails over between the two writes of the next completion.
         self.fails_completing = False
 
@@ -421,7 +427,7 @@ class ModelController:
         removing = [b for b in self.replicas if b not in reassignment.target]
         topic.assignment[TP[1]] = reassignment.target
         self.commit_and_send([change])  # made from the current state: it commits
-        self.completions.append(reassignment.target)
+        self.completions.append(reassignment)
         if self.fails_completing:
             # What etcd holds: the reassignment still in flight.
             topic.assignment[TP[1]] = reassignment.replicas
@@ -1069,12 +1075,16 @@ class ReplicationModel(RuleBasedStateMachine):
     @invariant()
     def completed_reassignments_hold_every_committed_record(self) -> None:
         """A reassignment completes only when each of its targets holds every committed
-        record: they alone are the replicas then (a stopped one is left out, as above)."""
+        record: they alone are the replicas then (a stopped one is left out, as above). A
+        cancel's replicas are the original ones, as they were before it: any may lag."""
         self._record_commits()
         completions, self.controller.completions = self.controller.completions, []
         if self.history.data_loss_allowed:
             return
-        for target in completions:
+        for reassignment in completions:
+            target = reassignment.target
+            if set(target) == set(reassignment.original):
+                continue
             for broker_id in target:
                 b = self.brokers[broker_id]
                 lacking = self._lacking_if_registered(b)

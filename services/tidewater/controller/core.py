@@ -472,12 +472,15 @@ def complete_reassignment(
 ) -> PartitionChange | None:
     """Once every target replica is in the ISR: the targets alone are the replicas, the ISR
     keeps only them, and leadership moves to one of them if the leader is being removed (or
-    is not usable). None while the targets are still catching up, or while none of them could
-    lead (a new controller that has not heard from them yet, or a leader shutting down): it
-    stays in flight, and completes at a later ISR change or when a new controller resumes it."""
+    is not usable). A cancel (back to the original replicas) completes at once, as Kafka's
+    revert: its replicas need not all be in the ISR, as before the reassignment. None while
+    the targets are still catching up, or while none of them could lead (a new controller
+    that has not heard from them yet, or a leader shutting down): it stays in flight, and
+    completes at a later ISR change or when a new controller resumes it."""
     reassignment = model.topics[tp[0]].reassignments[tp[1]]
     record = model.partitions[tp]
-    if not set(reassignment.target) <= set(record.isr):
+    cancelled = set(reassignment.target) == set(reassignment.original)
+    if not cancelled and not set(reassignment.target) <= set(record.isr):
         return None
     isr = tuple(b for b in record.isr if b in reassignment.target)
     after = record.with_(isr=isr, leader_epoch=record.leader_epoch + 1)

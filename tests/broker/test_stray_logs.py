@@ -20,18 +20,22 @@ def view(
     controller_epoch: int = CONTROLLER_EPOCH,
     broker_epoch: int = EPOCH,
     deleting: frozenset[str] = frozenset(),
+    leader_epochs: dict[tuple[str, int], int] | None = None,
 ) -> ClusterView:
-    return ClusterView(full, controller_epoch, broker_epoch, replicas, deleting)
+    epochs = leader_epochs or dict.fromkeys(replicas, 5)
+    return ClusterView(full, controller_epoch, broker_epoch, replicas, epochs, deleting)
 
 
 def stray(
     local: list[tuple[str, int]],
     cluster: ClusterView,
-    hosted: frozenset[tuple[str, int]] = frozenset(),
+    hosted: dict[tuple[str, int], int] | None = None,
     broker_epoch: int = EPOCH,
     controller_epoch: int = CONTROLLER_EPOCH,
 ) -> list[tuple[str, int]]:
-    return list(find_stray_logs(local, cluster, hosted, BROKER, broker_epoch, controller_epoch))
+    return list(
+        find_stray_logs(local, cluster, hosted or {}, BROKER, broker_epoch, controller_epoch)
+    )
 
 
 ASSIGNED = {("kept", 0): (1, 3), ("moved", 0): (1, 2), ("moved", 1): (2, 3)}
@@ -44,7 +48,7 @@ def test_a_partition_assigned_elsewhere_or_of_a_topic_not_in_the_view_is_stray()
 
 def test_the_reason_names_the_view_and_the_replicas() -> None:
     found = find_stray_logs(
-        [("moved", 0), ("gone", 2)], view(ASSIGNED), frozenset(), BROKER, EPOCH, CONTROLLER_EPOCH
+        [("moved", 0), ("gone", 2)], view(ASSIGNED), {}, BROKER, EPOCH, CONTROLLER_EPOCH
     )
     assert found == {
         ("gone", 2): "topic gone is not in controller epoch 7's view",
@@ -63,10 +67,19 @@ def test_a_reassignment_in_flight_keeps_its_original_replicas() -> None:
     assert stray([("moving", 0)], view({("moving", 0): (1, 2, 3)})) == []
 
 
-def test_a_hosted_partition_is_never_stray() -> None:
-    # A LeaderAndIsr newer than the view made this broker a replica.
-    hosted = frozenset({("moved", 0), ("gone", 0)})
-    assert stray([("moved", 0), ("gone", 0)], view(ASSIGNED), hosted) == []
+def test_a_hosted_partition_is_stray_only_when_the_view_moved_it_in_a_newer_epoch() -> None:
+    """Review 15 M2: a removed replica whose StopReplica was lost (a controller failover
+    before it was sent, or a missed session) kept hosting the partition, a removed leader
+    leading in its old epoch, until it restarted. A view in the hosted leader epoch or an
+    older one may be older than the LeaderAndIsr that made this broker a replica."""
+    hosted = {("moved", 0): 4, ("gone", 0): 4, ("kept", 0): 4}
+    assert stray(list(hosted), view(ASSIGNED), hosted) == [("moved", 0)]
+    assert stray(list(hosted), view(ASSIGNED), dict.fromkeys(hosted, 5)) == []
+    found = find_stray_logs([("moved", 0)], view(ASSIGNED), hosted, BROKER, EPOCH, 7)
+    assert found == {
+        ("moved", 0): "its replicas in controller epoch 7's view are [1, 2], not broker 3, "
+        "in leader epoch 5 (hosted in 4)"
+    }
 
 
 def test_a_topic_whose_deletion_waits_on_this_broker_is_left_to_its_stop_replica() -> None:
@@ -110,7 +123,9 @@ def test_the_view_of_a_request() -> None:
         type=cluster_pb2.UPDATE_METADATA_TYPE_FULL,
         deleting_topics=["gone"],
     )
-    request.partition_states.add(topic="kept", partition=0, replicas=[1, 3])
-    assert ClusterView.of(request) == view({("kept", 0): (1, 3)}, deleting=frozenset({"gone"}))
+    request.partition_states.add(topic="kept", partition=0, replicas=[1, 3], leader_epoch=9)
+    assert ClusterView.of(request) == view(
+        {("kept", 0): (1, 3)}, deleting=frozenset({"gone"}), leader_epochs={("kept", 0): 9}
+    )
     request.type = cluster_pb2.UPDATE_METADATA_TYPE_DELTA
     assert not ClusterView.of(request).full

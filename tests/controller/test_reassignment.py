@@ -13,7 +13,7 @@ import pytest
 
 from tests.controller.cluster import Cluster, Eventually
 from tidewater.client import Admin, PartitionReassignment
-from tidewater.controller.model import Reassignment, TopicState
+from tidewater.controller.model import PartitionRecord, Reassignment, TopicState
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -183,6 +183,35 @@ async def test_a_cancel_cut_by_a_controller_failover_stops_the_replica_it_drops(
     await eventually(lambda: not added_log.exists(), 10)
     await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
     assert {b"before", b"after"} <= set(await cluster.read(1, "moving", 0))
+
+
+async def test_a_removed_leader_whose_stop_replica_was_lost_stops_at_the_next_full_view(
+    cluster: Cluster, eventually: Eventually
+) -> None:
+    """Review 15 M2: the active controller completed a reassignment off broker 1, the leader,
+    and died before its StopReplica went out: broker 1, up all along, went on hosting the
+    partition and leading it in its old epoch (stale reads, acks=1 writes nobody replicates)
+    until it restarted. The next controller's FULL UpdateMetadata names the partition on
+    other brokers in a newer leader epoch: broker 1 stops it and removes its log."""
+    await cluster.create_topic("moving", assignments=[(1, 3)])
+    await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
+    await eventually(lambda: partition_is(cluster, lambda s: sorted(s["isr"]) == [1, 3]), 20)
+    value, partition_epoch = (await cluster.store.load_partitions())["moving", 0]
+    record = PartitionRecord.from_json(value, partition_epoch)
+    completed = record.with_(leader=3, leader_epoch=record.leader_epoch + 1, isr=(3,))
+    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
+    topic.assignment[0] = (3,)
+    old_log = cluster.root / "broker-1" / "moving-0"
+    assert old_log.exists()
+
+    async def completion(epoch: int) -> None:
+        update = ("moving", 0, partition_epoch, completed.with_(controller_epoch=epoch).to_json())
+        await cluster.store.write_partitions(epoch, [update], topic=("moving", topic.to_json()))
+
+    await cluster.crash_controllers_after(completion)
+    await eventually(lambda: not old_log.exists(), 30)
+    await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
+    assert {b"before", b"after"} <= set(await cluster.read(3, "moving", 0))
 
 
 async def test_a_log_a_reassignment_moved_away_while_its_broker_was_down_is_deleted(

@@ -112,8 +112,10 @@ class ConfigMessage:
     controller_epoch: int
     broker_epoch: int
     min_insync_replicas: int
-    # A FULL view's replicas of the partition (the stray log rule reads them); None: a delta.
+    # A FULL view's replicas of the partition and its leader epoch (the stray log rule reads
+    # them); None: a delta.
     replicas: tuple[int, ...] | None = None
+    leader_epoch: int = -1
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,13 @@ class ModelController:
         if not self.commit_and_send(changes):
             self.send_leader_and_isr([broker_id])
         self.outbox[broker_id].append(
-            ConfigMessage(self.epoch, state.epoch, self.min_insync_replicas, self.replicas)
+            ConfigMessage(
+                self.epoch,
+                state.epoch,
+                self.min_insync_replicas,
+                self.replicas,
+                self.record.leader_epoch,
+            )
         )
         if grace_ends:
             self.finish_what_was_cut_short()
@@ -555,16 +563,17 @@ class ModelBroker:
 
     def _remove_stray_log(self, full: ConfigMessage) -> None:
         """replica_manager.update_metadata: a FULL view that no longer names this broker a
-        replica of a partition it does not host finds its log stray (a StopReplica it missed
-        while down)."""
+        replica finds its log stray (a StopReplica it missed while down, or lost while up:
+        then it hosts the partition, in an older leader epoch than the view's)."""
         view = ClusterView(
             full=True,
             controller_epoch=full.controller_epoch,
             broker_epoch=full.broker_epoch,
             replicas={TP: full.replicas},
+            leader_epochs={TP: full.leader_epoch},
             deleting_topics=frozenset(),
         )
-        hosted = () if self.partition is None else (TP,)
+        hosted = {} if self.partition is None else {TP: self.partition.leader_epoch}
         if find_stray_logs([TP], view, hosted, self.broker_id, self.epoch, self.controller_epoch):
             self.delete_replica()
 

@@ -320,6 +320,16 @@ class ReplicaManager:
         async with self._control_lock:
             return self._stop_replica(request)
 
+    def _stop_partitions(self, tps: list[TopicPartition]) -> None:
+        """Stop replicating and serving these partitions (their logs stay)."""
+        self.fetcher_manager.remove_partitions(tps)
+        for tp in tps:
+            partition = self.partitions.pop(tp, None)
+            if partition is not None:
+                partition.stopped = True
+                # Leadership is gone: waiting produces and fetches answer now.
+                self._partition_changed(tp)
+
     def _stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
@@ -330,12 +340,7 @@ class ReplicaManager:
         deleted = False
         for sp in request.partitions:
             tp = (sp.topic, sp.partition)
-            self.fetcher_manager.remove_partitions([tp])
-            partition = self.partitions.pop(tp, None)
-            if partition is not None:
-                partition.stopped = True
-                # Leadership is gone: waiting produces and fetches answer now.
-                self._partition_changed(tp)
+            self._stop_partitions([tp])
             if sp.delete_partition and self.log_manager.get_log(*tp) is not None:
                 self.log_manager.delete_log(*tp)
                 self._checkpointed_hws.pop(tp, None)
@@ -367,7 +372,7 @@ class ReplicaManager:
         strays = find_stray_logs(
             self.log_manager.local_logs(),
             ClusterView.of(request),
-            self.partitions,
+            {tp: hosted.state.leader_epoch for tp, hosted in self.partitions.items()},
             self.broker_id,
             self.broker_epoch(),
             self.controller_epoch,
@@ -377,6 +382,8 @@ class ReplicaManager:
         full = request.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL
         self._apply_topic_configs(request.topic_configs, full)
         if strays:
+            # Hosted ones first: their StopReplica was lost.
+            self._stop_partitions([tp for tp in strays if tp in self.partitions])
             await self.log_manager.remove_stray_logs(strays)
             for tp in strays:
                 self._checkpointed_hws.pop(tp, None)

@@ -360,6 +360,23 @@ def test_a_cancel_that_would_leave_no_isr_member_needs_unclean_election() -> Non
     assert (change.after.leader, change.after.isr, change.unclean) == (1, (1,), True)
 
 
+def test_a_new_controller_in_its_grace_period_reassigns_as_it_elects() -> None:
+    """Review 15 L2: in its grace period, a new controller that had not heard from broker 3
+    yet dropped it from the ISR of a cancel that moved the leadership, and with unclean
+    election allowed elected an unclean leader: no election in the grace period does either
+    (changes_for_offline_partitions)."""
+    m = reassigning((4, 3, 2), leader=4)
+    m.brokers[3].fenced = True  # not heard from yet
+    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH, in_grace=True)
+    assert (change.after.leader, change.after.isr) == (2, (3, 2))
+    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    assert (change.after.leader, change.after.isr) == (2, (2,))
+    m = reassigning((4,), leader=4, unclean=True)
+    with pytest.raises(TidewaterError) as info:
+        start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH, in_grace=True)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
 def test_a_cancel_completes_while_an_original_replica_is_out_of_the_isr() -> None:
     """Review 15 M1: a cancel waited, as a reassignment does, for every replica it goes back
     to to be in the ISR: with broker 3 down it stayed listed as in flight until 3 came back,

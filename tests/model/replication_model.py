@@ -395,7 +395,9 @@ class ModelController:
                 return  # NO_REASSIGNMENT_IN_PROGRESS
             target = ongoing.original
         try:
-            reassignment, change = core.start_reassignment(self.model, TP, target, self.epoch)
+            reassignment, change = core.start_reassignment(
+                self.model, TP, target, self.epoch, in_grace=self.in_grace
+            )
         except TidewaterError:
             return
         topic.reassignments[TP[1]] = reassignment

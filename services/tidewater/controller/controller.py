@@ -455,7 +455,9 @@ class Controller:
                     ErrorCode.NO_REASSIGNMENT_IN_PROGRESS,
                 )
             target = ongoing.original
-        reassignment, change = start_reassignment(self.model, tp, target, self.epoch)
+        reassignment, change = start_reassignment(
+            self.model, tp, target, self.epoch, in_grace=bool(self._grace_until_ms)
+        )
         topic.reassignments[tp[1]] = reassignment
         topic.assignment[tp[1]] = reassignment.replicas
         await self.store.put_topic(self.epoch, topic.name, topic.to_json())

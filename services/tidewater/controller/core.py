@@ -388,7 +388,12 @@ def changes_for_unrecorded_partitions(
 
 
 def start_reassignment(
-    model: ClusterModel, tp: TopicPartition, target: tuple[int, ...], controller_epoch: int
+    model: ClusterModel,
+    tp: TopicPartition,
+    target: tuple[int, ...],
+    controller_epoch: int,
+    *,
+    in_grace: bool = False,
 ) -> tuple[Reassignment, PartitionChange]:
     """Assign the partition to original + target replicas, so the new ones start following;
     the leader epoch moves so every replica hears of the change. Cancelling or re-targeting a
@@ -397,7 +402,11 @@ def start_reassignment(
     member left, ELIGIBLE_LEADERS_NOT_AVAILABLE unless the topic allows unclean election.
 
     The reassignment returned keeps the dropped replicas (`dropping`, assigned still): the
-    controller drops them from the assignment only once the change has committed."""
+    controller drops them from the assignment only once the change has committed.
+
+    `in_grace`: as for changes_for_offline_partitions, a new controller that has not heard
+    from every broker elects no unclean leader, and the ISR keeps the members it has not
+    heard from."""
     if not target or len(set(target)) != len(target):
         raise TidewaterError(
             f"{tp[0]}-{tp[1]}: target replicas {list(target)} must be distinct and non-empty",
@@ -416,15 +425,12 @@ def start_reassignment(
     reassignment = Reassignment(original, target, dropping)
     record = model.partitions[tp]
     kept = record.with_(isr=tuple(b for b in record.isr if b in replicas))
+    unclean_allowed = topic.unclean_leader_election_enable and not in_grace
     if record.leader == NO_LEADER or record.leader in replicas:
         # Who holds every committed record: the ISR; with none (offline), the eligible
         # leader replicas and the last leader (KIP-966). Dropping them all loses those records.
         holders = record.isr or record.elr + record.last_known_elr
-        if (
-            holders
-            and not set(holders) & set(replicas)
-            and not topic.unclean_leader_election_enable
-        ):
+        if holders and not set(holders) & set(replicas) and not unclean_allowed:
             raise TidewaterError(
                 f"{tp[0]}-{tp[1]}: none of {list(holders)}, the replicas holding every "
                 f"committed record, would remain a replica of {list(replicas)}",
@@ -434,10 +440,7 @@ def start_reassignment(
     else:
         try:
             result = offline_partition_leader(
-                replicas,
-                kept,
-                model.usable_brokers(),
-                unclean_allowed=topic.unclean_leader_election_enable,
+                replicas, kept, model.usable_brokers(), unclean_allowed=unclean_allowed
             )
         except NoReplicaOnline as e:
             raise TidewaterError(
@@ -445,6 +448,8 @@ def start_reassignment(
                 ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
             ) from None
         after, unclean = result.leader_and_isr, result.unclean
+        if in_grace and after.leader in kept.isr:
+            after = after.with_(isr=kept.isr)
     change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch), unclean)
     return reassignment, with_elr(model, change, replicas=replicas)
 

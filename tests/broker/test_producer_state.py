@@ -196,6 +196,19 @@ async def test_a_truncation_brings_back_the_older_epoch_a_removed_batch_had_repl
     restarted.log.close()
 
 
+def record_log_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the offset of every read of any log, in order."""
+    reads: list[int] = []
+    read = Log.read
+
+    def recorded_read(self: Log, offset: int, *args: Any, **kwargs: Any) -> bytes | memoryview:
+        reads.append(offset)
+        return read(self, offset, *args, **kwargs)
+
+    monkeypatch.setattr(Log, "read", recorded_read)
+    return reads
+
+
 def replayed(directory: Path, headers: list[BatchHeader]) -> ProducerStateManager:
     """The state of a log holding `headers`, each appended at 1,000 ms plus its offset."""
     state = ProducerStateManager(directory)
@@ -289,14 +302,7 @@ async def test_a_followers_truncation_reads_none_of_its_log(
     await diverged.append_as_follower(raw_batch(0, epoch=1, offset=12))
     await diverged.append_as_follower(raw_batch(6, pid=9, offset=13))
     assert max(snapshots(diverged.log.dir)) > 12
-    reads: list[int] = []
-    read = Log.read
-
-    def recorded_read(self: Log, offset: int, *args: Any, **kwargs: Any) -> bytes | memoryview:
-        reads.append(offset)
-        return read(self, offset, *args, **kwargs)
-
-    monkeypatch.setattr(Log, "read", recorded_read)
+    reads = record_log_reads(monkeypatch)
     diverged.truncate_to(12)
     assert reads == []
     assert diverged.producer_state.producers == new_leader.producer_state.producers
@@ -560,14 +566,7 @@ async def test_hosting_a_partition_reads_none_of_its_log(
     log.append_as_follower(b"".join(raw_batch(i, offset=i) for i in range(20)))
     log.close()  # no snapshot, as a kill -9 leaves it
     _, client = await start_broker(1)
-    reads: list[int] = []
-    read = Log.read
-
-    def recorded_read(self: Log, offset: int, *args: Any, **kwargs: Any) -> bytes | memoryview:
-        reads.append(offset)
-        return read(self, offset, *args, **kwargs)
-
-    monkeypatch.setattr(Log, "read", recorded_read)
+    reads = record_log_reads(monkeypatch)
     await make_leader(client.channel, "events", 0, leader=1, leader_epoch=1, replicas=[1])
     assert reads == []
     retry = await client.service.Produce(

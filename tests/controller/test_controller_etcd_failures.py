@@ -268,14 +268,14 @@ async def test_a_reassignment_that_etcd_fails_resigns_and_completes_after_the_fa
     await seed(connect_store, brokers=(1, 2))
     store, controller, service = await leading(connect_store, run_controller)
     epoch = controller.epoch
-    # etcd stores the reassignment of t-0 to broker 2; its answer is lost.
-    fail_once(store, "put_topic", applied=True)
+    # etcd stores the reassignment of t-0 to broker 2 (its one txn); its answer is lost.
+    fail_once(store, "write_partitions", applied=True)
     move = cpb.AlterPartitionReassignmentsRequest(
         partitions=[cpb.ReassignablePartition(topic="t", partition=0, replicas=[2])]
     )
     response = await service.AlterPartitionReassignments(move, None)  # type: ignore[arg-type]
     assert (response.error_code, response.partitions[0].error_code) == (TIMED_OUT, TIMED_OUT)
-    # The next controller resumes it (announced in a new leader epoch, KIP-455)...
+    # The next controller loads it in flight...
     await failed_over(controller, epoch, eventually)
     await eventually(lambda: controller.model.replicas(("t", 0)) == (2, 1), 10)
     # ... and completes it once broker 2 is in the ISR, as its leader proposes.

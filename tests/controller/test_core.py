@@ -13,7 +13,6 @@ from tidewater.controller.core import (
     complete_reassignment,
     elr_changes_for_configs,
     initial_partition_records,
-    resume_reassignment,
     stale_elr_changes,
     start_reassignment,
     unclean_leader_change,
@@ -323,26 +322,43 @@ def reassigning(isr: tuple[int, ...], leader: int, *, unclean: bool = False) -> 
     return m
 
 
-def test_cancelling_a_reassignment_takes_the_replicas_it_added_out_of_the_isr() -> None:
+def test_a_cancel_is_one_step_that_takes_the_replicas_it_added_out() -> None:
+    """Review 15 L1: a cancel was three etcd writes, and moved the leader epoch two or three
+    times (its start, its completion). One step now, as KRaft's one record: the partition's
+    state without broker 4 in a new leader epoch, the assignment back to the original
+    replicas, nothing in flight, and a StopReplica for 4."""
     m = reassigning((1, 2, 4), leader=1)
-    reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
-    # Broker 4 stays assigned (dropping) until this change has committed.
-    assert (reassignment.replicas, reassignment.dropping) == ((1, 2, 3, 4), (4,))
-    after = change.after
+    step = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    after = step.change.after
     assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2))
-    assert change.expected_partition_epoch == 200
+    assert step.change.expected_partition_epoch == 200
+    assert (step.replicas, step.in_flight, step.stopping) == ((1, 2, 3), None, (4,))
 
 
 def test_re_targeting_a_reassignment_takes_the_dropped_replica_out_of_the_isr() -> None:
     m = reassigning((1, 2, 4), leader=1)
-    reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 5), EPOCH)
-    assert (reassignment.replicas, reassignment.dropping) == ((1, 2, 5, 3, 4), (4,))
-    assert change.after.isr == (1, 2)
+    step = start_reassignment(m, ("t", 0), (1, 2, 5), EPOCH)
+    assert (step.replicas, step.stopping) == ((1, 2, 5, 3), (4,))
+    assert step.in_flight == Reassignment((1, 2, 3), (1, 2, 5))
+    assert step.change.after.isr == (1, 2)
+
+
+def test_a_reassignment_starts_with_original_and_target_replicas_assigned() -> None:
+    m = model()
+    m.brokers[4] = BrokerState(4, "127.0.0.1", 9004, "", "x", epoch=4, fenced=False)
+    m.partitions[("t", 0)] = PartitionRecord(1, 7, (1, 2, 3), 1, partition_epoch=200)
+    step = start_reassignment(m, ("t", 0), (4, 2, 3), EPOCH)
+    assert (step.replicas, step.in_flight, step.stopping) == (
+        (4, 2, 3, 1),
+        Reassignment((1, 2, 3), (4, 2, 3)),
+        (),
+    )
+    assert (step.change.after.leader, step.change.after.leader_epoch) == (1, 8)
 
 
 def test_a_dropped_leader_hands_over_to_the_first_remaining_isr_member() -> None:
     m = reassigning((4, 3, 2), leader=4)
-    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH).change
     after = change.after
     assert (after.leader, after.leader_epoch, after.isr) == (2, 8, (3, 2))
     assert not change.unclean
@@ -356,7 +372,7 @@ def test_a_cancel_that_would_leave_no_isr_member_needs_unclean_election() -> Non
         start_reassignment(reassigning((4,), leader=NO_LEADER), ("t", 0), (1, 2, 3), EPOCH)
     assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
     m = reassigning((4,), leader=4, unclean=True)
-    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH).change
     assert (change.after.leader, change.after.isr, change.unclean) == (1, (1,), True)
 
 
@@ -367,9 +383,9 @@ def test_a_new_controller_in_its_grace_period_reassigns_as_it_elects() -> None:
     (changes_for_offline_partitions)."""
     m = reassigning((4, 3, 2), leader=4)
     m.brokers[3].fenced = True  # not heard from yet
-    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH, in_grace=True)
+    change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH, in_grace=True).change
     assert (change.after.leader, change.after.isr) == (2, (3, 2))
-    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH).change
     assert (change.after.leader, change.after.isr) == (2, (2,))
     m = reassigning((4,), leader=4, unclean=True)
     with pytest.raises(TidewaterError) as info:
@@ -380,17 +396,12 @@ def test_a_new_controller_in_its_grace_period_reassigns_as_it_elects() -> None:
 def test_a_cancel_completes_while_an_original_replica_is_out_of_the_isr() -> None:
     """Review 15 M1: a cancel waited, as a reassignment does, for every replica it goes back
     to to be in the ISR: with broker 3 down it stayed listed as in flight until 3 came back,
-    and every cancel again only moved the leader epoch. It completes at once, as Kafka's
+    and every cancel again only moved the leader epoch. It is over at once, as Kafka's
     revert; a reassignment that adds a replica still waits for it."""
     m = reassigning((1, 2, 4), leader=1)
-    reassignment, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
-    # The cancel's writes: its state without broker 4, then the assignment without it.
-    m.partitions[("t", 0)] = change.after
-    m.topics["t"].reassignments[0] = Reassignment(reassignment.original, reassignment.target)
-    m.topics["t"].assignment[0] = (1, 2, 3)
-    completing = complete_reassignment(m, ("t", 0), EPOCH)
-    assert completing is not None
-    assert (completing.after.leader, completing.after.isr) == (1, (1, 2))
+    step = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    assert step.in_flight is None
+    assert (step.change.after.leader, step.change.after.isr) == (1, (1, 2))
     m = reassigning((1, 2, 3), leader=1)  # broker 4, being added, not in the ISR yet
     assert complete_reassignment(m, ("t", 0), EPOCH) is None
 
@@ -417,11 +428,11 @@ def test_a_cancel_of_an_offline_partition_keeps_the_replica_holding_its_records(
     assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
     assert "none of [4], the replicas holding every committed record" in str(info.value)
     # Broker 4 stays a target: allowed, and the eligible one stays eligible.
-    _, change = start_reassignment(m, ("t", 0), (1, 4, 3), EPOCH)
+    change = start_reassignment(m, ("t", 0), (1, 4, 3), EPOCH).change
     assert (change.after.elr + change.after.last_known_elr) == (4,)
     # With unclean election allowed, the operator may give those records up.
     m.topics["t"].configs["unclean.leader.election.enable"] = "true"
-    _, change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
+    change = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH).change
     assert (change.after.leader, change.after.elr, change.after.last_known_elr) == (
         NO_LEADER,
         (),
@@ -429,76 +440,34 @@ def test_a_cancel_of_an_offline_partition_keeps_the_replica_holding_its_records(
     )
 
 
-# What a new controller does with a reassignment it finds in flight: its predecessor may have
-# stored the assignment and died before the LeaderAndIsr in a new leader epoch.
-
-
-def test_a_reassignment_in_flight_is_announced_again_in_a_new_leader_epoch() -> None:
-    # As the first write of the reassignment leaves it: the replicas grew, the leader epoch not.
-    m = reassigning((1, 2, 3), leader=1)
-    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
-    assert not completes
-    after = change.after
-    assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2, 3))
-    assert after.controller_epoch == EPOCH
-    assert change.expected_partition_epoch == 200
-
-
-def cancel_cut_short(isr: tuple[int, ...], leader: int) -> ClusterModel:
-    """A cancel's first write, back to [1, 2, 3], stored while broker 4 still leads or is in
-    the ISR: 4 stays assigned, as being dropped."""
-    m = reassigning(isr, leader)
-    reassignment, _ = start_reassignment(m, ("t", 0), (1, 2, 3), EPOCH)
-    m.topics["t"].reassignments[0] = reassignment
-    m.topics["t"].assignment[0] = reassignment.replicas
-    return m
-
-
-def test_a_cancel_in_flight_still_moves_leadership_off_the_replica_it_drops() -> None:
-    m = cancel_cut_short((4, 3, 2), leader=4)
-    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
-    assert completes  # a cancel adds no replica to wait for
-    assert (change.after.leader, change.after.leader_epoch, change.after.isr) == (2, 8, (3, 2))
-    # The controller that resumes it knows whom to drop (and StopReplica) once it commits.
-    assert m.topics["t"].reassignments[0].dropping == (4,)
-
-
-def test_a_cancel_cut_short_keeps_the_replicas_it_drops_assigned() -> None:
-    """The first write's assignment names every broker the partition's state still names:
-    when no replica left could lead (ISR [4] by the time it resumes), the resume raises and
-    broker 4 leads a partition it is still a replica of (it gets LeaderAndIsr, fencing moves
-    it, its log is not stray). The topic's etcd value keeps it too."""
-    m = cancel_cut_short((4, 3), leader=4)
-    m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(4,))  # then 3 was fenced
-    assert m.replicas(("t", 0)) == (1, 2, 3, 4)
-    with pytest.raises(TidewaterError) as info:
-        resume_reassignment(m, ("t", 0), EPOCH)
-    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
-    assert [c.tp for c in changes_for_unusable_broker(m, 4, EPOCH)] == [("t", 0)]
-    stored = TopicState.from_json("t", m.topics["t"].to_json())
-    assert stored.reassignments[0] == Reassignment((1, 2, 3), (1, 2, 3), (4,))
-    assert stored.reassignments[0].removing == (4,)
-
-
-def test_a_reassignment_in_flight_whose_targets_are_in_the_isr_completes() -> None:
+def test_a_reassignment_whose_targets_are_in_the_isr_completes() -> None:
     m = reassigning((3, 1, 2, 4), leader=3)
-    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
-    assert completes
-    after = change.after
+    step = complete_reassignment(m, ("t", 0), EPOCH)
+    assert step is not None
+    after = step.change.after
     # Broker 3 leaves: leadership goes to the first target in the ISR.
     assert (after.leader, after.leader_epoch, after.isr) == (1, 8, (1, 2, 4))
+    assert (step.replicas, step.in_flight, step.stopping) == ((1, 2, 4), None, (3,))
 
 
 def test_a_reassignment_whose_targets_cannot_lead_yet_stays_in_flight() -> None:
     # A new controller has heard from no broker: the leader must move (it is fenced), and no
-    # target could lead. Resumed, it is announced again; it completes later.
+    # target could lead. It completes once one can (at an ISR change, or the grace period's end).
     m = reassigning((1, 2, 4, 3), leader=1)
     for broker in m.brokers.values():
         broker.fenced = True
     assert complete_reassignment(m, ("t", 0), EPOCH) is None
-    completes, change = resume_reassignment(m, ("t", 0), EPOCH)
-    assert not completes
-    assert (change.after.leader, change.after.leader_epoch) == (1, 8)
+
+
+def test_a_new_controller_in_its_grace_period_completes_without_moving_an_unheard_leader() -> None:
+    """Review 16 L3: in its grace period a new controller that had not heard from broker 1,
+    the leader and a target, moved its leadership to complete a reassignment (the grace rule:
+    no leader it has not heard from moves). It waits for the grace period's end now."""
+    m = reassigning((1, 2, 4), leader=1)
+    m.brokers[1].fenced = True  # not heard from yet
+    assert complete_reassignment(m, ("t", 0), EPOCH, in_grace=True) is None
+    step = complete_reassignment(m, ("t", 0), EPOCH)
+    assert step is not None and step.change.after.leader == 2
 
 
 def test_partitions_stored_without_a_leader_and_isr_start_as_new_ones() -> None:

@@ -121,15 +121,12 @@ async def test_a_reassignment_cut_by_a_controller_failover_is_resumed(
 ) -> None:
     await cluster.create_topic("moving", assignments=[(1, 2)])
     await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
-    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
+    # The active controller dies after the start's txn (the assignment with the reassignment
+    # in flight, the partition's state in a new leader epoch), before its LeaderAndIsr: the
+    # next one tells every replica as it hears from them, and completes it.
     reassignment = Reassignment(original=(1, 2), target=target)
-    topic.reassignments[0] = reassignment
-    topic.assignment[0] = reassignment.replicas
-    # The active controller dies between the two writes of a reassignment: it stored the
-    # assignment with the reassignment in flight, not the partition's LeaderAndIsr in a new
-    # leader epoch.
-    await cluster.crash_controllers_after(
-        lambda epoch: cluster.store.put_topic(epoch, "moving", topic.to_json())
+    await crash_after_a_step(
+        cluster, lambda r: r.with_(leader_epoch=r.leader_epoch + 1), reassignment
     )
 
     async def finished() -> bool:
@@ -153,34 +150,52 @@ async def test_a_reassignment_cut_by_a_controller_failover_is_resumed(
     await eventually(lambda: not (cluster.root / f"broker-{removed}" / "moving-0").exists(), 10)
 
 
-async def test_a_cancel_cut_by_a_controller_failover_stops_the_replica_it_drops(
+async def crash_after_a_step(
+    cluster: Cluster,
+    state: Callable[[PartitionRecord], PartitionRecord],
+    in_flight: Reassignment | None,
+    assignment: tuple[int, ...] = (),
+) -> None:
+    """Kill -9 the controllers as if the active one had written a reassignment's step in its
+    one txn (the partition's state made by `state`; the reassignment `in_flight` and its
+    replicas, or with none the assignment `assignment`) and died before its LeaderAndIsr and
+    StopReplica went out; start them again."""
+    value, partition_epoch = (await cluster.store.load_partitions())["moving", 0]
+    after = state(PartitionRecord.from_json(value, partition_epoch))
+    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
+    if in_flight is None:
+        topic.assignment[0] = assignment
+        topic.reassignments.pop(0, None)
+    else:
+        topic.assignment[0] = in_flight.replicas
+        topic.reassignments[0] = in_flight
+
+    async def step(epoch: int) -> None:
+        update = ("moving", 0, partition_epoch, after.with_(controller_epoch=epoch).to_json())
+        await cluster.store.write_partitions(epoch, [update], topic=("moving", topic.to_json()))
+
+    await cluster.crash_controllers_after(step)
+
+
+async def test_a_cancel_whose_stop_replica_a_failover_lost_stops_the_replica_it_drops(
     cluster: Cluster, eventually: Eventually
 ) -> None:
-    """A cancel's first write keeps the replica it drops assigned (as being dropped), so the
-    next controller takes it out of the ISR and the assignment (the cancel completes, though
-    broker 2 is down), and stops it."""
+    """A cancel is one txn (review 15 L1): the partition's state without broker 3, which it
+    was adding, in a new leader epoch, and the assignment back to [1, 2]. The controller died
+    after it, before the StopReplica: broker 3, up all along, finds the partition on other
+    brokers in a newer leader epoch in the next controller's FULL view, stops it and removes
+    its log. (Before, a cancel was three writes, and one cut after the first left 3 in the
+    ISR of a partition whose assignment had dropped it.)"""
     # Held up by broker 2, which is down: broker 3 joins the ISR, and it stays in flight.
     await reassign_held_up(cluster, eventually, [1, 2], down=2, target=[3, 2])
     added_log = cluster.root / "broker-3" / "moving-0"
     assert added_log.exists()
-    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
-    cancel = Reassignment(original=(1, 2), target=(1, 2), dropping=(3,))
-    topic.reassignments[0] = cancel
-    topic.assignment[0] = cancel.replicas
-    # The active controller dies after the cancel's first write: broker 3 is still in the ISR
-    # of a partition whose assignment keeps it, as being dropped.
-    await cluster.crash_controllers_after(
-        lambda epoch: cluster.store.put_topic(epoch, "moving", topic.to_json())
+    await crash_after_a_step(
+        cluster, lambda r: r.with_(leader_epoch=r.leader_epoch + 1, isr=(1,)), None, (1, 2)
     )
-
-    async def dropped() -> bool:
-        stored = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
-        return stored.assignment[0] == (1, 2) and 0 not in stored.reassignments
-
-    await eventually(dropped, 30)
+    await eventually(lambda: not added_log.exists(), 30)
     current = (await cluster.partitions("moving"))[0]
     assert (current["leader"], current["isr"]) == (1, [1])
-    await eventually(lambda: not added_log.exists(), 10)
     await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
     assert {b"before", b"after"} <= set(await cluster.read(1, "moving", 0))
 
@@ -196,19 +211,11 @@ async def test_a_removed_leader_whose_stop_replica_was_lost_stops_at_the_next_fu
     await cluster.create_topic("moving", assignments=[(1, 3)])
     await eventually(lambda: cluster.produced("moving", 0, b"before"), 20)
     await eventually(lambda: partition_is(cluster, lambda s: sorted(s["isr"]) == [1, 3]), 20)
-    value, partition_epoch = (await cluster.store.load_partitions())["moving", 0]
-    record = PartitionRecord.from_json(value, partition_epoch)
-    completed = record.with_(leader=3, leader_epoch=record.leader_epoch + 1, isr=(3,))
-    topic = TopicState.from_json("moving", (await cluster.store.load_topics())["moving"])
-    topic.assignment[0] = (3,)
     old_log = cluster.root / "broker-1" / "moving-0"
     assert old_log.exists()
-
-    async def completion(epoch: int) -> None:
-        update = ("moving", 0, partition_epoch, completed.with_(controller_epoch=epoch).to_json())
-        await cluster.store.write_partitions(epoch, [update], topic=("moving", topic.to_json()))
-
-    await cluster.crash_controllers_after(completion)
+    await crash_after_a_step(
+        cluster, lambda r: r.with_(leader=3, leader_epoch=r.leader_epoch + 1, isr=(3,)), None, (3,)
+    )
     await eventually(lambda: not old_log.exists(), 30)
     await eventually(lambda: cluster.produced("moving", 0, b"after"), 20)
     assert {b"before", b"after"} <= set(await cluster.read(3, "moving", 0))

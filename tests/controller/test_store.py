@@ -403,7 +403,8 @@ async def test_values_are_json_readable_with_etcdctl(
     connect_store: Connect, etcd: EtcdProcess, cluster_name: str
 ) -> None:
     store = await connect_store()
-    epoch = await store.campaign(3, "127.0.0.1:9103", 5)
+    # A long lease: a loaded machine that misses a keepalive must not drop the controller key.
+    epoch = await store.campaign(3, "127.0.0.1:9103", 60)
     await store.put_topic(epoch, "t", {"configs": {}, "assignment": {"0": [1]}})
     await store.write_partitions(epoch, [("t", 0, None, leader_and_isr(1, 0, [1], epoch))])
     await store.allocate_producer_ids(epoch, 1000)

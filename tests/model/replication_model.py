@@ -12,7 +12,8 @@ module plays what the services do with I/O, as small classes:
 
 - ModelController: the controller's event handling as controller.py and service.py do it:
   commit a change (with the partition epoch compare), then tell the brokers; a reassignment's
-  two writes (the assignment and the partition's state), between which it may fail over;
+  steps (the assignment and the partition's state in one txn), after which it may fail over
+  before telling anyone;
 - ModelBroker: a broker's log (it outlives a crash) and partition state (it does not), and
   what the replica manager does on a LeaderAndIsr, a StopReplica (its log deleted) or a
   topic config update (a FULL one also removes a stray log: broker/stray_logs.py's rule);
@@ -156,8 +157,8 @@ class Election:
 
 
 class ControllerFailed(Exception):
-    """The controller fails over between a reassignment's two writes (as planned by the
-    machine's reassign rule)."""
+    """The controller fails over after a reassignment's step, before it tells the brokers (as
+    planned by the machine's reassign rule)."""
 
 
 P = ParamSpec("P")
@@ -196,7 +197,7 @@ class ModelController:
         self.elections: list[Election] = []  # committed, not yet checked
         # The reassignments whose completion committed: their targets, not yet checked.
         self.completions: list[Reassignment] = []
-        # This controller fails over between the two writes of the next completion.
+        # This controller fails over after the next completion's txn, before telling anyone.
         self.fails_completing = False
 
     @property
@@ -380,14 +381,13 @@ class ModelController:
     # -- reassignment (controller.reassign and what follows) --------------------------------
 
     @controller_event
-    def reassign(self, target: tuple[int, ...] | None, fails: str = "") -> None:
+    def reassign(self, target: tuple[int, ...] | None, fails: bool = False) -> None:
         """AlterPartitionReassignments (`target` None: cancel, back to the original replicas):
-        the assignment with the reassignment in flight (a replica it drops, a cancelled add,
-        still in it), then the partition's state in a new leader epoch, then the assignment
-        without the replicas it drops and their StopReplica; it completes at once if its
-        targets are in the ISR. Refused (nothing changes) as the controller refuses it.
-        `fails`: the controller fails over after the first write ("starting") or the second
-        ("dropping"); "completing" is `fails_completing`'s."""
+        one step, the partition's state in a new leader epoch and the assignment in one txn,
+        then StopReplica to the replicas it drops; it completes at once if its targets are in
+        the ISR. Refused (nothing changes) as the controller refuses it. `fails`: the
+        controller fails over after the txn, before telling anyone; "completing" is
+        `fails_completing`'s."""
         topic = self.model.topics[TOPIC]
         if target is None:
             ongoing = topic.reassignments.get(TP[1])
@@ -395,72 +395,43 @@ class ModelController:
                 return  # NO_REASSIGNMENT_IN_PROGRESS
             target = ongoing.original
         try:
-            reassignment, change = core.start_reassignment(
+            step = core.start_reassignment(
                 self.model, TP, target, self.epoch, in_grace=self.in_grace
             )
         except TidewaterError:
             return
-        topic.reassignments[TP[1]] = reassignment
-        topic.assignment[TP[1]] = reassignment.replicas
-        if fails == "starting":
-            raise ControllerFailed
-        if self.commit_and_send([change]):
-            if fails == "dropping":
-                raise ControllerFailed
-            self.drop_replicas()
+        self.take_step(step, fails=fails)
         self.maybe_complete_reassignment()
-
-    def drop_replicas(self) -> None:
-        """controller._drop_replicas: once the partition's state without the replicas a
-        cancel or re-target drops has committed, the assignment without them and their
-        StopReplica."""
-        topic = self.model.topics[TOPIC]
-        reassignment = topic.reassignments[TP[1]]
-        kept = replace(reassignment, dropping=())
-        topic.reassignments[TP[1]] = kept
-        topic.assignment[TP[1]] = kept.replicas
-        for broker_id in reassignment.dropping:
-            self.stop_replica(broker_id)
 
     def maybe_complete_reassignment(self) -> None:
         if TP[1] not in self.model.topics[TOPIC].reassignments:
             return
-        change = core.complete_reassignment(self.model, TP, self.epoch)
-        if change is not None:
-            self._complete_reassignment(change)
+        step = core.complete_reassignment(self.model, TP, self.epoch, in_grace=self.in_grace)
+        if step is not None:
+            self.completions.append(self.model.topics[TOPIC].reassignments[TP[1]])
+            self.take_step(step, fails=self.fails_completing)
 
-    def _complete_reassignment(self, change: PartitionChange) -> None:
-        """The targets' state (the replicas removed are no longer told), then the assignment
-        of the targets alone, then StopReplica to the replicas removed."""
+    def take_step(self, step: core.ReassignmentStep, *, fails: bool) -> None:
+        """controller._take_step: the partition's state and the assignment in one txn (made
+        from the current state: it commits), then the LeaderAndIsr and the StopReplica to the
+        replicas it removes, unless the controller fails over first."""
         topic = self.model.topics[TOPIC]
-        reassignment = topic.reassignments.pop(TP[1])
-        removing = [b for b in self.replicas if b not in reassignment.target]
-        topic.assignment[TP[1]] = reassignment.target
-        self.commit_and_send([change])  # made from the current state: it commits
-        self.completions.append(reassignment)
-        if self.fails_completing:
-            # What etcd holds: the reassignment still in flight.
-            topic.assignment[TP[1]] = reassignment.replicas
-            topic.reassignments[TP[1]] = reassignment
+        topic.assignment[TP[1]] = step.replicas
+        if step.in_flight is None:
+            topic.reassignments.pop(TP[1], None)
+        else:
+            topic.reassignments[TP[1]] = step.in_flight
+        if fails:
+            self.commit([step.change])
             raise ControllerFailed
-        for broker_id in removing:
+        self.commit_and_send([step.change])
+        for broker_id in step.stopping:
             self.stop_replica(broker_id)
 
     def finish_what_was_cut_short(self) -> None:
         """controller._finish_what_was_cut_short: once the grace period is over, a
-        reassignment in flight completes, or is announced again in a new leader epoch (the
-        predecessor may have died before telling the replicas); one that cannot go on stays
-        in flight."""
-        if TP[1] not in self.model.topics[TOPIC].reassignments:
-            return
-        try:
-            completes, change = core.resume_reassignment(self.model, TP, self.epoch)
-        except TidewaterError:
-            return
-        if completes:
-            self._complete_reassignment(change)
-        elif self.commit_and_send([change]):
-            self.drop_replicas()
+        reassignment in flight whose targets are in the ISR completes."""
+        self.maybe_complete_reassignment()
 
     def stop_replica(self, broker_id: int) -> None:
         """To its registered incarnation: the sender tries once even if fenced (a broker
@@ -940,23 +911,21 @@ class ReplicationModel(RuleBasedStateMachine):
     @rule(
         # Not `target`: a rule's target is the bundle its result goes to.
         replicas=st.runner().flatmap(reassignment_targets),
-        # Half of them run through; the others fail over midway.
-        controller_fails=st.sampled_from(["", "", "", "starting", "dropping", "completing"]),
+        # Half of them run through; the others fail over after a step's txn.
+        controller_fails=st.sampled_from(["", "", "", "starting", "completing"]),
     )
     def reassign(self, replicas: tuple[int, ...] | None, controller_fails: str) -> None:
         """An operator reassigns the partition to `replicas` (None: cancels the reassignment in
-        flight). The controller may fail over between the writes of its start (after the
-        first, or, once the partition's state committed, before the assignment without the
-        replicas it drops), or between the two of its completion (whenever that comes: at
-        once, after an AlterIsr or once a new controller's grace period ends); the next one
-        resumes it."""
+        flight). The controller may fail over after the txn of its start, or of its completion
+        (whenever that comes: at once, after an AlterIsr or once a new controller's grace
+        period ends), before it tells the brokers; the next one goes on."""
         self.reassignments += 1
         if self.failovers >= MAX_FAILOVERS:
             controller_fails = ""
         if controller_fails:
             self.failovers += 1
         self.controller.fails_completing = controller_fails == "completing"
-        self.controller.reassign(replicas, fails=controller_fails)
+        self.controller.reassign(replicas, fails=controller_fails == "starting")
 
     @precondition(lambda self: self.controller.in_grace)
     @rule()

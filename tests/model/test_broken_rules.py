@@ -31,7 +31,6 @@ from tests.model.replication_model import (
     model_settings,
 )
 from tidewater.controller import core
-from tidewater.controller.core import PartitionChange
 from tidewater.controller.model import ClusterModel, TopicPartition
 from tidewater.errors import TidewaterError
 from tidewater.replication.partition import AlterIsrProposal, IsrState, LeaderAndIsr, Partition
@@ -80,8 +79,8 @@ def complete_before_every_target_is_in_sync(monkeypatch: pytest.MonkeyPatch) -> 
     complete_reassignment = core.complete_reassignment
 
     def broken(
-        model: ClusterModel, tp: TopicPartition, controller_epoch: int
-    ) -> PartitionChange | None:
+        model: ClusterModel, tp: TopicPartition, controller_epoch: int, *, in_grace: bool = False
+    ) -> core.ReassignmentStep | None:
         record = model.partitions[tp]
         target = model.topics[tp[0]].reassignments[tp[1]].target
         if not set(target) & set(record.isr):
@@ -89,13 +88,15 @@ def complete_before_every_target_is_in_sync(monkeypatch: pytest.MonkeyPatch) -> 
         # The rule as if every target were in the ISR; those that are not stay out of it.
         model.partitions[tp] = record.with_(isr=tuple(dict.fromkeys(record.isr + target)))
         try:
-            change = complete_reassignment(model, tp, controller_epoch)
+            step = complete_reassignment(model, tp, controller_epoch, in_grace=in_grace)
         finally:
             model.partitions[tp] = record
-        if change is None:
+        if step is None:
             return None
-        isr = tuple(b for b in change.after.isr if b in record.isr)
-        return replace(change, before=record, after=change.after.with_(isr=isr))
+        after = step.change.after
+        isr = tuple(b for b in after.isr if b in record.isr)
+        change = replace(step.change, before=record, after=after.with_(isr=isr))
+        return replace(step, change=change)
 
     monkeypatch.setattr(core, "complete_reassignment", broken)
 

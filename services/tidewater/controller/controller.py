@@ -21,13 +21,13 @@ from opentelemetry import context as otel_context
 
 from tidewater.controller.core import (
     PartitionChange,
+    ReassignmentStep,
     changes_for_offline_partitions,
     changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
     complete_reassignment,
     elr_changes_for_configs,
     preferred_leader_change,
-    resume_reassignment,
     stale_elr_changes,
     start_reassignment,
 )
@@ -41,7 +41,7 @@ from tidewater.controller.model import (
     TopicState,
 )
 from tidewater.controller.sender import BrokerSender
-from tidewater.controller.store import ControllerStore, Json
+from tidewater.controller.store import ControllerStore
 from tidewater.errors import NotController, StoreUnavailable, TidewaterError
 from tidewater.telemetry import tracing
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -385,8 +385,7 @@ class Controller:
         # broker hears of it while they are still in it, and no failover keeps the old value
         # with the ELR cleared.
         changes = elr_changes_for_configs(self.model, after, self.epoch)
-        await self.commit_and_send(changes, (name, after.to_json()))
-        self.model.topics[name] = after
+        await self.commit_and_send(changes, after)
         self.sender.update_metadata([], configs_of=[name])
         log.info("topic %s: configs are now %s", name, configs)
         if after.unclean_leader_election_enable and not before.unclean_leader_election_enable:
@@ -447,99 +446,68 @@ class Controller:
         """Start moving a partition to `target` replicas (None: cancel, back to the original
         ones). Completes once the targets are in the ISR (maybe_complete_reassignment)."""
         topic = self.model.topics[tp[0]]
+        ongoing = topic.reassignments.get(tp[1])
         if target is None:
-            ongoing = topic.reassignments.get(tp[1])
             if ongoing is None:
                 raise TidewaterError(
                     f"{tp[0]}-{tp[1]} has no reassignment in progress",
                     ErrorCode.NO_REASSIGNMENT_IN_PROGRESS,
                 )
             target = ongoing.original
-        reassignment, change = start_reassignment(
+        original = ongoing.original if ongoing else topic.assignment[tp[1]]
+        step = start_reassignment(
             self.model, tp, target, self.epoch, in_grace=bool(self._grace_until_ms)
         )
-        topic.reassignments[tp[1]] = reassignment
-        topic.assignment[tp[1]] = reassignment.replicas
-        await self.store.put_topic(self.epoch, topic.name, topic.to_json())
-        if await self.commit_and_send([change]):
-            await self._drop_replicas(tp)
-        log.info("%s-%d: reassigning %s -> %s", *tp, list(reassignment.original), list(target))
+        await self._take_step(step)
+        log.info("%s-%d: reassigning %s -> %s", *tp, list(original), list(target))
         await self.maybe_complete_reassignment(tp)
-
-    async def _drop_replicas(self, tp: TopicPartition) -> None:
-        """A cancel's or re-target's third write, once the partition's state without the
-        replicas it drops has committed: the assignment without them, then their StopReplica.
-        Not before (a completion's order: the partition's state, then the assignment): a
-        failover between the writes would leave a broker that is not a replica leading, or in
-        the ISR, and nobody to stop it."""
-        topic = self.model.topics[tp[0]]
-        reassignment = topic.reassignments[tp[1]]
-        if not reassignment.dropping:
-            return
-        kept = replace(reassignment, dropping=())
-        topic.reassignments[tp[1]] = kept
-        topic.assignment[tp[1]] = kept.replicas
-        await self.store.put_topic(self.epoch, topic.name, topic.to_json())
-        for broker_id in reassignment.dropping:
-            self.sender.stop_replica(broker_id, [tp], delete=True)
 
     async def maybe_complete_reassignment(self, tp: TopicPartition) -> None:
         topic = self.model.topics.get(tp[0])
-        reassignment = topic.reassignments.get(tp[1]) if topic else None
-        if topic is None or reassignment is None:
+        if topic is None or tp[1] not in topic.reassignments:
             return
-        change = complete_reassignment(self.model, tp, self.epoch)
-        if change is not None:
-            await self._complete_reassignment(tp, change)
+        step = complete_reassignment(
+            self.model, tp, self.epoch, in_grace=bool(self._grace_until_ms)
+        )
+        if step is not None and await self._take_step(step):
+            log.info("%s-%d: reassignment to %s complete", *tp, list(step.replicas))
 
-    async def _complete_reassignment(self, tp: TopicPartition, change: PartitionChange) -> None:
+    async def _take_step(self, step: ReassignmentStep) -> bool:
+        """The partition's state and the topic's assignment in one txn, then StopReplica to
+        the replicas the step removes. Whether the partition's state committed."""
+        tp = step.change.tp
         topic = self.model.topics[tp[0]]
-        reassignment = topic.reassignments[tp[1]]
-        removing = [b for b in topic.assignment[tp[1]] if b not in reassignment.target]
-        topic.assignment[tp[1]] = reassignment.target
-        del topic.reassignments[tp[1]]
-        # Kafka's order: the partition state, then the assignment. A failover in between
-        # leaves the reassignment in flight with its targets in the ISR, and the next
-        # controller completes it (the other order would leave removed replicas in the ISR of
-        # a partition that no longer names them).
-        if not await self.commit_and_send([change]):
-            topic.assignment[tp[1]] = reassignment.replicas
-            topic.reassignments[tp[1]] = reassignment
-            return
-        await self.store.put_topic(self.epoch, topic.name, topic.to_json())
-        for broker_id in removing:
+        reassignments = {p: r for p, r in topic.reassignments.items() if p != tp[1]}
+        if step.in_flight is not None:
+            reassignments[tp[1]] = step.in_flight
+        after = replace(
+            topic,
+            assignment={**topic.assignment, tp[1]: step.replicas},
+            reassignments=reassignments,
+        )
+        if not await self.commit_and_send([step.change], after):
+            return False
+        for broker_id in step.stopping:
             self.sender.stop_replica(broker_id, [tp], delete=True)
-        log.info("%s-%d: reassignment to %s complete", *tp, list(reassignment.target))
+        return True
 
     async def _finish_what_was_cut_short(self) -> None:
         """Once a new controller's grace period is over (leaders may move): what a predecessor
-        that failed over between two writes left behind. Partitions stored without a
-        LeaderAndIsr start as new ones; every reassignment in flight completes, or is announced
-        again in a new leader epoch (KIP-455)."""
+        left behind. Partitions stored without a LeaderAndIsr start as new ones; every
+        reassignment in flight whose targets are in the ISR completes (its predecessor may
+        have failed over before the ISR change's)."""
         await self.commit_and_send(changes_for_unrecorded_partitions(self.model, self.epoch))
-        announced = []
         for tp in self.model.reassigning():
-            try:
-                completes, change = resume_reassignment(self.model, tp, self.epoch)
-            except TidewaterError as e:
-                log.warning("%s-%d: the reassignment in flight cannot go on now: %s", *tp, e)
-                continue
-            if completes:
-                await self._complete_reassignment(tp, change)
-            else:
-                announced.append(change)
-        for change in await self.commit_and_send(announced):
-            log.info("%s-%d: reassignment in flight resumed", *change.tp)
-            await self._drop_replicas(change.tp)
+            await self.maybe_complete_reassignment(tp)
 
     # -- commits -------------------------------------------------------------------------------
 
     async def commit_and_send(
-        self, changes: list[PartitionChange], topic: tuple[str, Json] | None = None
+        self, changes: list[PartitionChange], topic: TopicState | None = None
     ) -> list[PartitionChange]:
         """Commit partition changes to etcd (fenced) and tell the brokers concerned; returns the
-        changes that committed. `topic`: a topic's value written with them (see
-        ControllerStore.write_partitions)."""
+        changes that committed. `topic`: a topic's new state, written with them (see
+        ControllerStore.write_partitions) and the model's once written."""
         elections = [c for c in changes if c.before is None or c.before.leader != c.after.leader]
         attributes = {
             "tidewater.partitions": len(elections),
@@ -552,15 +520,18 @@ class Controller:
         return committed
 
     async def commit(
-        self, changes: list[PartitionChange], topic: tuple[str, Json] | None = None
+        self, changes: list[PartitionChange], topic: TopicState | None = None
     ) -> list[PartitionChange]:
         if not changes and topic is None:
             return []
         results = await self.store.write_partitions(
             self.epoch,
             [(c.tp[0], c.tp[1], c.expected_partition_epoch, c.after.to_json()) for c in changes],
-            topic,
+            (topic.name, topic.to_json()) if topic is not None else None,
         )
+        if topic is not None:
+            # Not before: a view built while the write is under way shows what etcd holds.
+            self.model.topics[topic.name] = topic
         committed, reloaded = [], []
         for change, result in zip(changes, results, strict=True):
             if not result.ok:

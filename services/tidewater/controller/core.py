@@ -387,6 +387,20 @@ def changes_for_unrecorded_partitions(
 # -- reassignment (KIP-455) ------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ReassignmentStep:
+    """One step of a reassignment (KIP-455), written in one etcd txn as KRaft writes one
+    record: the partition's state and the topic's assignment, so no failover stores one
+    without the other. `in_flight` None: the reassignment is over (completed or cancelled).
+    `stopping`: replicas it removes, sent StopReplica once it has committed (one that misses
+    it finds its log stray at its next FULL metadata view)."""
+
+    change: PartitionChange
+    replicas: tuple[int, ...]
+    in_flight: Reassignment | None
+    stopping: tuple[int, ...]
+
+
 def start_reassignment(
     model: ClusterModel,
     tp: TopicPartition,
@@ -394,15 +408,13 @@ def start_reassignment(
     controller_epoch: int,
     *,
     in_grace: bool = False,
-) -> tuple[Reassignment, PartitionChange]:
+) -> ReassignmentStep:
     """Assign the partition to original + target replicas, so the new ones start following;
     the leader epoch moves so every replica hears of the change. Cancelling or re-targeting a
     reassignment drops replicas it was adding: they leave the ISR too, and if one of them
     led, the first live ISR member among the remaining replicas leads (KIP-455). With no such
     member left, ELIGIBLE_LEADERS_NOT_AVAILABLE unless the topic allows unclean election.
-
-    The reassignment returned keeps the dropped replicas (`dropping`, assigned still): the
-    controller drops them from the assignment only once the change has committed.
+    A cancel (back to the original replicas) is over in this one step, as Kafka's revert.
 
     `in_grace`: as for changes_for_offline_partitions, a new controller that has not heard
     from every broker elects no unclean leader, and the ISR keeps the members it has not
@@ -420,9 +432,8 @@ def start_reassignment(
     topic = model.topics[tp[0]]
     current = topic.reassignments.get(tp[1])
     original = current.original if current else model.replicas(tp)
-    replicas = Reassignment(original, target).replicas
-    dropping = tuple(b for b in model.replicas(tp) if b not in replicas)
-    reassignment = Reassignment(original, target, dropping)
+    reassignment = Reassignment(original, target)
+    replicas = reassignment.replicas
     record = model.partitions[tp]
     kept = record.with_(isr=tuple(b for b in record.isr if b in replicas))
     unclean_allowed = topic.unclean_leader_election_enable and not in_grace
@@ -451,49 +462,46 @@ def start_reassignment(
         if in_grace and after.leader in kept.isr:
             after = after.with_(isr=kept.isr)
     change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch), unclean)
-    return reassignment, with_elr(model, change, replicas=replicas)
-
-
-def resume_reassignment(
-    model: ClusterModel, tp: TopicPartition, controller_epoch: int
-) -> tuple[bool, PartitionChange]:
-    """A reassignment a new controller finds in flight (KIP-455): (True, the change that
-    completes it) once every target is in the ISR. Otherwise (False, the change that announces
-    its replicas again in a new leader epoch, as when it started): the previous controller may
-    have stored the assignment and died before the LeaderAndIsr that tells the replicas, who
-    would ignore one in the leader epoch they have, or, for a cancel or re-target, before the
-    change that takes the replicas it drops out of the leadership and ISR (the controller then
-    drops them from the assignment). Raises when no replica could lead: the dropped ones stay
-    assigned."""
-    completing = complete_reassignment(model, tp, controller_epoch)
-    if completing is not None:
-        return True, completing
-    target = model.topics[tp[0]].reassignments[tp[1]].target
-    return False, start_reassignment(model, tp, target, controller_epoch)[1]
+    cancelled = set(target) == set(original)
+    return ReassignmentStep(
+        with_elr(model, change, replicas=replicas),
+        replicas,
+        None if cancelled else reassignment,
+        tuple(b for b in model.replicas(tp) if b not in replicas),
+    )
 
 
 def complete_reassignment(
-    model: ClusterModel, tp: TopicPartition, controller_epoch: int
-) -> PartitionChange | None:
+    model: ClusterModel, tp: TopicPartition, controller_epoch: int, *, in_grace: bool = False
+) -> ReassignmentStep | None:
     """Once every target replica is in the ISR: the targets alone are the replicas, the ISR
     keeps only them, and leadership moves to one of them if the leader is being removed (or
-    is not usable). A cancel (back to the original replicas) completes at once, as Kafka's
-    revert: its replicas need not all be in the ISR, as before the reassignment. None while
-    the targets are still catching up, or while none of them could lead (a new controller
-    that has not heard from them yet, or a leader shutting down): it stays in flight, and
-    completes at a later ISR change or when a new controller resumes it."""
+    is not usable). None while the targets are still catching up, or while none of them
+    could lead (a new controller that has not heard from them yet, or a leader shutting
+    down): it stays in flight, and completes at a later ISR change or once a new
+    controller's grace period is over.
+
+    `in_grace`: a new controller moves no leader it has not heard from yet (as
+    changes_for_offline_partitions): None until the grace period is over."""
     reassignment = model.topics[tp[0]].reassignments[tp[1]]
     record = model.partitions[tp]
-    cancelled = set(reassignment.target) == set(reassignment.original)
-    if not cancelled and not set(reassignment.target) <= set(record.isr):
+    if not set(reassignment.target) <= set(record.isr):
+        return None
+    usable = model.usable_brokers()
+    if in_grace and record.leader not in usable:
         return None
     isr = tuple(b for b in record.isr if b in reassignment.target)
     after = record.with_(isr=isr, leader_epoch=record.leader_epoch + 1)
-    if record.leader not in reassignment.target or record.leader not in model.usable_brokers():
+    if record.leader not in reassignment.target or record.leader not in usable:
         try:
-            result = reassigned_partition_leader(reassignment.target, after, model.usable_brokers())
+            result = reassigned_partition_leader(reassignment.target, after, usable)
         except NoReplicaOnline:
             return None
         after = result.leader_and_isr.with_(leader_epoch=record.leader_epoch + 1)
     change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))
-    return with_elr(model, change, replicas=reassignment.target)
+    return ReassignmentStep(
+        with_elr(model, change, replicas=reassignment.target),
+        reassignment.target,
+        None,
+        tuple(b for b in model.replicas(tp) if b not in reassignment.target),
+    )

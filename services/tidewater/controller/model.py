@@ -97,20 +97,14 @@ class PartitionRecord:
 @dataclass(frozen=True)
 class Reassignment:
     """A partition moving from `original` to `target` replicas (KIP-455). Until the target
-    replicas are all in the ISR, the partition is assigned to both.
-
-    `dropping`: replicas a cancel or re-target stops adding. They stay assigned (and are being
-    removed) until the partition's state without them has committed, so that no failover
-    leaves one leading or in the ISR of a partition that does not name it, and the controller
-    that resumes it knows whom to send a StopReplica."""
+    replicas are all in the ISR, the partition is assigned to both."""
 
     original: tuple[int, ...]
     target: tuple[int, ...]
-    dropping: tuple[int, ...] = ()
 
     @property
     def replicas(self) -> tuple[int, ...]:
-        return tuple(dict.fromkeys(self.target + self.original + self.dropping))
+        return tuple(dict.fromkeys(self.target + self.original))
 
     @property
     def adding(self) -> tuple[int, ...]:
@@ -118,17 +112,14 @@ class Reassignment:
 
     @property
     def removing(self) -> tuple[int, ...]:
-        return tuple(b for b in self.original if b not in self.target) + self.dropping
+        return tuple(b for b in self.original if b not in self.target)
 
     def to_json(self) -> dict[str, list[int]]:
-        value = {"original": list(self.original), "target": list(self.target)}
-        return value | ({"dropping": list(self.dropping)} if self.dropping else {})
+        return {"original": list(self.original), "target": list(self.target)}
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> Reassignment:
-        return cls(
-            tuple(value["original"]), tuple(value["target"]), tuple(value.get("dropping", ()))
-        )
+        return cls(tuple(value["original"]), tuple(value["target"]))
 
 
 @dataclass

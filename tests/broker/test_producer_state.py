@@ -311,6 +311,47 @@ async def test_a_followers_truncation_reads_none_of_its_log(
         replica.log.close()
 
 
+async def test_a_truncation_undoes_the_batches_of_a_write_under_way(tmp_path: Path) -> None:
+    """Review 16 L1: the truncation read the LEO before the log took in a write under way on
+    a worker thread; that write's batches entered the producer state, the truncation cut them
+    from the log, and the state was not undone (a retry would be taken for a duplicate)."""
+    hosted = follower(tmp_path / "t-0")
+    for offset in range(3):
+        await hosted.append_as_follower(raw_batch(offset, offset=offset))
+    big = build_batch(
+        [Record(value=b"x" * 100_000)],
+        base_offset=3,
+        producer_id=9,
+        producer_epoch=0,
+        base_sequence=0,
+        now_ms=1_000,
+    )
+    write = asyncio.create_task(hosted.append_as_follower(big))
+    await asyncio.sleep(0)  # the write has gone to a worker thread
+    assert hosted.log._pending_write is not None
+    hosted.truncate_to(3)
+    await write
+    assert hosted.log.log_end_offset == 3
+    assert 9 not in hosted.producer_state.producers
+    hosted.log.close()
+
+
+async def test_a_reopened_partition_journals_nothing_below_its_hw(tmp_path: Path) -> None:
+    """Review 16 L2: the load after a crash (no snapshot at the end) journals every batch
+    after the last snapshot, up to JOURNAL_MAX a partition, and only an append let go of
+    those below the HW: a partition with none kept them (about 2.8 MB for 10,000 small
+    batches). Hosting lets go of them; above the HW they stay, for a truncation to undo."""
+    hosted = follower(tmp_path / "t-0")
+    for offset in range(10):
+        await hosted.append_as_follower(raw_batch(offset, offset=offset))
+    hosted.log.close()  # a crash: no snapshot at the LEO
+    reopened = follower(tmp_path / "t-0", high_watermark=8)
+    assert [undo.first_offset for undo in reopened.producer_state._journal] == [8, 9]
+    assert reopened.producer_state.truncate(8)
+    assert reopened.producer_state.producers[PID].last_sequence == 7
+    reopened.log.close()
+
+
 async def test_a_truncation_below_the_hw_rebuilds_the_state_from_the_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -580,11 +621,14 @@ async def test_hosting_a_partition_reads_none_of_its_log(
     assert [(p.error_code, p.base_offset) for p in retry.partitions] == [(ErrorCode.NONE, 19)]
 
 
-def follower(directory: Path, segment_bytes: int = 1 << 20) -> HostedPartition:
-    """A replica (broker 3) following broker 1 on a log opened in `directory`."""
+def follower(
+    directory: Path, segment_bytes: int = 1 << 20, high_watermark: int = 0
+) -> HostedPartition:
+    """A replica (broker 3) following broker 1 on a log opened in `directory`, with the HW
+    checkpoint `high_watermark`."""
     config = TopicConfig(log=LogConfig(segment_bytes=segment_bytes))
     log = Log.open(directory, config.log, 0, lambda: 1_000)
-    state = Partition("t", 0, 3, log, replication_config(config, 30_000), 0)
+    state = Partition("t", 0, 3, log, replication_config(config, 30_000), high_watermark)
     state.make_follower(LeaderAndIsr(1, 1, (1, 2, 3), (1, 2, 3), 1))
     return HostedPartition(state, log, config, lambda: 1_000)
 

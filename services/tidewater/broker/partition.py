@@ -51,6 +51,9 @@ class HostedPartition:
         self._time_ms = time_ms
         # Loaded with the log: hosting the partition reads none of it.
         self.producer_state = log.producer_state
+        # The load's journal holds every batch after the snapshot: below the HW it serves no
+        # truncation but an unclean one, and a partition with no appends would keep it.
+        self.producer_state.release(state.high_watermark)
         self._leader_appends = asyncio.Lock()
         # Set when the broker stops hosting the partition: a produce still waiting for its
         # turn must not append after that.
@@ -146,6 +149,9 @@ class HostedPartition:
 
     @reports_io_failures
     def truncate_to(self, offset: int) -> None:
+        # A write under way enters the log (and the producer state) first: its batches are
+        # among those to undo.
+        self.log.take_in_pending_write()
         log_end_offset = self.log.log_end_offset
         self.log.truncate_to(offset)
         truncated_to = self.log.log_end_offset
@@ -159,6 +165,7 @@ class HostedPartition:
                 truncated_to,
             )
             self.producer_state.rebuild(self.log, self._time_ms())
+            self.producer_state.release(self.state.high_watermark)
 
     @reports_io_failures
     def truncate_fully_and_start_at(self, offset: int) -> None:

@@ -594,13 +594,16 @@ def test_a_flush_job_of_a_truncated_log_does_not_move_the_recovery_point(
     assert log.recovery_point == 0 < log.log_end_offset == 3
 
 
-async def test_writing_out_fsyncs_the_unflushed_log_off_the_loop_and_moves_no_recovery_point(
+async def test_writing_out_fsyncs_the_unflushed_log_off_the_loop(
     open_log: OpenLog, make_batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a diverged follower does before it truncates (on the loop, fsyncing the log
-    below the new end): the writeback happens on a worker thread first."""
-    log = open_log()
-    fill(log, make_batch, 4)
+    below the new end): the writeback happens on a worker thread first, and moves the
+    recovery point (review 16 L4: it did not, and the truncation fsynced every segment from
+    the old one again), so the truncation fsyncs only the segment it cuts."""
+    log = open_log(segment_bytes=400)
+    fill(log, make_batch, 8)
+    assert len(log.segments) > 2
     fsynced: list[tuple[str, bool]] = []
     fsync = os.fsync
 
@@ -611,12 +614,15 @@ async def test_writing_out_fsyncs_the_unflushed_log_off_the_loop_and_moves_no_re
 
     monkeypatch.setattr(os, "fsync", recorded)
     await log.write_out()
-    assert str(log.segments[0].log_path.resolve()) in {path for path, _ in fsynced}
+    assert str(log.segments[-1].log_path.resolve()) in {path for path, _ in fsynced}
     assert not any(on_loop for _, on_loop in fsynced)
-    assert log.recovery_point == 0
-    # Nothing changed: the truncation's own fsyncs still run, and find the data written.
-    log.truncate_to(6)
-    assert log.log_end_offset == 6
+    assert log.recovery_point == log.log_end_offset
+    fsynced.clear()
+    cut = log.segments[-2]
+    log.truncate_to(cut.base_offset + 1)
+    assert log.log_end_offset <= cut.base_offset + 1
+    segment_files = {p for p, _ in fsynced if p.endswith(".log")}
+    assert segment_files == {str(cut.log_path.resolve())}
 
 
 def test_files_synced_in_the_background_move_no_recovery_point_and_are_not_recreated(

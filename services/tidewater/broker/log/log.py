@@ -755,15 +755,15 @@ class Log:
 
     @reports_io_failures
     async def write_out(self) -> None:
-        """fsync the log's unflushed files on a worker thread, changing nothing: a truncation
-        fsyncs the log below its new end on the event loop (see truncate_to), and after this
-        those fsyncs find little left to write. Without it, a follower that diverged with a
-        segment's worth of unflushed data held every partition up for that segment's
-        writeback."""
+        """flush() on a worker thread: a truncation fsyncs the log below its new end on the
+        event loop (see truncate_to), and after this it finds nothing left to write. Without
+        it, a follower that diverged with a segment's worth of unflushed data held every
+        partition up for that segment's writeback."""
         self.take_in_pending_write()
         job = self.flush_job(self.log_end_offset)
         if job is not None:
             await asyncio.to_thread(job.run)  # which closes the job's descriptors
+            self.finish_flush(job)
 
     @reports_io_failures
     def sync_files(self, paths: Sequence[Path]) -> None:

@@ -470,6 +470,22 @@ def test_a_new_controller_in_its_grace_period_completes_without_moving_an_unhear
     assert step is not None and step.change.after.leader == 2
 
 
+def test_a_cancel_a_previous_version_left_in_flight_completes() -> None:
+    """Review 17 L1: a version before 0f6f378 stored a cancel in flight (its first write, with
+    the replica it dropped still assigned, as `dropping`), which completed at once when
+    resumed. It still does, though broker 3, an original replica, is out of the ISR, and
+    broker 4 gets its StopReplica."""
+    m = reassigning((1, 2), leader=1)
+    stored = m.topics["t"].to_json() | {
+        "reassignments": {"0": {"original": [1, 2, 3], "target": [1, 2, 3], "dropping": [4]}}
+    }
+    m.topics["t"] = TopicState.from_json("t", stored)
+    step = complete_reassignment(m, ("t", 0), EPOCH)
+    assert step is not None
+    assert (step.replicas, step.in_flight, step.stopping) == ((1, 2, 3), None, (4,))
+    assert (step.change.after.leader, step.change.after.isr) == (1, (1, 2))
+
+
 def test_partitions_stored_without_a_leader_and_isr_start_as_new_ones() -> None:
     # A controller died between storing topic n (and partition 2 of t) and their state.
     m = model(fenced=(3,))

@@ -320,6 +320,32 @@ async def test_a_retried_identical_write_counts_as_success(connect_store: Connec
     }
 
 
+async def test_a_topic_is_written_with_its_partitions_or_not_at_all(
+    connect_store: Connect,
+) -> None:
+    """A reassignment's step writes the partition's state and the topic's assignment in one
+    txn. The topic was written even when the partition's compare failed (review 17 M1): etcd
+    held an assignment without a replica its partition's state still named leader. Now the
+    topic goes only with its partitions, and a failed compare raises, so the controller
+    resigns and its successor loads what etcd holds."""
+    store = await connect_store()
+    epoch = await store.campaign(1, "127.0.0.1:9101", 5)
+    await store.put_topic(epoch, "t", {"configs": {}, "assignment": {"0": [1, 2]}})
+    [created] = await store.write_partitions(epoch, [("t", 0, None, leader_and_isr(1, 0, [1]))])
+    moved = {"configs": {}, "assignment": {"0": [2]}}
+    stale = ("t", 0, created.new_mod_revision - 1, leader_and_isr(2, 1, [2]))
+    with pytest.raises(StoreUnavailable, match="t-0"):
+        await store.write_partitions(epoch, [stale], topic=("t", moved))
+    assert (await store.load_topics())["t"]["assignment"] == {"0": [1, 2]}
+    update = ("t", 0, created.new_mod_revision, leader_and_isr(2, 1, [2]))
+    [written] = await store.write_partitions(epoch, [update], topic=("t", moved))
+    assert written.ok
+    assert (await store.load_topics())["t"] == moved
+    # With no partitions to write, the topic on its own (a config change that moves no ELR).
+    await store.write_partitions(epoch, [], topic=("t", {**moved, "configs": {"a": "b"}}))
+    assert (await store.load_topics())["t"]["configs"] == {"a": "b"}
+
+
 async def test_300_partition_writes_take_the_fewest_txns(connect_store: Connect) -> None:
     store = await connect_store()
     epoch = await store.campaign(1, "127.0.0.1:9101", 5)

@@ -340,11 +340,13 @@ class ModelController:
         self.commit_and_send(changes)
 
     def set_min_insync_replicas(self, value: int) -> None:
-        """controller.alter_topic_configs: the ELRs a lower value makes stale go first (their
-        LeaderAndIsr still carries the old value), then the brokers get the new value."""
+        """controller.alter_topic_configs: the ELRs a lower value makes stale go in the txn
+        that stores it (their LeaderAndIsr carries the new value), then every broker gets
+        it."""
         after = replace(self.model.topics[TOPIC], configs={"min.insync.replicas": str(value)})
-        self.commit_and_send(core.elr_changes_for_configs(self.model, after, self.epoch))
+        changes = core.elr_changes_for_configs(self.model, after, self.epoch)
         self.model.topics[TOPIC] = after
+        self.commit_and_send(changes)
         for state in self.model.brokers.values():
             if state.usable:
                 self.outbox[state.broker_id].append(ConfigMessage(self.epoch, state.epoch, value))

@@ -469,12 +469,14 @@ class Controller:
         step = complete_reassignment(
             self.model, tp, self.epoch, in_grace=bool(self._grace_until_ms)
         )
-        if step is not None and await self._take_step(step):
+        if step is not None:
+            await self._take_step(step)
             log.info("%s-%d: reassignment to %s complete", *tp, list(step.replicas))
 
-    async def _take_step(self, step: ReassignmentStep) -> bool:
-        """The partition's state and the topic's assignment in one txn, then StopReplica to
-        the replicas the step removes. Whether the partition's state committed."""
+    async def _take_step(self, step: ReassignmentStep) -> None:
+        """The partition's state and the topic's assignment in one txn (which commits both, or
+        raises StoreUnavailable: see ControllerStore.write_partitions), then StopReplica to
+        the replicas the step removes."""
         tp = step.change.tp
         topic = self.model.topics[tp[0]]
         reassignments = {p: r for p, r in topic.reassignments.items() if p != tp[1]}
@@ -485,11 +487,9 @@ class Controller:
             assignment={**topic.assignment, tp[1]: step.replicas},
             reassignments=reassignments,
         )
-        if not await self.commit_and_send([step.change], after):
-            return False
+        await self.commit_and_send([step.change], after)
         for broker_id in step.stopping:
             self.sender.stop_replica(broker_id, [tp], delete=True)
-        return True
 
     async def _finish_what_was_cut_short(self) -> None:
         """Once a new controller's grace period is over (leaders may move): what a predecessor

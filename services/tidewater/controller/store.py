@@ -312,8 +312,11 @@ class ControllerStore:
         value counts as written (a retried write). Results are in the order of `updates`.
 
         `topic` (name, value): a topic's configs and assignment, put in the txn of the last
-        updates (of all of them, up to PARTITIONS_PER_TXN), whether or not they are written,
-        so that no failover leaves the partitions written without it."""
+        updates (of all of them, up to PARTITIONS_PER_TXN), so that no failover leaves the
+        partitions written without it, nor it without them (on its own when there are no
+        updates). If one of those updates' compare fails, the topic is not written and
+        StoreUnavailable is raised: etcd holds a state this controller does not know, and the
+        controller resigns, so that whoever wins loads it (review 17 M1)."""
         starts = range(0, len(updates), PARTITIONS_PER_TXN)
         chunks = [range(s, min(s + PARTITIONS_PER_TXN, len(updates))) for s in starts]
         results: dict[int, WriteResult] = {}
@@ -325,8 +328,8 @@ class ControllerStore:
     async def _write_partition_chunk(
         self, epoch: int, updates: Sequence[PartitionUpdate], pending: list[int], also: list[Any]
     ) -> dict[int, WriteResult]:
-        """`also`: ops to apply in the txn that writes the partitions (on their own if none
-        is written)."""
+        """`also`: ops to apply in the txn that writes the partitions (on their own if there
+        are none)."""
         results = {}
         keys = {i: self._partition_key(updates[i][0], updates[i][1]) for i in pending}
         # Every round settles at least one key (the one whose compare failed), so this ends.
@@ -342,6 +345,12 @@ class ControllerStore:
                 for i in pending:
                     results[i] = WriteResult(True, revision, updates[i][3])
                 return results
+            if also:
+                raise StoreUnavailable(
+                    "etcd holds another state of "
+                    + ", ".join(f"{updates[i][0]}-{updates[i][1]}" for i in pending)
+                    + " than this controller's: the topic's value is not written"
+                )
             retry = []
             for i, response in zip(pending, responses, strict=True):
                 kv = _first(response)

@@ -79,6 +79,20 @@ async def test_a_topic_created_again_replaces_the_deleted_ones_leaders(
     assert leader(metadata) == (3, 1)
 
 
+async def test_a_lagging_service_does_not_take_the_cache_back_to_the_deleted_topic(
+    metadata: ClusterMetadata,
+) -> None:
+    """Review 18 M2: after the topic was created again, a metadata service that had not
+    applied that yet answered with the deleted topic's id, and the cache went back to it and
+    its leaders (the consumer reset its positions twice, skipping or re-reading records). A
+    topic id is never used again: an answer naming a retired one is a lagging view."""
+    metadata._apply(answer(leader=1, leader_epoch=7))
+    metadata._apply(answer(leader=2, leader_epoch=0, topic_id=NEW_ID))
+    metadata._apply(answer(leader=1, leader_epoch=7))
+    assert metadata.topics["orders"].topic_id == NEW_ID
+    assert leader(metadata) == (2, 0)
+
+
 async def test_a_topic_that_no_longer_exists_leaves_no_leader_behind(
     metadata: ClusterMetadata,
 ) -> None:

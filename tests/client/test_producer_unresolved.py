@@ -1,9 +1,10 @@
-"""The idempotent producer's sender when a batch fails for good after an answer that may follow
-an append (NOT_LEADER_OR_FOLLOWER: the old leader appended it, then leadership moved before
-the HW covered it, and the new leader had copied it). The real sender (_drain, _completed,
+"""The idempotent producer's sender when a batch's outcome is in doubt. One that fails for
+good after an answer that may follow an append (NOT_LEADER_OR_FOLLOWER: the old leader
+appended it, then leadership moved before the HW covered it, and the new leader had copied
+it); and a retry its new leader no longer remembers. The real sender (_drain, _completed,
 settle) against a fake link; the new leader is the broker's real producer state over a list
-standing in for its log. Each record must be in that log once, and the batch behind the failed
-one acknowledged at its first offset, not renumbered in a new epoch and written again."""
+standing in for its log. Each record must be in that log once, and no batch renumbered in a
+new epoch and written again."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from tidewater.broker.producer_state import ProducerStateManager
+from tidewater.client import UNKNOWN_OFFSET
 from tidewater.client import producer as producer_mod
 from tidewater.client.accumulator import ProducerBatch
 from tidewater.client.errors import DeliveryTimeout
-from tidewater.errors import NotLeaderOrFollower
+from tidewater.errors import NotLeaderOrFollower, TidewaterError
 from tidewater.records.batch import Record
 from tidewater.records.header import read_header
 from tidewater.v1 import broker_pb2 as pb
@@ -48,14 +50,18 @@ class NewLeader:
         return len(self.values) - len(batch.records)
 
     def answer(self, producer: Any, batches: list[ProducerBatch]) -> None:
+        """Append each batch and answer the producer as the broker would, a refusal too."""
         for batch in batches:
-            offset = self.append(batch)
-            producer._completed(
-                batch,
-                pb.PartitionProduceResponse(
-                    topic="t", partition=0, error_code=ErrorCode.NONE, base_offset=offset
-                ),
-            )
+            try:
+                answer = pb.PartitionProduceResponse(
+                    topic="t",
+                    partition=0,
+                    error_code=ErrorCode.NONE,
+                    base_offset=self.append(batch),
+                )
+            except TidewaterError as e:
+                answer = pb.PartitionProduceResponse(topic="t", partition=0, error_code=e.code)
+            producer._completed(batch, answer)
 
 
 def both_sent_appended_and_answered_not_leader(
@@ -122,3 +128,46 @@ async def test_a_batch_out_of_retries_after_not_leader_leaves_the_next_one_numbe
     assert b.error is None and b.base_offset == 1
     assert isinstance(a.error, NotLeaderOrFollower)
     assert "may be in the log" in str(a.error)
+
+
+async def test_a_retry_the_new_leader_no_longer_remembers_is_not_written_again(
+    sent: list[ProducerBatch], hand_driven_producer: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Review 18 H1: X went to the old leader, which appended it (the new leader copied it)
+    and hung. A refresh named the new leader, and the producer sent Y0..Y4 there while X was
+    in flight: appended after X, acknowledged. X's stream timed out; its retry reached the
+    new leader, whose last five batches no longer hold X: OUT_OF_ORDER_SEQUENCE. The producer
+    took it for a gap, bumped its epoch and wrote X again after Y4. A later acknowledged batch
+    proves X in the log: it completes, at an offset unknown."""
+    producer = hand_driven_producer()
+    new_leader = NewLeader(tmp_path)
+    now = time.monotonic()
+
+    def send(value: bytes) -> ProducerBatch:
+        batch = producer._accumulator.append(TP, Record(None, value, (), None), 100, now)[1]
+        producer._drain(now)
+        assert sent == [batch]
+        sent.clear()
+        return batch
+
+    x = send(b"X")
+    new_leader.append(x)  # the old leader appended it; the new one copied it
+    producer.metadata.leader = lambda tp: NEW_LEADER  # type: ignore[method-assign]
+    ys = []
+    for i in range(5):  # X and four more are as many as may be in flight
+        ys.append(send(b"Y%d" % i))
+        new_leader.answer(producer, ys[-1:])
+    producer._transport_failed([x], "no answer from old-leader:1 within 35s")
+    producer._sequences.settle()
+    producer._drain(now + 1)
+    assert sent == [x]
+    new_leader.answer(producer, sent)
+    sent.clear()
+    assert x.done.done() and x.error is None
+    producer._sequences.settle()
+    producer._drain(now + 2)
+    assert sent == []
+    assert new_leader.values == [b"X", b"Y0", b"Y1", b"Y2", b"Y3", b"Y4"]
+    assert producer._sequences.bumps == 0
+    assert x.metadata(0).offset == UNKNOWN_OFFSET
+    assert [y.metadata(0).offset for y in ys] == [1, 2, 3, 4, 5]

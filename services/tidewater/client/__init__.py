@@ -4,7 +4,7 @@
     from tidewater.client import Consumer, Producer
 """
 
-from tidewater.client.accumulator import RecordFuture, RecordMetadata
+from tidewater.client.accumulator import UNKNOWN_OFFSET, RecordFuture, RecordMetadata
 from tidewater.client.admin import Admin, PartitionReassignment
 from tidewater.client.consumer import Consumer
 from tidewater.client.metadata import TopicPartition
@@ -13,6 +13,7 @@ from tidewater.errors import TidewaterError
 from tidewater.records.batch import ConsumerRecord
 
 __all__ = [
+    "UNKNOWN_OFFSET",
     "Admin",
     "Consumer",
     "ConsumerRecord",

@@ -19,11 +19,14 @@ from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, NO_SEQUE
 TopicPartition = tuple[str, int]
 # Per-record bytes beyond key and value in the batch format (lengths, deltas, attributes).
 RECORD_OVERHEAD = 21
+UNKNOWN_OFFSET = -1
 
 
 @dataclass(frozen=True, slots=True)
 class RecordMetadata:
-    """Where an acknowledged record landed."""
+    """Where an acknowledged record landed. `offset` UNKNOWN_OFFSET: in the log, at an offset
+    the producer could not learn (a retry of an idempotent batch its leader no longer
+    remembered, which a later batch's acknowledgement proves written)."""
 
     topic: str
     partition: int
@@ -118,7 +121,7 @@ class ProducerBatch:
         # Set by the first build (the records' CreateTime when they carry none).
         self.now_ms = -1
         # The outcome, once `done`: where the batch landed, or why it failed.
-        self.base_offset = -1
+        self.base_offset = UNKNOWN_OFFSET
         self.log_append_time_ms = -1
         self.error: BaseException | None = None
         # The retriable error its last attempt was answered with (code, message), for its
@@ -177,7 +180,8 @@ class ProducerBatch:
             timestamp = self.records[index].timestamp_ms
             if timestamp is None:
                 timestamp = self.now_ms
-        return RecordMetadata(*self.tp, self.base_offset + index, timestamp)
+        offset = UNKNOWN_OFFSET if self.base_offset == UNKNOWN_OFFSET else self.base_offset + index
+        return RecordMetadata(*self.tp, offset, timestamp)
 
 
 class RecordAccumulator:

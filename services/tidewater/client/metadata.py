@@ -70,6 +70,9 @@ class ClusterMetadata:
         self.brokers: dict[int, str] = {}
         self.partitions: dict[TopicPartition, PartitionInfo] = {}
         self.topics: dict[str, TopicInfo] = {}
+        # Ids of topics deleted and created again under their name: never used again, so an
+        # answer naming one comes from a metadata service that lags.
+        self._retired_ids: set[bytes] = set()
         # The active controller's address as the metadata service last heard of it.
         self.controller: str | None = None
         self._wanted: set[str] = set()
@@ -173,9 +176,12 @@ class ClusterMetadata:
             b.broker_id: f"{b.endpoint.host}:{b.endpoint.port}" for b in response.brokers
         }
         for topic in response.topics:
+            if topic.topic_id in self._retired_ids:
+                continue
             known_topic = self.topics.get(topic.topic)
             known_id = known_topic.topic_id if known_topic is not None else b""
             if known_id and topic.topic_id and known_id != topic.topic_id:
+                self._retired_ids.add(known_id)
                 self._forget_partitions(topic.topic)
             elif topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                 # Deleted, or not applied yet by a lagging metadata service: no leader, but

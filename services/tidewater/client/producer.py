@@ -16,6 +16,7 @@ import grpc
 from opentelemetry.trace import TracerProvider
 
 from tidewater.client.accumulator import (
+    UNKNOWN_OFFSET,
     ProducerBatch,
     RecordAccumulator,
     RecordFuture,
@@ -36,7 +37,7 @@ from tidewater.client.errors import (
 )
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.client.partitioner import StickyPartitioner, partition_for_key
-from tidewater.client.sequences import REFUSED_BEFORE_APPEND, ProducerSequences
+from tidewater.client.sequences import REFUSED_BEFORE_APPEND, SEQUENCE_REFUSALS, ProducerSequences
 from tidewater.client.spans import BatchTrace
 from tidewater.errors import (
     NO_ERROR,
@@ -56,6 +57,9 @@ __all__ = ["Producer", "RecordFuture", "RecordMetadata"]
 
 log = logging.getLogger(__name__)
 
+# The broker answers a produce within request_timeout_ms (REQUEST_TIMED_OUT at the latest):
+# a link gives up on an answer this much later.
+ANSWER_GRACE_S = 5.0
 COMPRESSIONS = {
     None: Compression.NONE,
     "none": Compression.NONE,
@@ -608,6 +612,17 @@ class Producer:
                 self._sequences.acknowledged(batch)
             batch.complete(result.base_offset, result.log_append_time_ms)
             self._release(batch)
+        elif (
+            code in SEQUENCE_REFUSALS
+            and self.config.idempotent
+            and self._sequences.in_the_log(batch)
+        ):
+            # A retry its new leader no longer remembers, of a batch a later acknowledged one
+            # proves in the log: done, at an offset unknown, as Kafka completes a batch
+            # answered DUPLICATE_SEQUENCE_NUMBER. Renumbered, it was written twice.
+            self._sequences.acknowledged(batch)
+            batch.complete(UNKNOWN_OFFSET, UNKNOWN_OFFSET)
+            self._release(batch)
         else:
             if code in REFRESH_METADATA:
                 if result.HasField("current_leader"):
@@ -738,7 +753,7 @@ class _BrokerLink:
             metadata=producer._new_traces.metadata if producer._tracer is not None else None,
         )
         # A deadline per request: the stream is abandoned when the oldest one is overdue.
-        timeout_s = self.producer.config.request_timeout_s + 5.0
+        timeout_s = self.producer.config.request_timeout_s + ANSWER_GRACE_S
         reason = "stream closed"
         try:
             while True:
@@ -748,7 +763,9 @@ class _BrokerLink:
                     async with asyncio.timeout(max(budget, 0.001)):
                         response = await call.read()
                 except TimeoutError:
-                    if self._in_flight:
+                    # The budget may be an idle wait's, and a request sent since not overdue.
+                    waiting = [started for _, started in self._in_flight.values()]
+                    if waiting and min(waiting) + timeout_s <= time.monotonic():
                         reason = f"no answer from {self.address} within {timeout_s:g}s"
                         break
                     continue

@@ -41,6 +41,10 @@ TopicPartition = tuple[str, int]
 # producer state check): that attempt is known not to be in the log. Any other answer, a lost
 # one included, may follow an append: NOT_LEADER_OR_FOLLOWER answers a batch the old leader
 # appended when leadership moves before the HW covers it, and the new leader may hold it.
+# The producer state's refusals of a batch's sequence: the broker lacks a batch before it
+# (not landed yet, or lost), or no longer remembers the batch itself.
+SEQUENCE_REFUSALS = frozenset({ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.OUT_OF_ORDER_SEQUENCE})
+
 REFUSED_BEFORE_APPEND = frozenset(
     {
         ErrorCode.CORRUPT_MESSAGE,
@@ -164,6 +168,12 @@ class ProducerSequences:
             # A batch after the unresolved one is in the log, so that one is too.
             state.unresolved = None
 
+    def in_the_log(self, batch: SequencedBatch) -> bool:
+        """Whether a later batch of its partition's sequence is acknowledged: a broker appends
+        a producer's batches in sequence order only, so `batch` is in the log, though its
+        leader may no longer remember it (past the last five batches a partition keeps)."""
+        return self._entries[batch].end - 1 <= self._partitions[batch.tp].last_acked
+
     def retriable(self, batch: SequencedBatch, code: int, retriable_codes: frozenset[int]) -> bool:
         """The broker refused `batch` with `code` (or the answer was lost:
         REQUEST_TIMED_OUT): whether to send it again, maybe after a bump."""
@@ -172,7 +182,7 @@ class ProducerSequences:
         if code not in REFUSED_BEFORE_APPEND:
             entry.maybe_appended = True
         state = self._partitions[batch.tp]
-        if code in (ErrorCode.UNKNOWN_PRODUCER_ID, ErrorCode.OUT_OF_ORDER_SEQUENCE):
+        if code in SEQUENCE_REFUSALS:
             # With an earlier batch still unsettled, the refusal may only mean that one has
             # not landed yet: it is retried first. Otherwise the sequence cannot go on.
             if not state.below(entry.base):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.client.cluster import Cluster
 from tidewater.client.consumer import Consumer
-from tidewater.client.errors import NoOffsetForPartition
+from tidewater.client.errors import ConsumerClosed, NoOffsetForPartition
 from tidewater.client.metadata import PartitionInfo, TopicInfo
 from tidewater.client.positions import FetchPosition
 from tidewater.client.producer import Producer
@@ -134,6 +134,19 @@ async def test_a_partition_error_comes_after_the_records_of_the_same_answer() ->
             await consumer.poll(0)
     finally:
         await consumer.close()
+
+
+async def test_a_closed_consumer_refuses_to_fetch() -> None:
+    """Review 18 L3: poll() after close() opened channels and refresh tasks that nothing
+    closed."""
+    consumer = Consumer(["127.0.0.1:1"])
+    consumer.assign([("t", 0)])
+    await consumer.close()
+    with pytest.raises(ConsumerClosed):
+        await consumer.poll(0)
+    with pytest.raises(ConsumerClosed):
+        await consumer.seek_to_end()
+    assert consumer.metadata._channels == {}
 
 
 def corrupt(batch: bytearray) -> bytes:

@@ -147,6 +147,7 @@ async def test_buffer_exhausted_after_max_block(cluster: Cluster) -> None:
         {"batch_size": 0},
         {"linger.ms": 5},
         {"acks": 1},
+        {"retries": 0},  # with enable_idempotence, as Kafka
         {"metadata_max_age_ms": -1},
     ],
 )

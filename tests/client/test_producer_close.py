@@ -14,11 +14,18 @@ from typing import Any
 import pytest
 
 from tidewater.client.accumulator import ProducerBatch
-from tidewater.client.errors import DeliveryTimeout, ProducerClosed, SenderFailed, error_for
+from tidewater.client.errors import (
+    DeliveryTimeout,
+    MetadataUnavailable,
+    ProducerClosed,
+    SenderFailed,
+    error_for,
+)
 from tidewater.client.metadata import TopicInfo
 from tidewater.client.producer import Producer
 from tidewater.errors import TidewaterError
 from tidewater.records.batch import Record
+from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -303,3 +310,28 @@ async def test_a_batch_expired_in_flight_is_not_sent_again_after_its_answer(
     assert sent == [] and not producer._in_flight[TP]
     # Its sequence was unresolved: the partition moved on in a new epoch.
     assert producer._sequences.bumps == 1
+
+
+async def test_batches_expire_while_no_new_producer_id_comes(
+    hand_driven_producer: Callable[..., Producer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 18 L1: once the epoch ran out, the sender looped asking for a new producer id
+    and expired nothing: while InitProducerId kept failing, flush() and close() hung."""
+    producer = hand_driven_producer(
+        delivery_timeout_ms=300, request_timeout_ms=200, retry_backoff_ms=20
+    )
+    producer._sequences.set_producer_id(NO_PRODUCER_ID, NO_PRODUCER_EPOCH)
+
+    async def no_producer_id() -> None:
+        raise MetadataUnavailable("no metadata service answers")
+
+    monkeypatch.setattr(producer, "_init_producer_id", no_producer_id)
+    a = append(producer, b"A", time.monotonic())
+    sender = asyncio.create_task(producer._send_forever())
+    try:
+        async with asyncio.timeout(10):
+            await a.done
+    finally:
+        sender.cancel()
+        await asyncio.gather(sender, return_exceptions=True)
+    assert isinstance(a.error, DeliveryTimeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from tests.client.cluster import Cluster
 from tidewater.client.sync import Consumer, Producer
@@ -43,3 +44,12 @@ async def test_the_first_blocking_poll_after_assign_waits_for_the_records(cluste
 
     async with asyncio.timeout(60):
         assert await asyncio.to_thread(script) == [b"x"]
+
+
+def test_a_closed_facade_leaves_no_file_descriptor_open() -> None:
+    """Review 18 L3: close() stopped the facade's loop but never closed it, leaving its
+    selector's descriptors open: a script making one a request ran out of them."""
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        Consumer(["127.0.0.1:1"]).close()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2

@@ -21,7 +21,12 @@ from typing import Generic, NamedTuple, TypeVar
 import grpc
 from opentelemetry.trace import SpanKind, TracerProvider
 
-from tidewater.client.errors import REFRESH_METADATA, NoOffsetForPartition, error_for
+from tidewater.client.errors import (
+    REFRESH_METADATA,
+    ConsumerClosed,
+    NoOffsetForPartition,
+    error_for,
+)
 from tidewater.client.metadata import ClusterMetadata, TopicPartition
 from tidewater.client.positions import (
     RESET_POLICIES,
@@ -80,6 +85,7 @@ class Consumer:
             max_age_s=metadata_max_age_ms / 1000,
         )
         self._positions: dict[TopicPartition, FetchPosition | None] = {}
+        self._closed = False
         # The generation of each position: a number of its own at every change, by the
         # application or the consumer. An answer to a request is applied to a partition only
         # while the generation it was sent under holds (Kafka's consumer checks that the
@@ -160,6 +166,7 @@ class Consumer:
 
     async def seek_to_timestamp(self, tp: TopicPartition, timestamp_ms: int) -> None:
         """The first record at or after timestamp_ms; the end of the log when none is."""
+        self._check_open()
         call = self._seek_started(tp)
         found = await self._list_offset(tp, pb.OFFSET_SPEC_TIMESTAMP, timestamp_ms)
         if found[0].offset < 0:
@@ -185,6 +192,7 @@ class Consumer:
         self, timeout_ms: int = 1000
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """poll(), with the records of each partition under its (topic, partition)."""
+        self._check_open()
         if self._tracer is None:
             return await self._poll(timeout_ms)
         # The `poll` span is current while fetching: each Fetch carries it in its metadata.
@@ -313,6 +321,7 @@ class Consumer:
                 yield record
 
     async def close(self) -> None:
+        self._closed = True
         answers = []
         for kind in (self._resetting, self._validating, self._fetching):
             answers += [call.answer for call in kind.in_flight.values()]
@@ -323,6 +332,11 @@ class Consumer:
         await self.metadata.close()
 
     # -- internals ----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        # Its channels are closed: a fetch would open new ones that nothing closes.
+        if self._closed:
+            raise ConsumerClosed("the consumer is closed")
 
     def _check_assigned(self, tp: TopicPartition) -> None:
         if tp not in self._positions:
@@ -360,6 +374,7 @@ class Consumer:
         self._retry_at.pop(tp, None)
 
     async def _seek_by_spec(self, partitions: Sequence[TopicPartition], spec: int) -> None:
+        self._check_open()
         targets = list(partitions or self._positions)
         # Every partition is claimed at once, so a seek made while one is asked wins. Those
         # the call does not get to (it failed first) go back to the seek_to_*() in flight for

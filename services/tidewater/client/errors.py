@@ -28,6 +28,11 @@ class ProducerClosed(ClientError):
     or timed out)."""
 
 
+class ConsumerClosed(ClientError):
+    """A call that would fetch or look up offsets after close() (Kafka's consumer refuses
+    every call then)."""
+
+
 class SenderFailed(ClientError):
     """The producer's sender task stopped on an uncaught error (a bug; its cause is chained
     and was logged): every record it had not settled fails with this, and every later send()

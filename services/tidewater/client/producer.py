@@ -136,6 +136,9 @@ class ProducerConfig:
         if self.idempotent:
             if self.acks != -1:
                 raise InvalidConfig("enable_idempotence requires acks=-1")
+            if self.retries < 1:
+                # A batch whose predecessor has not landed yet is refused until it has.
+                raise InvalidConfig("enable_idempotence requires retries of at least 1")
             if self.max_in_flight > 5:
                 raise InvalidConfig(
                     "enable_idempotence allows at most 5 max_in_flight_requests_per_connection"
@@ -202,6 +205,7 @@ class Producer:
         self._closed = False
         # Set once the sender died: the cause of the SenderFailed every later send() raises.
         self._sender_error: Exception | None = None
+        self._link_error: Exception | None = None
         self._tracer = tracing.client_tracer(tracer_provider)
         # Its batches' traces; sampled out, their streams declared its constant context.
         self._new_traces = tracing.NewTraces()
@@ -486,7 +490,8 @@ class Producer:
     # -- the sender -------------------------------------------------------------------
 
     async def _run(self) -> None:
-        """The sender; an uncaught error (a bug) stops it and fails the producer: its state
+        """The sender; an uncaught error (a bug, its own or a link's) stops it and fails the
+        producer: its state
         (sequences, batches in flight) may be off, and records queued behind it would wait
         forever. As Kafka's fatal states: every pending and later send() fails, naming it."""
         try:
@@ -496,8 +501,15 @@ class Producer:
             self._sender_error = e
             await self._abort(SenderFailed, f"the producer's sender stopped ({e!r})")
 
+    def _link_failed(self, error: Exception) -> None:
+        """A link's uncaught error: the sender raises it, and fails the producer (_run)."""
+        self._link_error = error
+        self._wake.set()
+
     async def _send_forever(self) -> None:
         while True:
+            if self._link_error is not None:
+                raise self._link_error
             self._wake.clear()
             if self.config.idempotent:
                 renumbered = self._sequences.settle()
@@ -510,6 +522,8 @@ class Producer:
                         sorted({f"{b.tp[0]}-{b.tp[1]}" for b in renumbered}),
                     )
                 if self._sequences.needs_producer_id:
+                    # Batches still expire while no producer id comes.
+                    self._expire(time.monotonic())
                     await self._reinit_producer_id()
                     continue
             wait_s = self._drain(time.monotonic())
@@ -533,12 +547,9 @@ class Producer:
         assert self._accumulator is not None
         config = self.config
         flushing = self._flushing > 0 or self._closed
-        wait_s = min(config.request_timeout_s, self._expire_in_flight(now))
+        wait_s = min(config.request_timeout_s, self._expire(now))
         by_leader: dict[str, list[ProducerBatch]] = {}
         for tp, queue in self._accumulator.queues.items():
-            while queue and now - queue[0].created > config.delivery_timeout_s:
-                batch = queue.popleft()
-                self._fail(batch, _delivery_timeout(config, batch))
             if not queue:
                 continue
             head = queue[0]
@@ -580,6 +591,16 @@ class Producer:
                 link = self._links[address] = _BrokerLink(self, address)
             link.send(batches)
         return wait_s
+
+    def _expire(self, now: float) -> float:
+        """Fail the batches past delivery_timeout_ms, queued or in flight; returns how long
+        until the next one in flight expires."""
+        assert self._accumulator is not None
+        for queue in self._accumulator.queues.values():
+            while queue and now - queue[0].created > self.config.delivery_timeout_s:
+                batch = queue.popleft()
+                self._fail(batch, _delivery_timeout(self.config, batch))
+        return self._expire_in_flight(now)
 
     def _expire_in_flight(self, now: float) -> float:
         """Fail the in-flight batches past delivery_timeout_ms now, as Kafka's sender does
@@ -779,6 +800,12 @@ class _BrokerLink:
                     self.producer._completed(batch, results[batch.tp])
         except grpc.aio.AioRpcError as e:
             reason = f"{self.address}: {e.code().name} {e.details()}"
+        except Exception as e:
+            # A bug (or an answer that breaks the protocol): the producer's state may be off,
+            # and the batches of the answer at hand would never settle. It fails the producer.
+            log.exception("uncaught error in the producer's link to %s", self.address)
+            reason = f"the link to {self.address} failed ({e!r})"
+            self.producer._link_failed(e)
         finally:
             call.cancel()
             failed = [b for batches, _ in self._in_flight.values() for b in batches]

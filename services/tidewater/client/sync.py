@@ -46,6 +46,8 @@ class _Blocking:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+            if not self._thread.is_alive():
+                self._loop.close()  # its selector's file descriptors
 
     def __enter__(self) -> Any:
         return self

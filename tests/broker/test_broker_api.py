@@ -201,6 +201,24 @@ async def test_a_follower_long_poll_with_a_diverging_epoch_is_answered_at_once(
     assert (result.diverging_epoch.epoch, result.diverging_epoch.end_offset) == (1, 2)
 
 
+async def test_a_broker_not_registered_yet_refuses_control_requests_naming_an_epoch(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 20 H1: a broker restarted at its address listens before it registers. The
+    controller still retried a LeaderAndIsr queued for its previous incarnation (epoch 41),
+    which it obeyed, leading with the shorter log a power loss left it, and a follower
+    truncated committed records to match. It refuses any request naming a broker epoch until
+    it has one (a tool's, naming none, still goes)."""
+    server, client = await start_broker(1)
+    request = leader_and_isr_request(TOPIC, 0, leader=1, leader_epoch=7, replicas=[1, 2])
+    request.broker_epoch = 41
+    response = await client.control.LeaderAndIsr(request)
+    assert response.error_code == ErrorCode.STALE_BROKER_EPOCH, ErrorCode.Name(response.error_code)
+    assert (TOPIC, 0) not in server.replica_manager.partitions
+    request.broker_epoch = 0
+    assert (await client.control.LeaderAndIsr(request)).error_code == ErrorCode.NONE
+
+
 async def test_a_follower_fetch_from_a_stale_incarnation_is_refused_whole(
     start_broker: Callable[..., Any],
 ) -> None:

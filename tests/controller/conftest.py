@@ -24,7 +24,7 @@ from tests.controller.in_process import (
     RunController,
 )
 from tidewater.controller.controller import Controller, ControllerConfig
-from tidewater.controller.server import wall_clock_ms
+from tidewater.controller.server import monotonic_ms
 from tidewater.controller.store import ControllerStore
 from tidewater.local.etcd import EtcdProcess
 from tidewater.local.wait import eventually
@@ -80,7 +80,7 @@ async def run_controller() -> AsyncIterator[RunController]:
                 min_insync_replicas=min_insync_replicas,
             ),
             store,
-            wall_clock_ms,
+            monotonic_ms,
         )
         running.append((controller, asyncio.create_task(controller.run())))
         await eventually(lambda: controller.active, 10)

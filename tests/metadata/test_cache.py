@@ -205,13 +205,22 @@ def test_self_contradicting_request_is_refused(
     assert cache.describe([]) == before
 
 
-def test_offline_replicas_give_replica_not_available(cache: MetadataCache) -> None:
-    cache.apply(update(DELTA, 3, [state("orders", 0, isr=[1, 2], offline=[3])]))
+def test_offline_replicas_give_replica_not_available_until_their_broker_is_back(
+    cache: MetadataCache,
+) -> None:
+    """Review 20 M1: a replica the partition's state marked offline stayed so after its
+    broker was back (a DELTA names the live brokers only), until the partition's next change:
+    after a controller failover, whose first view names no broker live yet, every partition
+    whose ISR was full for good."""
+    cache.apply(update(DELTA, 3, [state("orders", 0, isr=[1, 2], offline=[3])], brokers=[1, 2]))
     [p0, p1] = cache.describe(["orders"]).topics[0].partitions
     assert p0.error_code == ErrorCode.REPLICA_NOT_AVAILABLE
     assert p0.error_message
     assert (p0.leader, list(p0.offline_replicas)) == (1, [3])
     assert list(p0.replicas) == [1, 2, 3]
+    cache.apply(update(DELTA, 3, brokers=[1, 2, 3]))  # broker 3 heartbeats again
+    [p0, p1] = cache.describe(["orders"]).topics[0].partitions
+    assert (p0.error_code, list(p0.offline_replicas)) == (ErrorCode.NONE, [])
     assert p1.error_code == ErrorCode.NONE
 
 

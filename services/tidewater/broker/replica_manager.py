@@ -452,16 +452,20 @@ class ReplicaManager:
 
     def _check_control_request(self, controller_epoch: int, broker_epoch: int) -> None:
         """Refuse requests from a deposed controller, or meant for an earlier incarnation of
-        this broker (0 skips the broker epoch check: tools and tests)."""
+        this broker: one that names a broker epoch before this one has registered is
+        (review 20 H1: a restarted broker obeyed its previous life's retried LeaderAndIsr
+        before it registered, and led with a shorter log). 0 skips the broker epoch check:
+        tools and tests."""
         if controller_epoch < self.controller_epoch:
             raise StaleControllerEpoch(
                 f"controller epoch {controller_epoch} is older than {self.controller_epoch}, "
                 "the newest this broker has seen"
             )
         current = self.broker_epoch()
-        if broker_epoch and current and broker_epoch < current:
+        if broker_epoch and (not current or broker_epoch < current):
             raise StaleBrokerEpoch(
                 f"request for broker epoch {broker_epoch}; this broker is at epoch {current}"
+                + (" (not registered yet)" if not current else "")
             )
 
     # -- produce -------------------------------------------------------------------------
@@ -572,6 +576,12 @@ class ReplicaManager:
                     if header.compression == Compression.NONE
                     else partial(_check_compressed_records, batch, header),
                 )
+            except asyncio.CancelledError:
+                # The client went (its deadline, a disconnect) while the batch was written
+                # off the loop: it lands all the same, and what waits on the partition (long
+                # polls, fetch sessions where it was quiet) must hear of it (review 19 #1).
+                partition.log.when_written(partial(self._partition_changed, tp))
+                raise
             except TidewaterError as e:
                 response.partitions.append(self._produce_error(data, e))
                 continue

@@ -18,8 +18,11 @@ from tidewater.v1 import controller_pb2, controller_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+def monotonic_ms() -> int:
+    """The controller's clock: sessions, the grace period and the checks that expire them
+    measure intervals, which a stepped wall clock (NTP, a resumed VM) would cut short, fencing
+    every broker at once, or stretch (review 20 M3)."""
+    return time.monotonic_ns() // 1_000_000
 
 
 async def run_controller(
@@ -57,7 +60,7 @@ async def run_controller(
             min_insync_replicas=min_insync_replicas,
         ),
         store,
-        wall_clock_ms,
+        monotonic_ms,
     )
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(
         ControllerService(controller), host.server

@@ -119,10 +119,10 @@ class MetadataCache:
         )
 
     def _describe_partition(self, state: PartitionState) -> metadata_pb2.PartitionMetadata:
-        # A replica is offline if the controller says so, or if its broker has left the live
-        # list since the partition state was last sent (a DELTA replaces the brokers only).
-        marked = set(state.offline_replicas)
-        offline = [r for r in state.replicas if r in marked or r not in self._brokers]
+        # Offline: not in the live list as the last view has it (a DELTA replaces the brokers
+        # only). Not what the partition's state last said: a broker back since stayed offline
+        # there until its next change (review 20 M1: every partition, after a failover).
+        offline = [r for r in state.replicas if r not in self._brokers]
         partition = metadata_pb2.PartitionMetadata(
             partition=state.partition,
             leader=state.leader,

@@ -353,6 +353,21 @@ class Log:
         write.add_done_callback(lambda _: loop.call_soon_threadsafe(self._take_in_write, pending))
         return await asyncio.shield(pending.appended)
 
+    def when_written(self, callback: Callable[[], object]) -> None:
+        """Call `callback` once the write under way is in the log, or now if none is: an
+        appender cancelled while its batch was written (its client went) has it land all the
+        same."""
+        pending = self._pending_write
+        if pending is None:
+            callback()
+            return
+
+        def written(appended: asyncio.Future[AppendInfo]) -> None:
+            if not appended.cancelled() and appended.exception() is None:
+                callback()
+
+        pending.appended.add_done_callback(written)
+
     def _take_in_write(self, pending: _PendingWrite) -> None:
         if self._pending_write is pending:
             self.take_in_pending_write()

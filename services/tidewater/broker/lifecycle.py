@@ -55,6 +55,9 @@ class BrokerLifecycle:
         self._interval_s = heartbeat_interval_ms / 1000
         self.broker_epoch = 0
         self.fenced = True
+        # Once a controlled shutdown began: every heartbeat says so (want_shutdown), so a
+        # controller elected since does not take this broker for a live one.
+        self.shutting_down = False
         self.registered = asyncio.Event()
         # Set once the controller refused this broker's configuration (not retriable): the
         # broker stops with it (run_broker).
@@ -100,7 +103,9 @@ class BrokerLifecycle:
         response = await self._controller.call(
             "BrokerHeartbeat",
             cpb.BrokerHeartbeatRequest(
-                broker_id=self._info.broker_id, broker_epoch=self.broker_epoch
+                broker_id=self._info.broker_id,
+                broker_epoch=self.broker_epoch,
+                want_shutdown=self.shutting_down,
             ),
             # A heartbeat stuck on a paused controller must not outlast the session: give up
             # soon and try the next controller.
@@ -130,6 +135,7 @@ class BrokerLifecycle:
         controlled shutdown); True once it leads nothing. Bounded by timeout_s."""
         if not self.broker_epoch:
             return False
+        self.shutting_down = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:

@@ -222,6 +222,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         async def event() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
             broker.last_heartbeat_ms = self._c.time_ms()
+            if request.want_shutdown and not broker.shutting_down:
+                # Its ControlledShutdown went to a controller before this one (review 20 M2):
+                # unfenced, it would be taken back into ISRs just before it stops.
+                await self._begin_shutdown(broker)
             if broker.fenced and not broker.shutting_down:
                 await self._c.unfence(broker)
             response.is_fenced = broker.fenced
@@ -604,10 +608,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
-            broker.shutting_down = True
-            await self._c.commit_and_send(
-                changes_for_controlled_shutdown(self._c.model, broker.broker_id, self._c.epoch)
-            )
+            await self._begin_shutdown(broker)
             for (topic, partition), record in sorted(self._c.model.partitions.items()):
                 if record.leader == broker.broker_id:
                     response.remaining_partitions.add(topic=topic, partition=partition)
@@ -618,6 +619,14 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             )
 
         return await self._answer(response, event)
+
+    async def _begin_shutdown(self, broker: BrokerState) -> None:
+        """Kafka's controlled shutdown: the broker leaves the ISRs and its leaderships move
+        to other ISR members, while it serves until it stops."""
+        broker.shutting_down = True
+        await self._c.commit_and_send(
+            changes_for_controlled_shutdown(self._c.model, broker.broker_id, self._c.epoch)
+        )
 
 
 PRODUCER_ID_BLOCK = 1000

@@ -1,0 +1,42 @@
+"""The broker's side of its registration and heartbeats, against a fake controller client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tidewater.broker.lifecycle import BrokerLifecycle
+from tidewater.rpc.address import HostPort
+from tidewater.v1 import controller_pb2 as cpb
+
+
+class FakeController:
+    """Answers as a controller that leads nothing to move; records the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, Any]] = []
+
+    async def call(self, method: str, request: Any, **_: Any) -> Any:
+        self.requests.append((method, request))
+        return {
+            "RegisterBroker": cpb.RegisterBrokerResponse(broker_epoch=7),
+            "BrokerHeartbeat": cpb.BrokerHeartbeatResponse(),
+            "ControlledShutdown": cpb.ControlledShutdownResponse(),
+        }[method]
+
+
+async def test_heartbeats_after_a_controlled_shutdown_began_say_so() -> None:
+    """Review 20 M2: a controller elected after the broker's ControlledShutdown took its
+    heartbeats for a live broker's and unfenced it, just before it stopped."""
+    controller = FakeController()
+    lifecycle = BrokerLifecycle(
+        controller,  # type: ignore[arg-type]
+        broker_id=2,
+        advertised=HostPort("127.0.0.1", 9092),
+        rack="",
+        heartbeat_interval_ms=500,
+    )
+    await lifecycle._round()
+    assert await lifecycle.controlled_shutdown(timeout_s=5)
+    await lifecycle._round()
+    heartbeats = [r.want_shutdown for m, r in controller.requests if m == "BrokerHeartbeat"]
+    assert heartbeats == [False, True]

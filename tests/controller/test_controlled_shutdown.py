@@ -1,0 +1,40 @@
+"""Controlled shutdown across a controller failover: an in-process controller on a real etcd."""
+
+from __future__ import annotations
+
+from tests.controller.in_process import ConnectStore, RunController, seed
+from tidewater.controller.model import PartitionRecord
+from tidewater.controller.service import ControllerService
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+
+async def test_a_broker_shutting_down_stays_so_at_a_controller_elected_meanwhile(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 20 M2: broker 2 finished its controlled shutdown at the previous controller and
+    is stopping; its heartbeats go on until then. The new controller, which loads every
+    broker fenced, unfenced it at its first heartbeat: leaders took it back into their ISRs
+    just before it stopped, and acks=all waited for its session to expire. Its heartbeats
+    say so now (want_shutdown): it stays fenced and shutting down, and may stop."""
+    await seed(
+        connect_store, brokers=(1, 2), replicas=(1, 2), record=PartitionRecord(1, 0, (1,), 1)
+    )
+    controller, _ = await run_controller(await connect_store(), 60_000)
+    service = ControllerService(controller)
+
+    async def heartbeat(broker_id: int, want_shutdown: bool) -> cpb.BrokerHeartbeatResponse:
+        request = cpb.BrokerHeartbeatRequest(
+            broker_id=broker_id,
+            broker_epoch=controller.model.brokers[broker_id].epoch,
+            want_shutdown=want_shutdown,
+        )
+        response = await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+        assert response.error_code == ErrorCode.NONE, response.error_message
+        return response
+
+    stopping = await heartbeat(2, want_shutdown=True)
+    assert (stopping.is_fenced, stopping.should_shut_down) == (True, True)
+    assert (await heartbeat(1, want_shutdown=False)).is_fenced is False
+    assert controller.model.usable_brokers() == {1}
+    assert controller.model.brokers[2].shutting_down

@@ -44,6 +44,11 @@ def test_toml_file_with_kafka_names_and_overrides(tmp_path: Path) -> None:
             {"broker.id": 1, "log.dirs": "/a", "producer.id.expiration.check.interval.ms": 0},
             "producer.id.expiration.check.interval.ms must be at least 1",
         ),
+        ({"broker.id": 1, "log.dirs": "/a", "fetch.max.bytes": 1023}, "fetch.max.bytes must be"),
+        (
+            {"broker.id": 1, "log.dirs": "/a", "fetch.max.bytes": 128 << 20},
+            "fetch.max.bytes must be from 1024 to",
+        ),
     ],
 )
 def test_bad_broker_config(props: dict[str, object], message: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from tidewater.broker.log.manager import FILE_DELETE_DELAY_MS
 from tidewater.errors import InvalidConfig
 from tidewater.rpc.address import HostPort, listen_and_advertised, published
+from tidewater.rpc.server import MAX_MESSAGE_BYTES
 
 # Broker-level defaults for topic configs, under Kafka's broker names → the topic config name.
 TOPIC_DEFAULT_NAMES = {
@@ -64,6 +65,8 @@ class BrokerConfig:
     # replica.fetch.response.max.bytes still bounds a whole response.
     replica_fetch_max_bytes: int = 8 * 1024 * 1024
     replica_fetch_response_max_bytes: int = 10485760
+    # Kafka's fetch.max.bytes (55 MiB): bounds every fetch answer, whatever it asks for.
+    fetch_max_bytes: int = 57671680
     max_incremental_fetch_session_cache_slots: int = 1000
     min_incremental_fetch_session_eviction_ms: int = 120000
     # The controllers' addresses: registration, heartbeats, ISR change proposals.
@@ -134,6 +137,12 @@ class BrokerConfig:
         for name in ("producer_id_expiration_ms", "producer_id_expiration_check_interval_ms"):
             if integers[name] < 1:
                 raise InvalidConfig(f"{name.replace('_', '.')} must be at least 1")
+        fetch_max_bytes_limit = MAX_MESSAGE_BYTES - (1 << 20)  # room for the answer's fields
+        if not 1024 <= integers["fetch_max_bytes"] <= fetch_max_bytes_limit:
+            raise InvalidConfig(
+                f"fetch.max.bytes must be from 1024 to {fetch_max_bytes_limit}, "
+                f"got {integers['fetch_max_bytes']}"
+            )
         config = cls(
             broker_id=broker_id,
             log_dirs=tuple(Path(str(d).strip()) for d in dirs),

@@ -740,9 +740,10 @@ class ReplicaManager:
         # at offsets, not bytes): only a change that makes records readable, or makes a
         # partition answer with an error, costs a read.
         results: FetchPartitionResults | None = None
-        if request.max_wait_ms <= 0 or readable():
+        # min_bytes 0 is met by nothing at all: answered at once, as Kafka does (review 19 #5).
+        if request.max_wait_ms <= 0 or request.min_bytes <= 0 or readable():
             results, _, answer_now = read()
-            if request.max_wait_ms > 0 and size < max(request.min_bytes, 1) and not answer_now:
+            if request.max_wait_ms > 0 and size < request.min_bytes and not answer_now:
                 results = None  # too few bytes yet
         local_done = time.perf_counter_ns()
         if results is None:
@@ -869,7 +870,10 @@ class ReplicaManager:
     ) -> tuple[FetchPartitionResults, int, bool]:
         for_follower = self._from_follower(request)
         as_records = request.record_format == pb.RECORD_FORMAT_RECORDS
-        budget = request.max_bytes if request.max_bytes > 0 else 1 << 62
+        # fetch.max.bytes bounds every answer (0 asks for that much): an answer past gRPC's
+        # message limit failed on every retry (review 19 #2).
+        cap = self.config.fetch_max_bytes
+        budget = min(request.max_bytes, cap) if request.max_bytes > 0 else cap
         results: FetchPartitionResults = []
         total = 0
         # Errors and diverging epochs are answered at once, however few bytes were read.
@@ -903,7 +907,11 @@ class ReplicaManager:
                     fp.fetch_offset, limit, for_follower=for_follower, min_one_batch=total == 0
                 )
                 # A batch that does not decode fails this partition (CORRUPT_MESSAGE) only.
-                records = _to_proto_records(read.data, fp.fetch_offset) if as_records else None
+                records, size = (
+                    _to_proto_records(read.data, fp.fetch_offset, limit)
+                    if as_records
+                    else (None, len(read.data))
+                )
             except TidewaterError as e:
                 results.append((self._fetch_error(fp, e), b""))
                 answer_now = True
@@ -915,7 +923,7 @@ class ReplicaManager:
                 log_start_offset=read.log_start_offset,
                 log_end_offset=read.log_end_offset if for_follower else -1,
             )
-            total += len(read.data)
+            total += size
             if read.data:
                 context.served.append(tp)
             if records is not None:
@@ -1291,9 +1299,14 @@ def _must_read(partition: HostedPartition, fetch_offset: int, for_follower: bool
     return not end <= fetch_offset <= log_end_offset
 
 
-def _to_proto_records(data: bytes | memoryview, fetch_offset: int) -> list[common_pb2.Record]:
-    """Decode batches for plain-record fetches, skipping records before the fetch offset."""
-    records = []
+def _to_proto_records(
+    data: bytes | memoryview, fetch_offset: int, max_bytes: int
+) -> tuple[list[common_pb2.Record], int]:
+    """Decode batches for plain-record fetches, skipping records before the fetch offset, up to
+    `max_bytes` of records (at least one): decoded, a compressed batch can be many times its
+    stored size (review 19 #3). Returns the records and their size."""
+    records: list[common_pb2.Record] = []
+    size = 0
     for r in decode_batches(data):
         if r.offset < fetch_offset:
             continue
@@ -1308,5 +1321,8 @@ def _to_proto_records(data: bytes | memoryview, fetch_offset: int) -> list[commo
             header = proto.headers.add(key=key)
             if value is not None:
                 header.value = value
+        size += proto.ByteSize()
+        if records and size > max_bytes:
+            break
         records.append(proto)
-    return records
+    return records, size

@@ -185,3 +185,33 @@ def test_leader_and_isr_carries_the_elr_committed_with_the_isr(
     assert updates
     for update in updates:
         assert list(update.partition_states[0].eligible_leader_replicas) == [2, 3]
+
+
+async def test_requests_queued_for_a_previous_incarnation_are_dropped_unsent() -> None:
+    """Review 20 L1: a broker restarted at another address re-registered while requests for
+    its previous life were queued: each was tried against the old address until the RPC
+    timeout (10 s), and the new incarnation's state waited behind them. They are dropped now
+    (it gets its whole state when unfenced), and their callbacks told."""
+    async with TcpProxy(NOWHERE) as old_address:
+        controller = stand_in(old_address.address)
+        host, port = old_address.address.rsplit(":", 1)
+        broker = BrokerState(1, host, int(port), "", "first", epoch=5, fenced=False)
+        controller.model.brokers[1] = broker
+        sender = BrokerSender(cast(Controller, controller))
+        answers: list[bool] = []
+
+        async def answered(ok: bool) -> None:
+            answers.append(ok)
+
+        try:
+            sender.stop_replica(1, [TP], delete=True, on_answer=answered)
+            # It registers again, elsewhere, before the queued request goes out.
+            controller.model.brokers[1] = BrokerState(
+                1, "127.0.0.1", 1, "", "second", epoch=9, fenced=True
+            )
+            await eventually(lambda: answers == [False], 5)
+            assert sender.requests_sent == 0
+        finally:
+            workers = list(sender._workers.values())
+            sender.reset()
+            await asyncio.gather(*workers, return_exceptions=True)

@@ -54,6 +54,9 @@ class BrokerLifecycle:
         self._min_insync_replicas = min_insync_replicas
         self._interval_s = heartbeat_interval_ms / 1000
         self.broker_epoch = 0
+        # The last registration's epoch, kept while registering again (broker_epoch is 0
+        # then): what a clean shutdown's proof names (review 20 L3).
+        self.registered_epoch = 0
         self.fenced = True
         # Once a controlled shutdown began: every heartbeat says so (want_shutdown), so a
         # controller elected since does not take this broker for a live one.
@@ -93,7 +96,7 @@ class BrokerLifecycle:
         if response.error_code != ErrorCode.NONE:
             log.warning("registration refused: %s", response.error_message)
             return
-        self.broker_epoch = response.broker_epoch
+        self.broker_epoch = self.registered_epoch = response.broker_epoch
         self.registered.set()
         log.info("registered with the controller: broker epoch %d", self.broker_epoch)
 

@@ -176,7 +176,7 @@ class BrokerServer:
         so that a refused start does not use up the proof (0: none, no files). Nothing can
         have been appended in a run that never registered: LeaderAndIsr checks the epoch."""
         if self.lifecycle.registered.is_set():
-            return self.lifecycle.broker_epoch
+            return self.lifecycle.registered_epoch
         return self.log_manager.clean_shutdown_broker_epoch
 
 

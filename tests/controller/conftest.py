@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ async def run_controller() -> AsyncIterator[RunController]:
         session_timeout_ms: int = IN_PROCESS_SESSION_TIMEOUT_MS,
         port: int = 1,
         min_insync_replicas: int = 1,
+        metadata_addresses: Sequence[str] = (),
     ) -> tuple[Controller, asyncio.Task[None]]:
         controller = Controller(
             ControllerConfig(
@@ -78,6 +79,7 @@ async def run_controller() -> AsyncIterator[RunController]:
                 broker_session_timeout_ms=session_timeout_ms,
                 session_check_interval_ms=50,
                 min_insync_replicas=min_insync_replicas,
+                metadata_addresses=tuple(metadata_addresses),
             ),
             store,
             monotonic_ms,

@@ -31,7 +31,7 @@ def stand_in(address: str) -> Any:
     config = SimpleNamespace(
         controller_id=1, host="127.0.0.1", port=1, metadata_addresses=[address]
     )
-    controller = SimpleNamespace(model=model, epoch=1, config=config)
+    controller = SimpleNamespace(model=model, epoch=1, config=config, in_grace=False)
     set_leader_epoch(controller, 0)
     return controller
 

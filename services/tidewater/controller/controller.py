@@ -106,6 +106,12 @@ class Controller:
         return ClusterModel(min_insync_replicas=self.config.min_insync_replicas)
 
     @property
+    def in_grace(self) -> bool:
+        """In the grace period after its election: it has not heard from every broker, and
+        one session timeout has not passed."""
+        return bool(self._grace_until_ms)
+
+    @property
     def endpoint(self) -> str:
         return f"{self.config.host}:{self.config.port}"
 
@@ -298,8 +304,10 @@ class Controller:
                 await self.fence(broker, "missed its session timeout")
 
     def _end_grace(self) -> None:
-        """Leaders may move now: every broker has heartbeated, or one session timeout passed."""
+        """Leaders may move now: every broker has heartbeated, or one session timeout passed.
+        The metadata services get this controller's view."""
         self._grace_until_ms = 0
+        self.sender.refresh_metadata_services()
         heard_all = not any(b.fenced for b in self.model.brokers.values())
         why = "every broker has heartbeated" if heard_all else "one session timeout passed"
         log.info("controller %d: grace period over (%s)", self.config.controller_id, why)

@@ -145,6 +145,8 @@ class BrokerSender:
         request.topic_configs.extend(self._topic_configs(configs_of))
         for broker_id in self._controller.model.usable_brokers():
             self._enqueue(broker_id, self._for_broker(request, broker_id))
+        if self._controller.in_grace:
+            return  # see refresh_metadata_services
         for address in self._controller.config.metadata_addresses:
             if address in self._metadata_current:
                 self._enqueue_metadata(address, request)
@@ -255,7 +257,13 @@ class BrokerSender:
     def refresh_metadata_services(self) -> None:
         """Bring every metadata service up to date: a FULL view to those that need one (never
         sent, refused a delta, or unreachable last time), an empty DELTA to the others, which
-        a restarted instance refuses (it has no view) and so gets marked for a FULL."""
+        a restarted instance refuses (it has no view) and so gets marked for a FULL.
+
+        Nothing in the controller's grace period: its view names no broker it has not heard
+        from yet live, and every partition would show no leader (review 20 M1); the services
+        keep the last controller's view until it is over (Controller._end_grace)."""
+        if self._controller.in_grace:
+            return
         for address in self._controller.config.metadata_addresses:
             if address in self._metadata_current:
                 self._enqueue_metadata(

@@ -642,6 +642,33 @@ async def test_fetch_offset_out_of_range_and_epoch_fencing(leader: Any) -> None:
     assert await fetch_code(0, epoch=1) == ErrorCode.NONE
 
 
+async def test_a_replica_that_does_not_lead_checks_the_epoch_first(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 19 #6: the leadership was checked before the epoch (KIP-320), and a client
+    ahead of this follower (it learned of the epoch in which this replica leads first) got
+    NOT_LEADER_OR_FOLLOWER, and one behind it the same, where Kafka answers
+    UNKNOWN_LEADER_EPOCH (wait for the replica to learn) and FENCED_LEADER_EPOCH (refresh)."""
+    _, client = await start_broker(1)
+    await make_leader(
+        client.channel,
+        TOPIC,
+        0,
+        leader=2,
+        leader_epoch=3,
+        replicas=[1, 2],
+        leaders={2: "127.0.0.1:1"},  # nobody there: it follows, fetching nothing
+    )
+
+    async def fetch_code(epoch: int) -> int:
+        response = await client.service.Fetch(fetch_request(0, epoch=epoch))
+        return response.partitions[0].error_code
+
+    assert await fetch_code(4) == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert await fetch_code(2) == ErrorCode.FENCED_LEADER_EPOCH
+    assert await fetch_code(3) == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
 async def test_leader_and_isr_epoch_checks(leader: Any) -> None:
     stale_controller = leader_and_isr_request(
         TOPIC, 0, leader=1, leader_epoch=5, replicas=[1], controller_epoch=0
@@ -1107,10 +1134,10 @@ def fail_for_topic(monkeypatch: pytest.MonkeyPatch, rm: Any, topic: str) -> None
     raised by the produce or fetch handler itself, outside the purgatory."""
     leader_partition = rm._leader_partition
 
-    def broken(tp: tuple[str, int], topic_id: bytes = b"") -> Any:
+    def broken(tp: tuple[str, int], *args: Any) -> Any:
         if tp[0] == topic:
             raise RuntimeError(f"a bug in looking up {tp[0]}-{tp[1]}")
-        return leader_partition(tp, topic_id)
+        return leader_partition(tp, *args)
 
     monkeypatch.setattr(rm, "_leader_partition", broken)
 

@@ -98,7 +98,7 @@ async def follower_fetch(
     max_wait_ms: int = 0,
 ) -> pb.FetchResponse:
     """A fetch of follower 2 in `session` (id, epoch), naming partitions at their offsets."""
-    request = pb.FetchRequest(replica_id=2, max_wait_ms=max_wait_ms, max_bytes=1 << 20)
+    request = pb.FetchRequest(replica_id=2, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=1 << 20)
     request.session.id, request.session.epoch = session
     for p, offset in (offsets or {}).items():
         request.partitions.add(

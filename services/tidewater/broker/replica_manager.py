@@ -52,6 +52,7 @@ from tidewater.records.validate import (
 )
 from tidewater.replication.partition import (
     ACKS_ALL,
+    NO_EPOCH,
     NO_LEADER,
     AlterIsrProposal,
     FollowerFetch,
@@ -812,7 +813,7 @@ class ReplicaManager:
         for fp in partitions:
             tp = (fp.topic, fp.partition)
             try:
-                hosted = self._leader_partition(tp, fp.topic_id)
+                hosted = self._leader_partition(tp, fp.topic_id, fp.current_leader_epoch)
                 outcome = hosted.state.on_follower_fetch(
                     FollowerFetch(
                         replica_id=replica_id,
@@ -887,8 +888,7 @@ class ReplicaManager:
                 results.append((answered[tp], b""))
                 continue
             try:
-                partition = self._leader_partition(tp, fp.topic_id)
-                partition.state.check_current_leader_epoch(fp.current_leader_epoch)
+                partition = self._leader_partition(tp, fp.topic_id, fp.current_leader_epoch)
                 must_read = _must_read(partition, fp.fetch_offset, for_follower)
                 high_watermark = partition.state.high_watermark
                 if context.unchanged(tp, must_read, high_watermark, partition.log.log_start_offset):
@@ -937,8 +937,9 @@ class ReplicaManager:
         """Whether a read now would find records, or an error, in any of `partitions`."""
         for fp in partitions:
             try:
-                partition = self._leader_partition((fp.topic, fp.partition), fp.topic_id)
-                partition.state.check_current_leader_epoch(fp.current_leader_epoch)
+                partition = self._leader_partition(
+                    (fp.topic, fp.partition), fp.topic_id, fp.current_leader_epoch
+                )
             except TidewaterError:
                 return True
             if _must_read(partition, fp.fetch_offset, for_follower):
@@ -955,8 +956,7 @@ class ReplicaManager:
                 topic=lp.topic, partition=lp.partition, offset=-1, timestamp_ms=-1, leader_epoch=-1
             )
             try:
-                partition = self._leader_partition(tp, lp.topic_id)
-                partition.state.check_current_leader_epoch(lp.current_leader_epoch)
+                partition = self._leader_partition(tp, lp.topic_id, lp.current_leader_epoch)
                 self._find_offset(partition, lp, request.replica_id, result)
             except TidewaterError as e:
                 result.error_code = e.code
@@ -999,8 +999,9 @@ class ReplicaManager:
                 topic=ep.topic, partition=ep.partition, leader_epoch=-1, end_offset=-1
             )
             try:
-                partition = self._leader_partition((ep.topic, ep.partition), ep.topic_id)
-                partition.state.check_current_leader_epoch(ep.current_leader_epoch)
+                partition = self._leader_partition(
+                    (ep.topic, ep.partition), ep.topic_id, ep.current_leader_epoch
+                )
                 result.leader_epoch, result.end_offset = (
                     partition.log.leader_epoch_cache.end_offset_for(
                         ep.leader_epoch, partition.log.log_end_offset
@@ -1014,8 +1015,14 @@ class ReplicaManager:
 
     # -- shared --------------------------------------------------------------------------
 
-    def _leader_partition(self, tp: TopicPartition, topic_id: bytes = b"") -> HostedPartition:
-        """The partition, led here, of the topic `topic_id` names (empty: any)."""
+    def _leader_partition(
+        self, tp: TopicPartition, topic_id: bytes = b"", current_leader_epoch: int = NO_EPOCH
+    ) -> HostedPartition:
+        """The partition, led here, of the topic `topic_id` names (empty: any), in the
+        request's `current_leader_epoch` (KIP-320; NO_EPOCH: any). The epoch is checked
+        first, as Kafka does: a client ahead of this replica gets UNKNOWN_LEADER_EPOCH (it
+        waits for it to learn), one behind it FENCED_LEADER_EPOCH (it refreshes), even
+        where this replica does not lead (review 19 #6)."""
         partition = self.partitions.get(tp)
         if partition is None:
             validate_topic_name(tp[0])  # hosted partitions have valid names
@@ -1028,6 +1035,7 @@ class ReplicaManager:
                 f"broker {self.broker_id} holds {tp[0]}-{tp[1]} of topic id "
                 f"{topic_id_text(partition.log.topic_id)}, not {topic_id_text(topic_id)}"
             )
+        partition.state.check_current_leader_epoch(current_leader_epoch)
         partition.state.require_leader()
         return partition
 

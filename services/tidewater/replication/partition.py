@@ -400,8 +400,8 @@ class Partition:
         serves data from fetch.fetch_offset up to the LEO. `clock`: the fetch's session, if
         any; a follower this fetch finds caught up, in the ISR and with nothing left to do
         stays quiet in it (FetchClock) until the partition changes."""
+        self.check_current_leader_epoch(fetch.current_leader_epoch)  # first, as Kafka
         self.require_leader()
-        self.check_current_leader_epoch(fetch.current_leader_epoch)
         replica = self.remote_replicas.get(fetch.replica_id)
         if replica is None:
             raise NotLeaderOrFollower(

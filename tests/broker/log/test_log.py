@@ -525,6 +525,19 @@ def test_follower_append_checks_crcs(open_log: OpenLog, make_batch: MakeBatch) -
 # -- rolling -----------------------------------------------------------------------------
 
 
+def test_an_empty_segments_age_starts_with_its_first_batch(
+    open_log: OpenLog, make_batch: MakeBatch, clock: Clock
+) -> None:
+    """Review 21 #4: segment.ms counted from the segment's creation, so a partition idle
+    past it rolled right after its first batch; Kafka counts from the first batch."""
+    log = open_log(segment_ms=60_000)
+    clock.now += 120_000  # created, then idle
+    fill(log, make_batch, 1)
+    clock.now += 1
+    fill(log, make_batch, 1)
+    assert len(log.segments) == 1
+
+
 def test_segment_rolls_by_age(
     open_log: OpenLog, make_batch: MakeBatch, clock: Clock, split: Split
 ) -> None:
@@ -860,11 +873,18 @@ def test_retention_by_time_deletes_old_segments_and_moves_the_log_start(
         log.read(0, 100)
     assert read_header(read_all(log, split)[0]).base_offset == second.base_offset
     assert log.leader_epoch_cache.epoch_entries[0].start_offset == second.base_offset
-    # Far in the future everything is old, but the active segment stays.
-    log.delete_retention_segments(T0 + 10**10, log.log_end_offset)
-    assert log.segments == (log.segments[-1],)
-    assert log.log_start_offset == log.segments[-1].base_offset
-    assert log.log_end_offset == 60
+    # Far in the future everything is old, the active segment too once the HW covers it
+    # (review 21 #3: it stayed, and an idle partition kept its data for ever): an empty one
+    # is rolled at the LEO first, as Kafka's deleteSegments does.
+    assert log.delete_retention_segments(T0 + 10**10, log.log_end_offset - 1) == old_segments - 2
+    assert log.log_start_offset == log.segments[0].base_offset < 60
+    assert log.delete_retention_segments(T0 + 10**10, log.log_end_offset) == 1
+    assert [(s.base_offset, s.size) for s in log.segments] == [(60, 0)]
+    assert (log.log_start_offset, log.log_end_offset) == (60, 60)
+    assert log.delete_retention_segments(T0 + 10**10, log.log_end_offset) == 0
+    # The epoch the log ended in still starts where its records now would.
+    assert [(e.epoch, e.start_offset) for e in log.leader_epoch_cache.epoch_entries] == [(2, 60)]
+    assert log.append_as_leader(make_batch(3), leader_epoch=2).first_offset == 60
 
 
 def test_retention_by_size_keeps_at_least_retention_bytes(
@@ -947,8 +967,8 @@ def test_retention_deletes_only_segments_the_hw_has_passed(
     open_log: OpenLog, make_batch: MakeBatch, policy: dict[str, int]
 ) -> None:
     """Kafka's deletableSegments: a segment may go once the HW reaches the next one's base
-    offset, so the log start never passes the HW; records no follower may have copied yet stay,
-    however old or large the log. Never the active segment."""
+    offset (the active one: the LEO), so the log start never passes the HW; records no
+    follower may have copied yet stay, however old or large the log."""
     log = open_log(segment_bytes=1000, **policy)
     fill(log, make_batch, 20)
     bases = [s.base_offset for s in log.segments]
@@ -958,8 +978,10 @@ def test_retention_deletes_only_segments_the_hw_has_passed(
     assert log.log_start_offset == bases[1]
     assert log.delete_retention_segments(now, high_watermark=bases[2]) == 1
     assert log.log_start_offset == bases[2]
-    assert log.delete_retention_segments(now, log.log_end_offset) == len(bases) - 3
+    assert log.delete_retention_segments(now, log.log_end_offset - 1) == len(bases) - 3
     assert log.log_start_offset == bases[-1]
+    assert log.delete_retention_segments(now, log.log_end_offset) == 1
+    assert log.log_start_offset == log.log_end_offset
 
 
 def test_no_retention_when_unbounded(open_log: OpenLog, make_batch: MakeBatch) -> None:

@@ -288,7 +288,7 @@ class Log:
         (header,) = headers = self._assign_offsets(batch, leader_epoch)
         now = self._time_ms()
         self._assign_epochs(headers)
-        segment = self._segments[-1]
+        segment = _aged_from_its_first_batch(self._segments[-1], now)
         if self._should_roll(segment, 0, header, now):
             segment = self._roll(header.base_offset, now)
         config = self.config
@@ -314,8 +314,9 @@ class Log:
         self.take_in_pending_write()
         headers = self._check_follower_batches(batches)
         view = memoryview(batches)
-        segment = self._segments[-1]
-        if len(view) < OFF_LOOP_WRITE_BYTES or self._rolls(segment, headers, self._time_ms()):
+        now = self._time_ms()
+        segment = _aged_from_its_first_batch(self._segments[-1], now)
+        if len(view) < OFF_LOOP_WRITE_BYTES or self._rolls(segment, headers, now):
             info = self._append(view, headers)
             on_appended(info)
             return info
@@ -461,7 +462,7 @@ class Log:
         view = memoryview(data)
         interval = self.config.index_interval_bytes
         drop_behind = self.config.cache_drop_behind_bytes
-        segment = self._segments[-1]
+        segment = _aged_from_its_first_batch(self._segments[-1], now)
         group: list[BatchHeader] = []
         group_start = position = 0
         for header in headers:
@@ -656,11 +657,19 @@ class Log:
     def delete_retention_segments(self, now_ms: int, high_watermark: int) -> int:
         """Delete the oldest segments that retention.ms or retention.bytes let go, among those
         the HW has passed (Kafka's deletableSegments: the next segment's base offset is at or
-        below the HW; never the active one), so that no record goes before every ISR member
-        has it, and the log start never passes the HW. The log start offset moves to the first
-        kept segment (if it was not past it already). Returns how many segments went."""
+        below the HW, or for the active one the LEO), so that no record goes before every ISR
+        member has it, and the log start never passes the HW. The log start offset moves to
+        the first kept segment (if it was not past it already). Returns how many segments
+        went. The active segment goes too once the HW covers it, after an empty one is rolled
+        at the LEO, as Kafka's deleteSegments does (review 21 #3: an idle partition kept its
+        last segment, up to segment.bytes, for ever)."""
         self.take_in_pending_write()
-        candidates = self._segments[: self._wholly_before(high_watermark)]
+        everything = high_watermark >= self.log_end_offset and self._segments[-1].size > 0
+        candidates = (
+            self._segments[:]
+            if everything
+            else self._segments[: self._wholly_before(high_watermark)]
+        )
         deletable = 0
         retention_ms = self.config.retention_ms
         if retention_ms >= 0:
@@ -675,6 +684,8 @@ class Log:
             while deletable < len(candidates) and excess >= candidates[deletable].size:
                 excess -= candidates[deletable].size
                 deletable += 1
+        if deletable == len(self._segments):
+            self._roll(self.log_end_offset, now_ms)
         self._delete_oldest_segments(deletable, "retention")
         return deletable
 
@@ -885,6 +896,15 @@ class FlushJob:
         for fd in self.fds:
             os.close(fd)
         self.fds = []
+
+
+def _aged_from_its_first_batch(segment: LogSegment, now_ms: int) -> LogSegment:
+    """`segment`, whose segment.ms clock starts now if it is empty (Kafka's
+    rollingBasedTimestamp: from its first batch; review 21 #4: an empty segment left idle past
+    segment.ms rolled right after its first batch)."""
+    if segment.size == 0:
+        segment.created_ms = now_ms
+    return segment
 
 
 def _flush_in_order(segments: Sequence[LogSegment], recovery_point: int, end: int) -> None:

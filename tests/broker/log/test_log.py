@@ -1356,6 +1356,26 @@ def test_torn_tail_is_truncated_and_appends_continue(
     assert read_header(read_all(reopened, split)[-1]).base_offset == 27
 
 
+def test_a_torn_batch_below_the_recovery_point_at_its_last_index_entry_is_rescanned(
+    open_log: OpenLog, make_batch: MakeBatch, split: Split, log_dir: Path
+) -> None:
+    """Review 21 #1: recovery trusted the index entries below the recovery point and scanned
+    from the last one; when the batch there was the torn one (the disk lost data after its
+    fsync), nothing was scanned, and the LEO went back to the base offset over the whole
+    batches before it: the next append reused their offsets. It rescans the segment now."""
+    log = open_log(index_interval_bytes=0)  # an index entry for every batch
+    fill(log, make_batch, 4)
+    log.flush()
+    recovery_point = log.log_end_offset
+    last_position = log.segments[-1].find_batch(9)[0]
+    crash(log)
+    with open(log_dir / "00000000000000000000.log", "r+b") as f:
+        f.truncate(last_position + 100)  # the last batch torn, its header whole
+    reopened = open_log(recovery_point=recovery_point, index_interval_bytes=0)
+    assert reopened.log_end_offset == 9
+    assert bodies(read_all(reopened, split)) == [body(i) for i in range(3)]
+
+
 def test_crc_corrupted_tail_is_truncated(
     open_log: OpenLog,
     make_batch: MakeBatch,

@@ -429,6 +429,15 @@ class LogSegment:
         self._restore_state_from_indexes()
         start = self.offset_index.last_entry.position
         problem = self._scan(start, index_interval_bytes, verify_from)
+        if problem is not None and problem.position <= start and start > 0:
+            # The batch at the last trusted index entry is bad: data below the recovery point
+            # was lost or damaged after its fsync. Trust none of it and check every batch, as
+            # Kafka rescans the segment (review 21 #1: the LEO went back to the base offset
+            # over whole batches, and the next append reused their offsets).
+            self.offset_index.reset()
+            self.time_index.reset()
+            self._restore_state_from_indexes()
+            problem = self._scan(0, index_interval_bytes, self.base_offset)
         self._write_index_entries()
         truncated = 0
         if problem is not None:

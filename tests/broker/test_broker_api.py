@@ -1342,3 +1342,28 @@ async def test_a_fetch_asking_for_no_bytes_is_answered_at_once(leader: Any) -> N
     request.min_bytes = 0
     response = await asyncio.wait_for(leader.service.Fetch(request), 20)
     assert response.partitions[0].record_batches == b""
+
+
+async def test_a_fetch_at_a_segments_tail_is_answered_though_short_of_min_bytes(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 19 #4: a read stops at its segment's end, so a fetch at the last batch of an
+    older segment, short of its min_bytes, waited its max_wait with records readable after
+    it. Answered at once, as Kafka's DelayedFetch case F."""
+    _, client = await start_broker(1)
+    await make_leader(
+        client.channel,
+        TOPIC,
+        0,
+        leader=1,
+        leader_epoch=1,
+        replicas=[1],
+        configs={"segment.bytes": "1500"},
+    )
+    for value in (b"a", b"b", b"c", b"d", b"e", b"f"):
+        await produce_ok(client, batch_of([value * 400]))
+    request = fetch_request(2, max_wait_ms=60_000)
+    request.min_bytes = 1 << 20
+    response = await asyncio.wait_for(client.service.Fetch(request), 20)
+    values = [r.value for r in decode_batches(response.partitions[0].record_batches)]
+    assert values and values[0] == b"c" * 400

@@ -926,6 +926,12 @@ class ReplicaManager:
             total += size
             if read.data:
                 context.served.append(tp)
+                # A read stops at its segment's end: with more readable after it, a min_bytes
+                # it fell short of would wait max_wait for nothing (Kafka's DelayedFetch case
+                # F; review 19 #4).
+                visible_end = read.log_end_offset if for_follower else read.high_watermark
+                if partition.log.in_an_older_segment(fp.fetch_offset, visible_end):
+                    answer_now = True
             if records is not None:
                 result.records.extend(records)
                 results.append((result, b""))

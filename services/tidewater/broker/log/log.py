@@ -263,6 +263,11 @@ class Log:
         """Index of the segment that would hold `offset` (the first one if it is below all)."""
         return max(bisect.bisect_right(self._bases, offset) - 1, 0)
 
+    def in_an_older_segment(self, offset: int, than: int) -> bool:
+        """Whether `offset` lies in an older segment than `than` does: a read at `offset`
+        stops at its segment's end, short of `than`."""
+        return self._floor(offset) < self._floor(than)
+
     # -- appends -------------------------------------------------------------------------
 
     @reports_io_failures

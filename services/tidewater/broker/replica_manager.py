@@ -928,9 +928,14 @@ class ReplicaManager:
                 context.served.append(tp)
                 # A read stops at its segment's end: with more readable after it, a min_bytes
                 # it fell short of would wait max_wait for nothing (Kafka's DelayedFetch case
-                # F; review 19 #4).
+                # F; review 19 #4). Looked at only while short of min_bytes: a follower's
+                # fetch with data (min_bytes 1) costs no segment lookups.
                 visible_end = read.log_end_offset if for_follower else read.high_watermark
-                if partition.log.in_an_older_segment(fp.fetch_offset, visible_end):
+                if (
+                    not answer_now
+                    and total < request.min_bytes
+                    and partition.log.in_an_older_segment(fp.fetch_offset, visible_end)
+                ):
                     answer_now = True
             if records is not None:
                 result.records.extend(records)

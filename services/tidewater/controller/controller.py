@@ -324,7 +324,7 @@ class Controller:
                 broker.broker_id,
                 self.epoch,
                 unclean_restart=unclean_restart,
-                in_grace=bool(self._grace_until_ms),
+                in_grace=self.in_grace,
             )
             broker.fenced = True
             await self.commit_and_send(changes)
@@ -332,16 +332,12 @@ class Controller:
     async def unfence(self, broker: BrokerState) -> None:
         log.info("broker %d is alive (epoch %d)", broker.broker_id, broker.epoch)
         broker.fenced = False
-        grace_ends = bool(self._grace_until_ms) and all(
-            not b.fenced for b in self.model.brokers.values()
-        )
+        grace_ends = self.in_grace and all(not b.fenced for b in self.model.brokers.values())
         if grace_ends:
             self._end_grace()
         # In the grace period too, an offline partition gets an ISR member we have heard from
         # as leader at once (but no unclean leader, and no leader we have not heard from moves).
-        changes = changes_for_offline_partitions(
-            self.model, self.epoch, in_grace=bool(self._grace_until_ms)
-        )
+        changes = changes_for_offline_partitions(self.model, self.epoch, in_grace=self.in_grace)
         committed = await self.commit_and_send(changes)
         # A (re)started broker learns every partition it hosts, not just the changed ones.
         changed = {c.tp for c in committed}
@@ -397,9 +393,7 @@ class Controller:
         self.sender.update_metadata([], configs_of=[name])
         log.info("topic %s: configs are now %s", name, configs)
         if after.unclean_leader_election_enable and not before.unclean_leader_election_enable:
-            changes = changes_for_offline_partitions(
-                self.model, self.epoch, in_grace=bool(self._grace_until_ms)
-            )
+            changes = changes_for_offline_partitions(self.model, self.epoch, in_grace=self.in_grace)
             await self.commit_and_send([c for c in changes if c.tp[0] == name])
 
     def _send_deletion(self, name: str, broker_id: int) -> None:
@@ -463,9 +457,7 @@ class Controller:
                 )
             target = ongoing.original
         original = ongoing.original if ongoing else topic.assignment[tp[1]]
-        step = start_reassignment(
-            self.model, tp, target, self.epoch, in_grace=bool(self._grace_until_ms)
-        )
+        step = start_reassignment(self.model, tp, target, self.epoch, in_grace=self.in_grace)
         await self._take_step(step)
         log.info("%s-%d: reassigning %s -> %s", *tp, list(original), list(target))
         await self.maybe_complete_reassignment(tp)
@@ -474,9 +466,7 @@ class Controller:
         topic = self.model.topics.get(tp[0])
         if topic is None or tp[1] not in topic.reassignments:
             return
-        step = complete_reassignment(
-            self.model, tp, self.epoch, in_grace=bool(self._grace_until_ms)
-        )
+        step = complete_reassignment(self.model, tp, self.epoch, in_grace=self.in_grace)
         if step is not None:
             await self._take_step(step)
             log.info("%s-%d: reassignment to %s complete", *tp, list(step.replicas))

@@ -463,12 +463,7 @@ def start_reassignment(
             after = after.with_(isr=kept.isr)
     change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch), unclean)
     cancelled = set(target) == set(original)
-    return ReassignmentStep(
-        with_elr(model, change, replicas=replicas),
-        replicas,
-        None if cancelled else reassignment,
-        tuple(b for b in model.replicas(tp) if b not in replicas),
-    )
+    return _step(model, change, replicas, None if cancelled else reassignment)
 
 
 def complete_reassignment(
@@ -502,9 +497,20 @@ def complete_reassignment(
             return None
         after = result.leader_and_isr.with_(leader_epoch=record.leader_epoch + 1)
     change = PartitionChange(tp, record, after.with_(controller_epoch=controller_epoch))
+    return _step(model, change, reassignment.target, None)
+
+
+def _step(
+    model: ClusterModel,
+    change: PartitionChange,
+    replicas: tuple[int, ...],
+    in_flight: Reassignment | None,
+) -> ReassignmentStep:
+    """The step that assigns the partition to `replicas`, its ELR among them, and stops the
+    replicas it had that are not."""
     return ReassignmentStep(
-        with_elr(model, change, replicas=reassignment.target),
-        reassignment.target,
-        None,
-        tuple(b for b in model.replicas(tp) if b not in reassignment.target),
+        with_elr(model, change, replicas=replicas),
+        replicas,
+        in_flight,
+        tuple(b for b in model.replicas(change.tp) if b not in replicas),
     )

@@ -257,6 +257,42 @@ async def test_a_follower_fetch_from_a_stale_incarnation_is_refused_whole(
     assert state.isr_state.proposed == {1, 2}
 
 
+async def test_a_follower_in_controlled_shutdown_is_served_but_not_let_into_the_isr(
+    start_broker: Callable[..., Any],
+) -> None:
+    """KIP-841: the controller marks broker 2 as in controlled shutdown (live: it still serves
+    what it leads). Its fetches are answered, and it is proposed into no ISR until the
+    controller names it usable again."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2], isr=[1])
+    await produce_ok(client, batch_of([b"a", b"b"]))
+    state = server.replica_manager.partitions[(TOPIC, 0)].state
+
+    async def tell(shutting_down: bool) -> None:
+        metadata = cluster_pb2.UpdateMetadataRequest(controller_epoch=1)
+        metadata.live_brokers.add(broker_id=1, broker_epoch=10)
+        metadata.live_brokers.add(
+            broker_id=2, broker_epoch=50, in_controlled_shutdown=shutting_down
+        )
+        assert (await client.control.UpdateMetadata(metadata)).error_code == ErrorCode.NONE
+
+    async def follower_fetch() -> None:
+        fetch = pb.FetchRequest(replica_id=2, replica_broker_epoch=50, max_bytes=1 << 20)
+        fetch.partitions.add(
+            topic=TOPIC, partition=0, fetch_offset=2, current_leader_epoch=1, last_fetched_epoch=1
+        )
+        answer = await asyncio.wait_for(client.service.Fetch(fetch), 20)
+        assert answer.partitions[0].error_code == ErrorCode.NONE
+
+    await tell(shutting_down=True)
+    await follower_fetch()
+    assert state.remote_replicas[2].log_end_offset == 2
+    assert state.isr_state.proposed is None
+    await tell(shutting_down=False)
+    await follower_fetch()
+    assert state.isr_state.proposed == {1, 2}
+
+
 async def test_list_offsets(leader: Any) -> None:
     for ts in (1000, 2000, 3000):
         await produce_ok(leader, build_batch([Record(value=b"x", timestamp_ms=ts)] * 2))

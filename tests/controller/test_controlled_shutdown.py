@@ -5,6 +5,8 @@ from __future__ import annotations
 from tests.controller.in_process import ConnectStore, RunController, seed
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
+from tidewater.local.wait import eventually
+from tidewater.metadata.server import MetadataServer
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -38,3 +40,52 @@ async def test_a_broker_shutting_down_stays_so_at_a_controller_elected_meanwhile
     assert (await heartbeat(1, want_shutdown=False)).is_fenced is False
     assert controller.model.usable_brokers() == {1}
     assert controller.model.brokers[2].shutting_down
+
+
+async def test_a_leader_in_controlled_shutdown_shows_in_metadata_until_it_is_fenced(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 20 L2: broker 1 is the only ISR member of t-0, so its controlled shutdown cannot
+    move the leadership, and it serves t-0 until it stops. Metadata left it out of the live
+    brokers: t-0 showed no leader (LEADER_NOT_AVAILABLE) while it could still be produced to.
+    It shows as leader now, the broker marked in controlled shutdown; once fenced, the
+    partition has no leader."""
+    await seed(
+        connect_store, brokers=(1, 2), replicas=(1, 2), record=PartitionRecord(1, 0, (1,), 1)
+    )
+    server = MetadataServer("127.0.0.1:0")
+    await server.start()
+    try:
+        controller, _ = await run_controller(
+            await connect_store(), 60_000, metadata_addresses=[server.address]
+        )
+        service = ControllerService(controller)
+        for broker_id in (1, 2):
+            request = cpb.BrokerHeartbeatRequest(
+                broker_id=broker_id, broker_epoch=controller.model.brokers[broker_id].epoch
+            )
+            await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+        shutdown = await service.ControlledShutdown(
+            cpb.ControlledShutdownRequest(
+                broker_id=1, broker_epoch=controller.model.brokers[1].epoch
+            ),
+            None,  # type: ignore[arg-type]
+        )
+        assert [p.topic for p in shutdown.remaining_partitions] == ["t"]
+
+        def shown() -> tuple[list[tuple[int, bool]], int, int, list[int]]:
+            described = server.cache.describe(["t"])
+            brokers = [(b.broker_id, b.in_controlled_shutdown) for b in described.brokers]
+            if not described.topics[0].partitions:
+                return brokers, -1, described.topics[0].error_code, []
+            (partition,) = described.topics[0].partitions
+            return brokers, partition.leader, partition.error_code, list(partition.offline_replicas)
+
+        await eventually(lambda: shown()[0] == [(1, True), (2, False)], 10)
+        assert shown() == ([(1, True), (2, False)], 1, ErrorCode.NONE, [])
+
+        await controller.fence(controller.model.brokers[1], "stopped")
+        await eventually(lambda: shown()[0] == [(2, False)], 10)
+        assert shown()[1:] == (-1, ErrorCode.LEADER_NOT_AVAILABLE, [1])
+    finally:
+        await server.stop()

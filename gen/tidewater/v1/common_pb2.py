@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidewater.v1 import errors_pb2 as tidewater_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidewater/v1/common.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/errors.proto\"\xe6\x01\n\x06Record\x12\x15\n\x03key\x18\x01 \x01(\x0cH\x00R\x03key\x88\x01\x01\x12\x19\n\x05value\x18\x02 \x01(\x0cH\x01R\x05value\x88\x01\x01\x12\x34\n\x07headers\x18\x03 \x03(\x0b\x32\x1a.tidewater.v1.RecordHeaderR\x07headers\x12!\n\x0ctimestamp_ms\x18\x04 \x01(\x03R\x0btimestampMs\x12\x16\n\x06offset\x18\x05 \x01(\x03R\x06offset\x12!\n\x0cleader_epoch\x18\x06 \x01(\x05R\x0bleaderEpochB\x06\n\x04_keyB\x08\n\x06_valueJ\x04\x08\x07\x10\x10\"E\n\x0cRecordHeader\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n\x05value\x18\x02 \x01(\x0cH\x00R\x05value\x88\x01\x01\x42\x08\n\x06_value\"2\n\x08\x45ndpoint\x12\x12\n\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n\x04port\x18\x02 \x01(\x05R\x04port\"\x9a\x01\n\nBrokerInfo\x12\x1b\n\tbroker_id\x18\x01 \x01(\x05R\x08\x62rokerId\x12\x32\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.EndpointR\x08\x65ndpoint\x12\x12\n\x04rack\x18\x03 \x01(\tR\x04rack\x12!\n\x0c\x62roker_epoch\x18\x04 \x01(\x03R\x0b\x62rokerEpochJ\x04\x08\x05\x10\n\"D\n\x0eTopicPartition\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n\tpartition\x18\x02 \x01(\x05R\tpartition\"\xa1\x01\n\x0ePartitionError\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x36\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x04 \x01(\tR\x0c\x65rrorMessage\"E\n\x0e\x45pochEndOffset\x12\x14\n\x05\x65poch\x18\x01 \x01(\x05R\x05\x65poch\x12\x1d\n\nend_offset\x18\x02 \x01(\x03R\tendOffset\"R\n\x10LeaderIdAndEpoch\x12\x1b\n\tleader_id\x18\x01 \x01(\x05R\x08leaderId\x12!\n\x0cleader_epoch\x18\x02 \x01(\x05R\x0bleaderEpoch\"\x9a\x01\n\x0e\x43ontrollerInfo\x12#\n\rcontroller_id\x18\x01 \x01(\x05R\x0c\x63ontrollerId\x12\x32\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.EndpointR\x08\x65ndpoint\x12)\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05R\x0f\x63ontrollerEpochJ\x04\x08\x04\x10\n\"\xa1\x01\n\x0bTopicConfig\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12@\n\x07\x63onfigs\x18\x02 \x03(\x0b\x32&.tidewater.v1.TopicConfig.ConfigsEntryR\x07\x63onfigs\x1a:\n\x0c\x43onfigsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x42S\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tidewater/v1/common.proto\x12\x0ctidewater.v1\x1a\x19tidewater/v1/errors.proto\"\xe6\x01\n\x06Record\x12\x15\n\x03key\x18\x01 \x01(\x0cH\x00R\x03key\x88\x01\x01\x12\x19\n\x05value\x18\x02 \x01(\x0cH\x01R\x05value\x88\x01\x01\x12\x34\n\x07headers\x18\x03 \x03(\x0b\x32\x1a.tidewater.v1.RecordHeaderR\x07headers\x12!\n\x0ctimestamp_ms\x18\x04 \x01(\x03R\x0btimestampMs\x12\x16\n\x06offset\x18\x05 \x01(\x03R\x06offset\x12!\n\x0cleader_epoch\x18\x06 \x01(\x05R\x0bleaderEpochB\x06\n\x04_keyB\x08\n\x06_valueJ\x04\x08\x07\x10\x10\"E\n\x0cRecordHeader\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n\x05value\x18\x02 \x01(\x0cH\x00R\x05value\x88\x01\x01\x42\x08\n\x06_value\"2\n\x08\x45ndpoint\x12\x12\n\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n\x04port\x18\x02 \x01(\x05R\x04port\"\xd0\x01\n\nBrokerInfo\x12\x1b\n\tbroker_id\x18\x01 \x01(\x05R\x08\x62rokerId\x12\x32\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.EndpointR\x08\x65ndpoint\x12\x12\n\x04rack\x18\x03 \x01(\tR\x04rack\x12!\n\x0c\x62roker_epoch\x18\x04 \x01(\x03R\x0b\x62rokerEpoch\x12\x34\n\x16in_controlled_shutdown\x18\n \x01(\x08R\x14inControlledShutdownJ\x04\x08\x05\x10\n\"D\n\x0eTopicPartition\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n\tpartition\x18\x02 \x01(\x05R\tpartition\"\xa1\x01\n\x0ePartitionError\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x36\n\nerror_code\x18\x03 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x04 \x01(\tR\x0c\x65rrorMessage\"E\n\x0e\x45pochEndOffset\x12\x14\n\x05\x65poch\x18\x01 \x01(\x05R\x05\x65poch\x12\x1d\n\nend_offset\x18\x02 \x01(\x03R\tendOffset\"R\n\x10LeaderIdAndEpoch\x12\x1b\n\tleader_id\x18\x01 \x01(\x05R\x08leaderId\x12!\n\x0cleader_epoch\x18\x02 \x01(\x05R\x0bleaderEpoch\"\x9a\x01\n\x0e\x43ontrollerInfo\x12#\n\rcontroller_id\x18\x01 \x01(\x05R\x0c\x63ontrollerId\x12\x32\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x16.tidewater.v1.EndpointR\x08\x65ndpoint\x12)\n\x10\x63ontroller_epoch\x18\x03 \x01(\x05R\x0f\x63ontrollerEpochJ\x04\x08\x04\x10\n\"\xa1\x01\n\x0bTopicConfig\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12@\n\x07\x63onfigs\x18\x02 \x03(\x0b\x32&.tidewater.v1.TopicConfig.ConfigsEntryR\x07\x63onfigs\x1a:\n\x0c\x43onfigsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x42S\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,19 +42,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINT']._serialized_start=374
   _globals['_ENDPOINT']._serialized_end=424
   _globals['_BROKERINFO']._serialized_start=427
-  _globals['_BROKERINFO']._serialized_end=581
-  _globals['_TOPICPARTITION']._serialized_start=583
-  _globals['_TOPICPARTITION']._serialized_end=651
-  _globals['_PARTITIONERROR']._serialized_start=654
-  _globals['_PARTITIONERROR']._serialized_end=815
-  _globals['_EPOCHENDOFFSET']._serialized_start=817
-  _globals['_EPOCHENDOFFSET']._serialized_end=886
-  _globals['_LEADERIDANDEPOCH']._serialized_start=888
-  _globals['_LEADERIDANDEPOCH']._serialized_end=970
-  _globals['_CONTROLLERINFO']._serialized_start=973
-  _globals['_CONTROLLERINFO']._serialized_end=1127
-  _globals['_TOPICCONFIG']._serialized_start=1130
-  _globals['_TOPICCONFIG']._serialized_end=1291
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_start=1233
-  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_end=1291
+  _globals['_BROKERINFO']._serialized_end=635
+  _globals['_TOPICPARTITION']._serialized_start=637
+  _globals['_TOPICPARTITION']._serialized_end=705
+  _globals['_PARTITIONERROR']._serialized_start=708
+  _globals['_PARTITIONERROR']._serialized_end=869
+  _globals['_EPOCHENDOFFSET']._serialized_start=871
+  _globals['_EPOCHENDOFFSET']._serialized_end=940
+  _globals['_LEADERIDANDEPOCH']._serialized_start=942
+  _globals['_LEADERIDANDEPOCH']._serialized_end=1024
+  _globals['_CONTROLLERINFO']._serialized_start=1027
+  _globals['_CONTROLLERINFO']._serialized_end=1181
+  _globals['_TOPICCONFIG']._serialized_start=1184
+  _globals['_TOPICCONFIG']._serialized_end=1345
+  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_start=1287
+  _globals['_TOPICCONFIG_CONFIGSENTRY']._serialized_end=1345
 # @@protoc_insertion_point(module_scope)

@@ -40,16 +40,18 @@ class Endpoint(_message.Message):
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("broker_id", "endpoint", "rack", "broker_epoch")
+    __slots__ = ("broker_id", "endpoint", "rack", "broker_epoch", "in_controlled_shutdown")
     BROKER_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
     BROKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    IN_CONTROLLED_SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     broker_id: int
     endpoint: Endpoint
     rack: str
     broker_epoch: int
-    def __init__(self, broker_id: _Optional[int] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ...) -> None: ...
+    in_controlled_shutdown: bool
+    def __init__(self, broker_id: _Optional[int] = ..., endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., rack: _Optional[str] = ..., broker_epoch: _Optional[int] = ..., in_controlled_shutdown: _Optional[bool] = ...) -> None: ...
 
 class TopicPartition(_message.Message):
     __slots__ = ("topic", "partition")

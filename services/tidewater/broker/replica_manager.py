@@ -379,7 +379,11 @@ class ReplicaManager:
             self.controller_epoch,
         )
         self.controller_epoch = request.controller_epoch
-        self.usable_brokers = {b.broker_id: b.broker_epoch for b in request.live_brokers}
+        self.usable_brokers = {
+            b.broker_id: b.broker_epoch
+            for b in request.live_brokers
+            if not b.in_controlled_shutdown
+        }
         full = request.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL
         self._apply_topic_configs(request.topic_configs, full)
         if strays:

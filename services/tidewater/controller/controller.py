@@ -22,6 +22,7 @@ from opentelemetry import context as otel_context
 from tidewater.controller.core import (
     PartitionChange,
     ReassignmentStep,
+    changes_for_controlled_shutdown,
     changes_for_offline_partitions,
     changes_for_unrecorded_partitions,
     changes_for_unusable_broker,
@@ -328,6 +329,18 @@ class Controller:
             )
             broker.fenced = True
             await self.commit_and_send(changes)
+        # Offline now: the metadata services show it so, where it led or followed nothing.
+        self.sender.update_metadata([])
+
+    async def begin_shutdown(self, broker: BrokerState) -> None:
+        """Kafka's controlled shutdown: the broker leaves the ISRs and its leaderships move
+        to other ISR members, while it serves until it stops (and shows live in metadata,
+        marked in_controlled_shutdown: leaders let it into no ISR)."""
+        broker.shutting_down = True
+        await self.commit_and_send(
+            changes_for_controlled_shutdown(self.model, broker.broker_id, self.epoch)
+        )
+        self.sender.update_metadata([])
 
     async def unfence(self, broker: BrokerState) -> None:
         log.info("broker %d is alive (epoch %d)", broker.broker_id, broker.epoch)

@@ -199,6 +199,10 @@ class ClusterModel:
     def usable_brokers(self) -> set[int]:
         return {b.broker_id for b in self.brokers.values() if b.usable}
 
+    def unfenced_brokers(self) -> set[int]:
+        """The live ones: the usable and those still serving through a controlled shutdown."""
+        return {b.broker_id for b in self.brokers.values() if not b.fenced}
+
     def partitions_of(self, topic: str) -> list[TopicPartition]:
         return [(topic, p) for p in sorted(self.topics[topic].assignment)]
 

@@ -188,7 +188,9 @@ class BrokerSender:
         self, tps: list[TopicPartition], kind: int
     ) -> cluster_pb2.UpdateMetadataRequest:
         model = self._controller.model
-        usable = model.usable_brokers()
+        # A broker in controlled shutdown is live until fenced (review 20 L2: what it still
+        # led showed leaderless, though it served it).
+        live = model.unfenced_brokers()
         request = cluster_pb2.UpdateMetadataRequest(
             controller_id=self._controller.config.controller_id,
             controller_epoch=self._controller.epoch,
@@ -196,11 +198,11 @@ class BrokerSender:
         )
         request.controller_endpoint.host = self._controller.config.host
         request.controller_endpoint.port = self._controller.config.port
-        request.live_brokers.extend(self._broker_infos(usable))
+        request.live_brokers.extend(self._broker_infos(live))
         for tp in tps:
             request.partition_states.add(
                 **self._partition_state(tp),
-                offline_replicas=[b for b in model.replicas(tp) if b not in usable],
+                offline_replicas=[b for b in model.replicas(tp) if b not in live],
                 # For describe (Kafka's DescribeTopicPartitions); brokers do not use it.
                 last_known_elr=list(model.partitions[tp].last_known_elr),
             )
@@ -248,6 +250,7 @@ class BrokerSender:
                         # Leaders refuse fetches from older incarnations and let only this
                         # one into an ISR (KIP-903).
                         broker_epoch=broker.epoch,
+                        in_controlled_shutdown=broker.shutting_down,
                     )
                 )
         return infos

@@ -25,7 +25,6 @@ from tidewater.controller.configs import ConfigChange, alter_configs, describe_c
 from tidewater.controller.controller import Controller
 from tidewater.controller.core import (
     PartitionChange,
-    changes_for_controlled_shutdown,
     initial_partition_records,
     preferred_leader_change,
     unclean_leader_change,
@@ -225,7 +224,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             if request.want_shutdown and not broker.shutting_down:
                 # Its ControlledShutdown went to a controller before this one (review 20 M2):
                 # unfenced, it would be taken back into ISRs just before it stops.
-                await self._begin_shutdown(broker)
+                await self._c.begin_shutdown(broker)
             if broker.fenced and not broker.shutting_down:
                 await self._c.unfence(broker)
             response.is_fenced = broker.fenced
@@ -608,7 +607,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
-            await self._begin_shutdown(broker)
+            await self._c.begin_shutdown(broker)
             for (topic, partition), record in sorted(self._c.model.partitions.items()):
                 if record.leader == broker.broker_id:
                     response.remaining_partitions.add(topic=topic, partition=partition)
@@ -619,14 +618,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             )
 
         return await self._answer(response, event)
-
-    async def _begin_shutdown(self, broker: BrokerState) -> None:
-        """Kafka's controlled shutdown: the broker leaves the ISRs and its leaderships move
-        to other ISR members, while it serves until it stops."""
-        broker.shutting_down = True
-        await self._c.commit_and_send(
-            changes_for_controlled_shutdown(self._c.model, broker.broker_id, self._c.epoch)
-        )
 
 
 PRODUCER_ID_BLOCK = 1000

@@ -9,7 +9,10 @@ from collections.abc import Awaitable, Callable
 
 from tidewater.controller.controller import Controller
 from tidewater.controller.model import PartitionRecord, TopicState
+from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
 
 ConnectStore = Callable[..., Awaitable[ControllerStore]]
 RunController = Callable[..., Awaitable[tuple[Controller, "asyncio.Task[None]"]]]
@@ -43,3 +46,17 @@ async def seed(
     await store.write_partitions(epoch, [("t", 0, None, record.to_json())])
     await store.resign()
     return epoch
+
+
+async def heartbeat(
+    controller: Controller, broker_id: int, want_shutdown: bool = False
+) -> cpb.BrokerHeartbeatResponse:
+    """A heartbeat of the broker's registered incarnation, straight to a ControllerService."""
+    request = cpb.BrokerHeartbeatRequest(
+        broker_id=broker_id,
+        broker_epoch=controller.model.brokers[broker_id].epoch,
+        want_shutdown=want_shutdown,
+    )
+    response = await ControllerService(controller).BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+    assert response.error_code == ErrorCode.NONE, response.error_message
+    return response

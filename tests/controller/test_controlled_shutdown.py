@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.controller.in_process import ConnectStore, RunController, seed
+from tests.controller.in_process import ConnectStore, RunController, heartbeat, seed
 from tidewater.controller.model import PartitionRecord
 from tidewater.controller.service import ControllerService
 from tidewater.local.wait import eventually
@@ -23,21 +23,9 @@ async def test_a_broker_shutting_down_stays_so_at_a_controller_elected_meanwhile
         connect_store, brokers=(1, 2), replicas=(1, 2), record=PartitionRecord(1, 0, (1,), 1)
     )
     controller, _ = await run_controller(await connect_store(), 60_000)
-    service = ControllerService(controller)
-
-    async def heartbeat(broker_id: int, want_shutdown: bool) -> cpb.BrokerHeartbeatResponse:
-        request = cpb.BrokerHeartbeatRequest(
-            broker_id=broker_id,
-            broker_epoch=controller.model.brokers[broker_id].epoch,
-            want_shutdown=want_shutdown,
-        )
-        response = await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
-        assert response.error_code == ErrorCode.NONE, response.error_message
-        return response
-
-    stopping = await heartbeat(2, want_shutdown=True)
+    stopping = await heartbeat(controller, 2, want_shutdown=True)
     assert (stopping.is_fenced, stopping.should_shut_down) == (True, True)
-    assert (await heartbeat(1, want_shutdown=False)).is_fenced is False
+    assert (await heartbeat(controller, 1)).is_fenced is False
     assert controller.model.usable_brokers() == {1}
     assert controller.model.brokers[2].shutting_down
 
@@ -61,10 +49,7 @@ async def test_a_leader_in_controlled_shutdown_shows_in_metadata_until_it_is_fen
         )
         service = ControllerService(controller)
         for broker_id in (1, 2):
-            request = cpb.BrokerHeartbeatRequest(
-                broker_id=broker_id, broker_epoch=controller.model.brokers[broker_id].epoch
-            )
-            await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+            await heartbeat(controller, broker_id)
         shutdown = await service.ControlledShutdown(
             cpb.ControlledShutdownRequest(
                 broker_id=1, broker_epoch=controller.model.brokers[1].epoch

@@ -3,14 +3,12 @@ real etcd, and a real metadata service on loopback."""
 
 from __future__ import annotations
 
-from tests.controller.in_process import ConnectStore, RunController, seed
+from tests.controller.in_process import ConnectStore, RunController, heartbeat, seed
 from tests.metadata.updates import FULL, state, update
 from tidewater.controller.model import PartitionRecord
-from tidewater.controller.service import ControllerService
 from tidewater.local.wait import eventually
 from tidewater.metadata.server import MetadataServer
 from tidewater.v1 import cluster_pb2
-from tidewater.v1 import controller_pb2 as cpb
 
 
 async def test_a_new_controller_sends_its_view_once_its_grace_period_is_over(
@@ -39,12 +37,8 @@ async def test_a_new_controller_sends_its_view_once_its_grace_period_is_over(
         controller, _ = await run_controller(
             await connect_store(), 60_000, metadata_addresses=[server.address]
         )
-        service = ControllerService(controller)
         for broker_id in (1, 2):
-            request = cpb.BrokerHeartbeatRequest(
-                broker_id=broker_id, broker_epoch=controller.model.brokers[broker_id].epoch
-            )
-            await service.BrokerHeartbeat(request, None)  # type: ignore[arg-type]
+            await heartbeat(controller, broker_id)
 
         def full_views() -> list[list[int]]:
             return [

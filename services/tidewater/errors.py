@@ -154,6 +154,10 @@ class InvalidPartitions(TidewaterError):
     code = ErrorCode.INVALID_PARTITIONS
 
 
+class InvalidReplicaAssignment(TidewaterError):
+    code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
 class BrokerNotAvailable(TidewaterError):
     code = ErrorCode.BROKER_NOT_AVAILABLE
 

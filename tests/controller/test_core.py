@@ -303,6 +303,57 @@ def test_unclean_leader_election_request() -> None:
     assert (change.after.leader, change.unclean) == (2, True)
 
 
+def test_an_unclean_election_request_leaves_a_partition_with_a_leader_alone() -> None:
+    """Review 23 #1: a leader not heard from yet after a failover (fenced until it
+    heartbeats), or one in controlled shutdown that is the only ISR member, is still the
+    leader: an unclean election replaced it by a replica out of the ISR, losing what the
+    ISR had acknowledged. Kafka answers ELECTION_NOT_NEEDED whenever there is a leader."""
+    not_heard_from = model(fenced=(1, 2))
+    shutting_down = model()
+    shutting_down.partitions[("t", 0)] = shutting_down.partitions[("t", 0)].with_(isr=(1,))
+    shutting_down.brokers[1].shutting_down = True
+    for m in (not_heard_from, shutting_down):
+        with pytest.raises(TidewaterError) as info:
+            unclean_leader_change(m, ("t", 0), EPOCH)
+        assert info.value.code == ErrorCode.ELECTION_NOT_NEEDED
+
+
+def test_no_unclean_election_request_is_carried_out_in_a_grace_period() -> None:
+    m = model(fenced=(1, 2))
+    m.partitions[("t", 0)] = PartitionRecord(NO_LEADER, 6, (1,), 1, partition_epoch=120)
+    with pytest.raises(TidewaterError) as info:
+        unclean_leader_change(m, ("t", 0), EPOCH, in_grace=True)
+    assert info.value.code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+def test_a_leader_in_controlled_shutdown_keeps_its_partition_when_another_broker_returns() -> None:
+    """Review 23 #5: broker 1, the only ISR member of t-0, is shutting down and so keeps
+    leading it until it stops. Broker 3 coming back ran the offline elections, which took a
+    leader that is not usable for offline: t-0 went leaderless while 1 still served it."""
+    for unclean in (False, True):
+        m = model(unclean=unclean, fenced=(3,))
+        m.partitions[("t", 0)] = m.partitions[("t", 0)].with_(isr=(1,))
+        m.brokers[1].shutting_down = True
+        m.brokers[3].fenced = False
+        assert ("t", 0) not in {c.tp for c in changes_for_offline_partitions(m, EPOCH)}
+
+
+def test_a_partition_that_never_had_a_leader_starts_as_a_new_one_once_a_replica_is_back() -> None:
+    """Review 23 #2: recorded while none of its replicas was usable, it had no ISR to elect
+    from when they came back, and stayed offline for good without unclean election. It holds
+    no record (leader epoch 0, never led): every live replica joins its ISR."""
+    m = model(fenced=(1, 2, 3))
+    m.topics["n"] = TopicState("n", {}, {0: (3, 1, 2)})
+    (created,) = changes_for_unrecorded_partitions(m, EPOCH)
+    assert (created.after.leader, created.after.isr) == (NO_LEADER, ())
+    m.partitions[("n", 0)] = created.after
+    for b in (1, 3):
+        m.brokers[b].fenced = False
+    (change,) = [c for c in changes_for_offline_partitions(m, EPOCH) if c.tp == ("n", 0)]
+    assert (change.after.leader, change.after.isr) == (3, (3, 1))
+    assert (change.after.leader_epoch, change.unclean) == (1, False)
+
+
 def test_new_partitions_start_with_the_first_usable_replica_leading() -> None:
     changes = initial_partition_records({0: (3, 1, 2), 1: (1, 2, 3)}, "n", {1, 2}, EPOCH)
     assert [(c.after.leader, c.after.isr, c.before) for c in changes] == [

@@ -52,6 +52,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_FETCH_SESSION_EPOCH: _ClassVar[ErrorCode]
     UNKNOWN_TOPIC_ID: _ClassVar[ErrorCode]
     INCONSISTENT_TOPIC_ID: _ClassVar[ErrorCode]
+    INVALID_REPLICA_ASSIGNMENT: _ClassVar[ErrorCode]
+    DUPLICATE_BROKER_REGISTRATION: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
@@ -98,3 +100,5 @@ FETCH_SESSION_ID_NOT_FOUND: ErrorCode
 INVALID_FETCH_SESSION_EPOCH: ErrorCode
 UNKNOWN_TOPIC_ID: ErrorCode
 INCONSISTENT_TOPIC_ID: ErrorCode
+INVALID_REPLICA_ASSIGNMENT: ErrorCode
+DUPLICATE_BROKER_REGISTRATION: ErrorCode

@@ -19,6 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from tidewater.errors import (
     BrokerNotAvailable,
     InvalidPartitions,
+    InvalidReplicaAssignment,
     InvalidReplicationFactor,
     InvalidRequest,
 )
@@ -110,11 +111,15 @@ def validate_explicit_assignment(
     assignment: Mapping[int, Sequence[int]],
     registered: Collection[int],
     *,
+    usable: Collection[int] | None = None,
     partitions: range | None = None,
     replication_factor: int | None = None,
 ) -> Assignment:
     """An assignment given in the request: exactly the expected partitions (default 0..n-1),
-    each with the same number (the topic's, if given) of distinct, registered brokers."""
+    each with the same number (the topic's, if given) of distinct, registered brokers, at
+    least one of them `usable` (default: every registered one), as Kafka's createTopic: a
+    partition with none could get no leader, and would stay offline once they came back
+    (it would have no ISR to elect from)."""
     expected = partitions if partitions is not None else range(len(assignment))
     if sorted(assignment) != list(expected):
         raise InvalidRequest(
@@ -137,6 +142,11 @@ def validate_explicit_assignment(
         unknown = sorted(set(replicas) - set(registered))
         if unknown:
             raise BrokerNotAvailable(f"partition {partition}: brokers {unknown} are not registered")
+        if usable is not None and not set(replicas) & set(usable):
+            raise InvalidReplicaAssignment(
+                f"partition {partition}: none of brokers {list(replicas)} is alive and not "
+                "shutting down"
+            )
     return {partition: tuple(replicas) for partition, replicas in sorted(assignment.items())}
 
 

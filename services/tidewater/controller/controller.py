@@ -304,6 +304,11 @@ class Controller:
             if not broker.fenced and now - broker.last_heartbeat_ms > timeout:
                 await self.fence(broker, "missed its session timeout")
 
+    def has_live_session(self, broker: BrokerState) -> bool:
+        """Unfenced, and heard from within the session timeout (Kafka's hasValidSession)."""
+        since = self.time_ms() - broker.last_heartbeat_ms
+        return not broker.fenced and since <= self.config.broker_session_timeout_ms
+
     def _end_grace(self) -> None:
         """Leaders may move now: every broker has heartbeated, or one session timeout passed.
         The metadata services get this controller's view."""

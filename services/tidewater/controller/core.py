@@ -126,16 +126,25 @@ def preferred_leader_change(
 
 
 def unclean_leader_change(
-    model: ClusterModel, tp: TopicPartition, controller_epoch: int
+    model: ClusterModel, tp: TopicPartition, controller_epoch: int, *, in_grace: bool = False
 ) -> PartitionChange:
     """ElectLeaders (unclean): an operator accepts data loss to bring a leaderless partition
-    back; ELECTION_NOT_NEEDED while its leader is alive."""
+    back; ELECTION_NOT_NEEDED while it has a leader, as Kafka's (review 23 #1: a leader not
+    heard from yet after a failover, or one in controlled shutdown, was replaced by a replica
+    out of the ISR). `in_grace`: refused, as the offline elections then are: an ISR member
+    not heard from yet may be alive."""
     record = model.partitions[tp]
-    usable = model.usable_brokers()
-    if record.leader in usable:
+    if record.leader != NO_LEADER:
         raise TidewaterError(
-            f"{tp[0]}-{tp[1]} has a live leader ({record.leader})", ErrorCode.ELECTION_NOT_NEEDED
+            f"{tp[0]}-{tp[1]} has a leader ({record.leader})", ErrorCode.ELECTION_NOT_NEEDED
         )
+    if in_grace:
+        raise TidewaterError(
+            f"{tp[0]}-{tp[1]}: the controller has not heard from every broker since its "
+            "election (its grace period, up to one broker session timeout): retry after it",
+            ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        )
+    usable = model.usable_brokers()
     try:
         result = offline_partition_leader(model.replicas(tp), record, usable, unclean_allowed=True)
     except NoReplicaOnline as e:
@@ -156,9 +165,12 @@ def changes_for_offline_partitions(
     has not heard from (they may be alive and in sync; those that never heartbeat leave it
     when the grace period ends)."""
     usable = model.usable_brokers()
+    # A leader in controlled shutdown serves until it stops (review 23 #5: it was replaced
+    # at the next broker's return, and the partition went offline).
+    live = model.unfenced_brokers()
     changes = []
     for tp, record in sorted(model.partitions.items()):
-        if record.leader in usable or (in_grace and record.leader != NO_LEADER):
+        if record.leader in live or (in_grace and record.leader != NO_LEADER):
             continue
         change = _elect(model, tp, record, usable, controller_epoch, unclean=not in_grace)
         if change.after.leader == NO_LEADER and record.leader == NO_LEADER:

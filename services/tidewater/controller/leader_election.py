@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from tidewater.controller.model import PartitionRecord, TopicPartition
+from tidewater.controller.model import NO_LEADER, PartitionRecord, TopicPartition
 from tidewater.errors import (
     ElectionNotNeeded,
     NoReplicaOnline,
@@ -58,8 +58,14 @@ def offline_partition_leader(
     record). With no ELR either, the last known leader leads alone once it is live, whether or
     not unclean election is enabled: it was the last ISR member (Kafka marks this election
     unclean: it may have come back from an unclean shutdown). Only then, and only if
-    unclean.leader.election.enable is true for the topic, the first live replica leads alone."""
+    unclean.leader.election.enable is true for the topic, the first live replica leads alone.
+
+    A partition that never had a leader (created, or recorded after a failover, while none of
+    its replicas was usable: epoch 0, no leader) holds no record: it starts as a new one
+    does, every live replica in its ISR."""
     live_replicas = _live(assignment, live)
+    if current.leader == NO_LEADER and current.leader_epoch == 0 and live_replicas:
+        return ElectionResult(_elect(current, live_replicas[0], live_replicas), live_replicas)
     clean = [r for r in live_replicas if r in current.isr]
     if clean:
         leader_and_isr = _elect(current, clean[0], _live(current.isr, live))

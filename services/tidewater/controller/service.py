@@ -164,13 +164,23 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             if old is not None and old.incarnation_id == request.incarnation_id:
                 response.broker_epoch = old.epoch
                 return
+            clean = old is not None and request.previous_broker_epoch == old.epoch
+            if old is not None and not clean and self._c.has_live_session(old):
+                # Kafka's DUPLICATE_BROKER_REGISTRATION (review 23 #4: two processes of one
+                # id took the registration from each other at every heartbeat, leading the
+                # same partitions in turns on different disks). A clean shutdown's epoch
+                # proves the old one stopped.
+                raise TidewaterError(
+                    f"broker {info.broker_id} is registered by another live process "
+                    f"(incarnation {old.incarnation_id}); registering once its session expires",
+                    ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                )
             if old is not None:
                 # A new incarnation: the old one is gone, whatever it led or was in sync for
                 # moves first. Also when it is fenced only because this controller has not
                 # heard from it yet (the grace period after a failover). Without the old
                 # incarnation's epoch as proof of a clean shutdown (KIP-966), its logs may
                 # have lost an unflushed tail: it leaves the eligible leader replicas too.
-                clean = request.previous_broker_epoch == old.epoch
                 await self._c.fence(
                     old,
                     "registered again with a new incarnation after "
@@ -247,6 +257,12 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 raise TidewaterError(
                     f"broker {broker.broker_id} is fenced: its ISR changes are refused",
                     ErrorCode.STALE_BROKER_EPOCH,
+                )
+            named = [(p.topic, p.partition) for p in request.partitions]
+            if len(set(named)) != len(named):
+                raise TidewaterError(
+                    "an AlterIsr request names a partition more than once",
+                    ErrorCode.INVALID_REQUEST,
                 )
             valid: list[PartitionChange] = []
             results = {}
@@ -363,6 +379,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             assignment = validate_explicit_assignment(
                 {a.partition: tuple(a.broker_ids) for a in topic.assignments},
                 set(model.brokers),
+                usable=model.usable_brokers(),
             )
         else:
             assignment = assign_replicas(
@@ -506,6 +523,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             added = validate_explicit_assignment(
                 {a.partition: tuple(a.broker_ids) for a in topic.assignments},
                 set(model.brokers),
+                usable=model.usable_brokers(),
                 partitions=range(len(state.assignment), topic.count),
                 replication_factor=len(state.assignment[0]),
             )
@@ -530,7 +548,10 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             model = self._c.model
-            tps = [(p.topic, p.partition) for p in request.partitions] or sorted(model.partitions)
+            # Each partition once (review 23 #3: a repeat put its key twice in one etcd txn,
+            # which etcd refuses, and the controller resigned).
+            named = dict.fromkeys((p.topic, p.partition) for p in request.partitions)
+            tps = list(named) or sorted(model.partitions)
             changes = []
             for tp in tps:
                 result = response.partitions.add(topic=tp[0], partition=tp[1])
@@ -542,7 +563,11 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     if request.election_type == cpb.ELECTION_TYPE_PREFERRED:
                         changes.append(preferred_leader_change(model, tp, self._c.epoch))
                     else:
-                        changes.append(unclean_leader_change(model, tp, self._c.epoch))
+                        changes.append(
+                            unclean_leader_change(
+                                model, tp, self._c.epoch, in_grace=self._c.in_grace
+                            )
+                        )
                 except TidewaterError as e:
                     result.error_code = e.code
                     result.error_message = e.message

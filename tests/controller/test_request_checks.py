@@ -1,0 +1,127 @@
+"""Requests the controller refuses, or takes apart, before they reach etcd (review 23): an
+in-process controller on a real etcd, its ControllerService called directly."""
+
+from __future__ import annotations
+
+from tests.controller.in_process import ConnectStore, RunController, heartbeat, seed
+from tidewater.controller.controller import Controller
+from tidewater.controller.model import PartitionRecord
+from tidewater.controller.service import ControllerService
+from tidewater.v1 import common_pb2
+from tidewater.v1 import controller_pb2 as cpb
+from tidewater.v1.errors_pb2 import ErrorCode
+
+T0 = common_pb2.TopicPartition(topic="t", partition=0)
+
+
+async def running(
+    connect_store: ConnectStore, run_controller: RunController, record: PartitionRecord
+) -> tuple[Controller, ControllerService]:
+    """Brokers 1-3 registered and heard from; t-0 on all three in `record`'s state."""
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3), record=record)
+    controller, _ = await run_controller(await connect_store(), 60_000)
+    for broker_id in (1, 2, 3):
+        await heartbeat(controller, broker_id)
+    return controller, ControllerService(controller)
+
+
+async def test_a_partition_named_twice_is_elected_once_and_the_controller_stays(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 23 #3: both copies went into one etcd txn, which etcd refuses for a key named
+    twice; the controller took that for etcd failing and resigned (a new grace period for the
+    whole cluster), and the client got REQUEST_TIMED_OUT. Kafka takes the partitions as a
+    set. An AlterIsr naming one twice is refused whole."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(2, 3, (1, 2, 3), 1)
+    )
+    epoch = controller.epoch
+    elect = cpb.ElectLeadersRequest(election_type=cpb.ELECTION_TYPE_PREFERRED, partitions=[T0, T0])
+    response = await service.ElectLeaders(elect, None)  # type: ignore[arg-type]
+    assert [(p.partition, p.error_code) for p in response.partitions] == [(0, ErrorCode.NONE)]
+    assert (controller.active, controller.epoch) == (True, epoch)
+    assert controller.model.partitions[("t", 0)].leader == 1
+
+    record = controller.model.partitions[("t", 0)]
+    alter = cpb.AlterIsrRequest(broker_id=1, broker_epoch=controller.model.brokers[1].epoch)
+    for _ in range(2):
+        alter.partitions.add(
+            topic="t",
+            partition=0,
+            leader_epoch=record.leader_epoch,
+            partition_epoch=record.partition_epoch,
+            new_isr=[1, 2],
+        )
+    refused = await service.AlterIsr(alter, None)  # type: ignore[arg-type]
+    assert refused.error_code == ErrorCode.INVALID_REQUEST, refused.error_message
+    assert (controller.active, controller.model.partitions[("t", 0)]) == (True, record)
+
+
+async def test_an_explicit_assignment_needs_a_replica_that_can_lead(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 23 #2: a partition placed only on brokers that are fenced or shutting down was
+    created with no leader and no ISR, and stayed offline once they came back. Refused, as
+    Kafka's createTopic and createPartitions refuse it."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(1, 0, (1, 2, 3), 1)
+    )
+    await controller.fence(controller.model.brokers[3], "a test")
+    await controller.begin_shutdown(controller.model.brokers[2])
+    on_2_and_3 = [cpb.CreatableReplicaAssignment(partition=0, broker_ids=[2, 3])]
+    created = await service.CreateTopics(
+        cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(name="n", assignments=on_2_and_3)]),
+        None,  # type: ignore[arg-type]
+    )
+    assert created.topics[0].error_code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
+    assert "n" not in controller.model.topics
+    added = cpb.CreatePartitionsTopic(
+        name="t",
+        count=2,
+        assignments=[cpb.CreatableReplicaAssignment(partition=1, broker_ids=[3, 2, 1])],
+    )
+    grown = await service.CreatePartitions(
+        cpb.CreatePartitionsRequest(topics=[added]),
+        None,  # type: ignore[arg-type]
+    )
+    # Broker 1 can lead it: allowed.
+    assert grown.topics[0].error_code == ErrorCode.NONE, grown.topics[0].error_message
+    assert controller.model.partitions[("t", 1)].leader == 1
+
+
+async def test_a_second_process_with_a_live_brokers_id_is_refused_until_its_session_ends(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 23 #4: a second process registering broker 1's id fenced the live one, which
+    registered again at its next heartbeat and fenced the second: they led the same
+    partitions in turns, on different disks. Kafka's DUPLICATE_BROKER_REGISTRATION while the
+    old session is valid; a clean shutdown's epoch, or the session's end, lets it register."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(1, 0, (1, 2, 3), 1)
+    )
+    live = controller.model.brokers[1]
+
+    async def register(
+        incarnation: str, previous_broker_epoch: int = 0
+    ) -> cpb.RegisterBrokerResponse:
+        request = cpb.RegisterBrokerRequest(
+            broker=common_pb2.BrokerInfo(
+                broker_id=1, endpoint=common_pb2.Endpoint(host="127.0.0.1", port=9)
+            ),
+            incarnation_id=incarnation,
+            previous_broker_epoch=previous_broker_epoch,
+        )
+        return await service.RegisterBroker(request, None)  # type: ignore[arg-type]
+
+    duplicate = await register("b")
+    assert duplicate.error_code == ErrorCode.DUPLICATE_BROKER_REGISTRATION
+    assert controller.model.brokers[1] is live and not live.fenced
+    assert controller.model.partitions[("t", 0)].leader == 1
+
+    restarted = await register("c", previous_broker_epoch=live.epoch)
+    assert restarted.error_code == ErrorCode.NONE, restarted.error_message
+    assert restarted.broker_epoch > live.epoch
+
+    await controller.fence(controller.model.brokers[1], "its session expired")
+    after_expiry = await register("d")
+    assert after_expiry.error_code == ErrorCode.NONE, after_expiry.error_message

@@ -154,6 +154,10 @@ class InvalidPartitions(TidewaterError):
     code = ErrorCode.INVALID_PARTITIONS
 
 
+class InvalidTimestamp(TidewaterError):
+    code = ErrorCode.INVALID_TIMESTAMP
+
+
 class InvalidReplicaAssignment(TidewaterError):
     code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
 

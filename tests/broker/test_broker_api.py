@@ -6,6 +6,7 @@ import asyncio
 import logging
 import struct
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,6 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tests.broker.logged import Logged
 from tidewater.broker import replica_manager
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
+from tidewater.errors import TidewaterError
 from tidewater.local.fetch import consumer_fetch, list_offsets
 from tidewater.local.standin_controller import leader_and_isr_request, make_leader
 from tidewater.local.wait import eventually
@@ -29,6 +31,7 @@ from tidewater.records.header import (
     compute_crc,
     read_header,
 )
+from tidewater.replication.partition import AlterIsrProposal
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import cluster_pb2, common_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -293,6 +296,64 @@ async def test_a_follower_in_controlled_shutdown_is_served_but_not_let_into_the_
     assert state.isr_state.proposed == {1, 2}
 
 
+async def test_an_acks_all_batch_commits_once_the_follower_holding_its_hw_is_unusable(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 22 M1 through the broker: follower 3, out of the ISR (its controlled shutdown
+    began, the controller refused it back in), caught up, so it held the HW as a follower
+    about to join. An acks=all batch that broker 2 fetched, and 3 did not, waited on it; the
+    UpdateMetadata marking 3 in controlled shutdown moved no LEO, and nothing recomputed the
+    HW: the produce timed out. It completes once the broker learns 3 is not usable."""
+    server, client = await start_broker(1)
+    await make_leader(
+        client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2, 3], isr=[1, 2]
+    )
+    await produce_ok(client, batch_of([b"a", b"b"]))
+    state = server.replica_manager.partitions[(TOPIC, 0)].state
+
+    async def tell(shutting_down: set[int]) -> None:
+        metadata = cluster_pb2.UpdateMetadataRequest(controller_epoch=1)
+        for broker_id in (1, 2, 3):
+            metadata.live_brokers.add(
+                broker_id=broker_id, in_controlled_shutdown=broker_id in shutting_down
+            )
+        assert (await client.control.UpdateMetadata(metadata)).error_code == ErrorCode.NONE
+
+    async def follower_fetch(replica_id: int, offset: int) -> None:
+        fetch = pb.FetchRequest(replica_id=replica_id, max_bytes=1 << 20)
+        fetch.partitions.add(
+            topic=TOPIC,
+            partition=0,
+            fetch_offset=offset,
+            current_leader_epoch=1,
+            last_fetched_epoch=1,
+        )
+        answer = await asyncio.wait_for(client.service.Fetch(fetch), 20)
+        assert answer.partitions[0].error_code == ErrorCode.NONE
+
+    await tell(set())
+    await follower_fetch(2, 2)
+    await follower_fetch(3, 2)
+    proposed = state.isr_state.proposed
+    assert proposed == {1, 2, 3}
+    # The controller refuses it: 3 is shutting down (its UpdateMetadata not here yet).
+    proposal = AlterIsrProposal(TOPIC, 0, 1, (1, 2, 3), state.partition_epoch, (-1, -1, -1))
+    refusal = TidewaterError("shutting down", ErrorCode.INELIGIBLE_REPLICA)
+    state.on_alter_isr_result(proposal, None, refusal, server.replica_manager.time_ms())
+    assert state.isr == {1, 2} and state.high_watermark == 2
+
+    produced = asyncio.ensure_future(client.service.Produce(produce_request(batch_of([b"c"]), -1)))
+    partition = server.replica_manager.partitions[(TOPIC, 0)]
+    await eventually(lambda: partition.log.log_end_offset == 3, 20)
+    await follower_fetch(2, 3)
+    assert state.high_watermark == 2  # 3, caught up within its lag time, holds it
+    assert not produced.done()
+    await tell({3})
+    response = await asyncio.wait_for(produced, 20)
+    assert response.partitions[0].error_code == ErrorCode.NONE
+    assert state.high_watermark == 3
+
+
 async def test_list_offsets(leader: Any) -> None:
     for ts in (1000, 2000, 3000):
         await produce_ok(leader, build_batch([Record(value=b"x", timestamp_ms=ts)] * 2))
@@ -526,6 +587,22 @@ async def test_message_too_large(start_broker: Callable[..., Any]) -> None:
     code, message = await produce_error(client, produce_request(batch_of([b"x" * 2000])))
     assert code == ErrorCode.MESSAGE_TOO_LARGE
     assert "1000" in message
+
+
+async def test_a_record_timestamp_out_of_the_topics_bounds_is_refused(
+    start_broker: Callable[..., Any],
+) -> None:
+    """KIP-937: a record stamped more than message.timestamp.after.max.ms ahead of the
+    leader's clock (an hour by default, as Kafka 4.0), or more than before.max.ms behind it,
+    is refused with INVALID_TIMESTAMP, and nothing of its batch is appended."""
+    _, client = await start_broker(1, **{"log.message.timestamp.before.max.ms": 86_400_000})
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    now = time.time_ns() // 1_000_000
+    for stamp in (now + 2 * 3_600_000, now - 2 * 86_400_000):
+        records = [Record(value=b"now", timestamp_ms=now), Record(value=b"x", timestamp_ms=stamp)]
+        code, message = await produce_error(client, produce_request(build_batch(records)))
+        assert code == ErrorCode.INVALID_TIMESTAMP, message
+    assert await produce_ok(client, build_batch([Record(value=b"ok", timestamp_ms=now)])) == 0
 
 
 async def test_unknown_partition_invalid_topic_and_acks(leader: Any) -> None:

@@ -68,7 +68,7 @@ def apply_superseded_answers(monkeypatch: pytest.MonkeyPatch) -> None:
         self.isr_state = IsrState(
             frozenset(committed.isr), committed.partition_epoch, elr=committed.elr
         )
-        return self._maybe_increment_high_watermark(now_ms)
+        return self.maybe_increment_high_watermark(now_ms)
 
     monkeypatch.setattr(Partition, "on_alter_isr_result", broken)
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tests.records.strategies import CODECS, batches
 from tidewater.errors import (
     CorruptMessage,
+    InvalidTimestamp,
     MessageTooLarge,
     TidewaterError,
     UnsupportedCompressionType,
@@ -27,6 +28,7 @@ from tidewater.records.header import (
 )
 from tidewater.records.validate import (
     MAX_RECORDS_SECTION_BYTES,
+    TimestampBounds,
     find_offset_by_timestamp,
     iter_batch_headers,
     validate_batch,
@@ -125,6 +127,52 @@ def test_snappy_is_unsupported(rewrite: Callable[..., bytes]) -> None:
 def test_unknown_codec_is_corrupt(codec: int, rewrite: Callable[..., bytes]) -> None:
     with pytest.raises(CorruptMessage, match=f"unknown compression codec {codec}"):
         validate_batch(rewrite(three_records(), attributes=codec), LIMIT)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("change", [-1, 1, 5000])
+def test_a_max_timestamp_that_is_not_the_records_largest_is_corrupt(
+    codec: Compression, change: int, rewrite: Callable[..., bytes]
+) -> None:
+    """Review 21 #2: the broker took the header's max timestamp on trust; an understated one
+    hid records from timestamp lookups and let retention delete them early. Kafka's
+    LogValidator computes it from the records (and rewrites the header); a producer's own
+    batch always agrees, so one that does not is refused."""
+    batch = rewrite(three_records(codec), max_timestamp=T0 + 2 + change)
+    with pytest.raises(
+        CorruptMessage, match=f"max timestamp {T0 + 2 + change} .* largest, {T0 + 2}"
+    ):
+        validate_batch(batch, LIMIT)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_the_largest_timestamp_need_not_be_the_last_records(codec: Compression) -> None:
+    stamps = [T0 + 5, T0 + 900_000, T0 - 70_000, T0 + 3]  # deltas of 1 to 3 varint bytes
+    records = [Record(value=b"v", timestamp_ms=t) for t in stamps]
+    header = validate_batch(build_batch(records, compression=codec), LIMIT)
+    assert header.max_timestamp == T0 + 900_000
+
+
+def test_a_producer_batch_may_not_claim_log_append_time(rewrite: Callable[..., bytes]) -> None:
+    batch = rewrite(three_records(), attributes=TIMESTAMP_TYPE_BIT)
+    with pytest.raises(InvalidTimestamp, match="LogAppendTime"):
+        validate_batch(batch, LIMIT)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_record_timestamps_must_be_within_the_topics_bounds(codec: Compression) -> None:
+    """KIP-937's message.timestamp.before.max.ms and after.max.ms, every record's (not only
+    the first or the largest): a record far in the future held its segment, and those after
+    it, past retention.ms."""
+    stamps = [T0, T0 - 10_000, T0 + 20_000]
+    batch = build_batch([Record(value=b"v", timestamp_ms=t) for t in stamps], compression=codec)
+    validate_batch(batch, LIMIT, TimestampBounds(T0, 10_000, 20_000))
+    for bounds in (TimestampBounds(T0, 9_999, 20_000), TimestampBounds(T0, 10_000, 19_999)):
+        with pytest.raises(InvalidTimestamp, match=r"not all within"):
+            validate_batch(batch, LIMIT, bounds)
+    # Records without a timestamp (-1) are not checked.
+    untimed = build_batch([Record(value=b"v", timestamp_ms=-1)] * 2, compression=codec)
+    validate_batch(untimed, LIMIT, TimestampBounds(T0, 0, 0))
 
 
 @pytest.mark.parametrize("count", [0, -1])

@@ -454,6 +454,36 @@ def test_an_isr_member_that_is_not_a_replica_is_proposed_out_of_the_isr(log: Mem
 # -- HW -----------------------------------------------------------------------------------
 
 
+def test_a_follower_out_of_the_isr_that_stops_holding_the_hw_lets_it_move_without_an_append(
+    log: MemoryLog,
+) -> None:
+    """Review 22 M1: follower 3, out of the ISR after a controlled shutdown began, caught up
+    and so held the HW (about to join). Broker 2 fetched a new acks=all batch, 3 stopped before
+    it did; then 3 stopped counting (no longer usable, or its lag time passed). Neither moves
+    a LEO: the HW of an idle partition stayed short of its LEO for good, the produce timed out
+    and so did its retry, a duplicate. Kafka recomputes the HW after every append, duplicates
+    included; the broker runs the recompute at the periodic ISR check and when the usable
+    brokers change (ReplicaManager._recheck_high_watermarks)."""
+    usable = {2: 0, 3: 0}
+    for stops_counting in ("unusable", "lag time passed"):
+        usable[3] = 0
+        partition = new_leader(log_with(*[0] * 10), isr=(1, 2), usable_broker_epoch=usable.get)
+        fetch(partition, 2, 10, T0)
+        proposal = fetch(partition, 3, 10, T0).isr_proposal
+        assert proposal is not None
+        refuse(partition, proposal, T0, ErrorCode.INELIGIBLE_REPLICA)  # shutting down
+        append(partition, 3, T0 + 1)
+        fetch(partition, 2, 13, T0 + 2)
+        assert partition.high_watermark == 10  # 3 holds it, as a follower about to join
+        if stops_counting == "unusable":
+            del usable[3]
+            now = T0 + 3
+        else:
+            now = T0 + LAG + 1
+        assert partition.maybe_increment_high_watermark(now) is True
+        assert partition.high_watermark == 13
+
+
 def test_hw_is_the_smallest_leo_in_the_isr(log: MemoryLog) -> None:
     partition = new_leader(log)
     assert fetch(partition, 2, 10).high_watermark_changed is False  # 3 has not fetched yet

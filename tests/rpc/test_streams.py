@@ -149,3 +149,35 @@ async def test_a_failed_write_ends_the_stream() -> None:
 
 def never_fails(request: str, error: Exception) -> str:
     raise AssertionError(f"no request should fail here: {request} raised {error!r}")
+
+
+async def test_a_stream_holds_at_most_its_bound_of_requests_and_reads_on_as_they_are_answered() -> (
+    None
+):
+    """Review 19 #6: a client pipelining without end made the broker hold every request (and
+    each fetch's answer) at once. Past the bound the stream reads nothing more, so HTTP/2 flow
+    control holds the client back, until an answer frees a place."""
+    stream = Stream()
+    gate = asyncio.Event()
+    started: list[str] = []
+
+    async def handle(request: str) -> str:
+        started.append(request)
+        await gate.wait()
+        return request
+
+    for i in range(10):
+        stream.incoming.put_nowait(str(i))
+    stream.incoming.put_nowait(None)
+    serving = asyncio.create_task(
+        pipelined(stream.requests(), handle, stream.write, never_fails, max_in_flight=4)
+    )
+    while len(started) < 4:
+        await asyncio.sleep(0)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert started == ["0", "1", "2", "3"]
+    assert stream.incoming.qsize() == 7  # six requests and the end, not read
+    gate.set()
+    await serving
+    assert sorted(stream.written, key=int) == [str(i) for i in range(10)]

@@ -35,6 +35,8 @@ TOPIC_DEFAULT_NAMES = {
     "log.flush.interval.messages": "flush.messages",
     "log.flush.interval.ms": "flush.ms",
     "message.max.bytes": "max.message.bytes",
+    "log.message.timestamp.before.max.ms": "message.timestamp.before.max.ms",
+    "log.message.timestamp.after.max.ms": "message.timestamp.after.max.ms",
     "log.cache.drop.behind.bytes": "cache.drop.behind.bytes",
     "min.insync.replicas": "min.insync.replicas",
 }

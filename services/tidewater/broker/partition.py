@@ -119,6 +119,7 @@ class HostedPartition:
             if header.producer_id >= 0:
                 duplicate = self.producer_state.check(header)
                 if duplicate is not None:
+                    self.state.maybe_increment_high_watermark(now_ms)
                     info = AppendInfo(duplicate.first_offset, duplicate.last_offset, -1, -1, 0)
                     return info, leader_epoch
             active_segment = self._active_segment_base()

@@ -22,6 +22,7 @@ from tidewater.broker.fetch_session import FetchContext, FetchSessionCache
 from tidewater.broker.fetcher import ReplicaFetcherManager, SourceBroker
 from tidewater.broker.isr_channel import AlterIsrChannel
 from tidewater.broker.log.checkpoints import OffsetCheckpoint, OffsetCheckpointWriter
+from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.manager import LogManager
 from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
@@ -47,6 +48,7 @@ from tidewater.records.compression import DecompressedTooLarge
 from tidewater.records.header import BatchHeader, Compression
 from tidewater.records.validate import (
     MAX_RECORDS_SECTION_BYTES,
+    TimestampBounds,
     check_compressed_records,
     validate_batch_short_of_compressed_records,
 )
@@ -379,11 +381,14 @@ class ReplicaManager:
             self.controller_epoch,
         )
         self.controller_epoch = request.controller_epoch
-        self.usable_brokers = {
+        usable = {
             b.broker_id: b.broker_epoch
             for b in request.live_brokers
             if not b.in_controlled_shutdown
         }
+        if usable != self.usable_brokers:
+            self.usable_brokers = usable
+            self._recheck_high_watermarks(self.time_ms())
         full = request.type == cluster_pb2.UPDATE_METADATA_TYPE_FULL
         self._apply_topic_configs(request.topic_configs, full)
         if strays:
@@ -569,7 +574,7 @@ class ReplicaManager:
             try:
                 partition = self._leader_partition(tp, data.topic_id)
                 lifted = batches[i] if batches else None
-                batch, header = self._batch_of(data, partition.config.log.max_message_bytes, lifted)
+                batch, header, bounds = self._batch_of(data, partition.config.log, lifted)
                 start_ns = time.time_ns() if traces is not None else 0
                 # No await before append_as_leader: it takes the partition's turn at the
                 # call, so produces append in arrival order; the check waits in the turn.
@@ -579,7 +584,7 @@ class ReplicaManager:
                     self.time_ms(),
                     None
                     if header.compression == Compression.NONE
-                    else partial(_check_compressed_records, batch, header),
+                    else partial(_check_compressed_records, batch, header, bounds),
                 )
             except asyncio.CancelledError:
                 # The client went (its deadline, a disconnect) while the batch was written
@@ -615,10 +620,10 @@ class ReplicaManager:
         return response, waiting, appended, completed
 
     def _batch_of(
-        self, data: pb.PartitionProduceData, max_message_bytes: int, lifted: memoryview | None
-    ) -> tuple[bytearray, BatchHeader]:
-        """The partition's batch, checked but for a compressed batch's records, and its
-        header."""
+        self, data: pb.PartitionProduceData, config: LogConfig, lifted: memoryview | None
+    ) -> tuple[bytearray, BatchHeader, TimestampBounds]:
+        """The partition's batch, checked but for a compressed batch's records, its header,
+        and the timestamps its records may have."""
         # Each read of a bytes field copies it: read the batch once.
         raw = data.record_batch if lifted is None else lifted
         if raw and data.records:
@@ -640,8 +645,13 @@ class ReplicaManager:
             )
         elif not raw:
             raise InvalidRequest("no records: set record_batch or records")
-        header = validate_batch_short_of_compressed_records(raw, max_message_bytes)
-        return bytearray(raw), header
+        bounds = TimestampBounds(
+            self.time_ms(),
+            config.message_timestamp_before_max_ms,
+            config.message_timestamp_after_max_ms,
+        )
+        header = validate_batch_short_of_compressed_records(raw, config.max_message_bytes, bounds)
+        return bytearray(raw), header, bounds
 
     async def _await_replication(
         self,
@@ -1133,6 +1143,7 @@ class ReplicaManager:
         """Kafka's isr-expiration task, run every replica.lag.time.max.ms / 2. A partition
         whose check fails is logged and skipped: the others' ISRs must still shrink."""
         now = self.time_ms()
+        self._recheck_high_watermarks(now)
         for hosted in list(self.partitions.values()):
             try:
                 proposal = hosted.state.maybe_shrink_isr(now)
@@ -1147,6 +1158,13 @@ class ReplicaManager:
                     list(proposal.new_isr),
                 )
                 self.isr_channel.propose(proposal)
+
+    def _recheck_high_watermarks(self, now: int) -> None:
+        """Led partitions whose HW was held by a follower that no longer holds it (see
+        Partition.maybe_increment_high_watermark) commit what the others have."""
+        for tp, hosted in list(self.partitions.items()):
+            if hosted.state.maybe_increment_high_watermark(now):
+                self._partition_changed(tp)
 
     def _on_alter_isr_result(
         self,
@@ -1199,16 +1217,18 @@ _INLINE_SECTION_BYTES = 256 * 1024
 _CHECKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-check")
 
 
-async def _check_compressed_records(batch: bytearray, header: BatchHeader) -> None:
+async def _check_compressed_records(
+    batch: bytearray, header: BatchHeader, bounds: TimestampBounds
+) -> None:
     if len(batch) <= _INLINE_BATCH_BYTES and header.record_count <= _INLINE_RECORDS:
         try:
-            check_compressed_records(batch, header, _INLINE_SECTION_BYTES)
+            check_compressed_records(batch, header, _INLINE_SECTION_BYTES, bounds)
             return
         except DecompressedTooLarge:
             pass  # started again in the worker, with the readers' bound
     try:
         await asyncio.get_running_loop().run_in_executor(
-            _CHECKER, check_compressed_records, batch, header
+            _CHECKER, check_compressed_records, batch, header, MAX_RECORDS_SECTION_BYTES, bounds
         )
     except DecompressedTooLarge as e:
         # Not corrupt, maybe, but more than the broker reads: Kafka would take it if

@@ -54,6 +54,7 @@ class Compression(enum.IntEnum):
 
 COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_BIT = 0x08  # 0 = CreateTime (producer's), 1 = LogAppendTime (broker's)
+NO_TIMESTAMP = -1  # a record without a timestamp (Kafka's RecordBatch.NO_TIMESTAMP)
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
 

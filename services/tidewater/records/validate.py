@@ -2,20 +2,24 @@
 
 The broker stores and serves batches as the producer built them, never re-encoded: it checks
 the 61-byte header and the CRC32C, and for uncompressed batches walks the record length
-varints to count records. A compressed batch is stored compressed, exactly as it came, but
-first decompressed (to at most MAX_RECORDS_SECTION_BYTES) and its records walked as Kafka's
-LogValidator does: their count, offset deltas and field lengths, skipping keys, values and
-headers (Kafka's skipKeyValueIterator), so that garbage compressed under a valid CRC is
-refused rather than stored for consumers to fail on. Whatever a client could see is raised
-as a named TidewaterError.
+varints to count records and the timestamp deltas. A compressed batch is stored compressed,
+exactly as it came, but first decompressed (to at most MAX_RECORDS_SECTION_BYTES) and its
+records walked as Kafka's LogValidator does: their count, offset deltas and field lengths,
+skipping keys, values and headers (Kafka's skipKeyValueIterator), so that garbage compressed
+under a valid CRC is refused rather than stored for consumers to fail on. The records'
+timestamps must agree with the header's max timestamp (timestamp lookups and retention go by
+it) and fall within the topic's message.timestamp.before/after.max.ms of the leader's clock
+(KIP-937). Whatever a client could see is raised as a named TidewaterError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from tidewater.errors import (
     CorruptMessage,
+    InvalidTimestamp,
     MessageTooLarge,
     UnsupportedCompressionType,
     UnsupportedVersion,
@@ -26,6 +30,8 @@ from tidewater.records.header import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
+    NO_TIMESTAMP,
+    TIMESTAMP_TYPE_BIT,
     TRANSACTIONAL_BIT,
     BatchHeader,
     Compression,
@@ -45,18 +51,41 @@ MIN_RECORD_BODY = 6
 _MIN_RECORD_BODY_ZIGZAG = MIN_RECORD_BODY << 1
 _MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
 _HIGHEST_CODEC = max(Compression)
+# Below and above any int64 timestamp delta: where a walk's lowest and highest start.
+_ABOVE_DELTAS = 1 << 64
 
 
-def validate_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
+class TimestampDeltas(NamedTuple):
+    """The lowest and highest timestamp delta of a batch's records."""
+
+    lowest: int
+    highest: int
+
+
+class TimestampBounds(NamedTuple):
+    """The CreateTime timestamps a leader takes (KIP-937): from `now_ms` back
+    message.timestamp.before.max.ms to forward message.timestamp.after.max.ms."""
+
+    now_ms: int
+    before_max_ms: int
+    after_max_ms: int
+
+
+def validate_batch(
+    buf: Buffer, max_message_bytes: int, bounds: TimestampBounds | None = None
+) -> BatchHeader:
     """Check that `buf` is exactly one well-formed batch no larger than `max_message_bytes`
-    and return its header; raise the TidewaterError a producer should see otherwise."""
-    header = validate_batch_short_of_compressed_records(buf, max_message_bytes)
+    (its timestamps within `bounds`, if given) and return its header; raise the
+    TidewaterError a producer should see otherwise."""
+    header = validate_batch_short_of_compressed_records(buf, max_message_bytes, bounds)
     if header.compression != Compression.NONE:
-        check_compressed_records(buf, header)
+        check_compressed_records(buf, header, bounds=bounds)
     return header
 
 
-def validate_batch_short_of_compressed_records(buf: Buffer, max_message_bytes: int) -> BatchHeader:
+def validate_batch_short_of_compressed_records(
+    buf: Buffer, max_message_bytes: int, bounds: TimestampBounds | None = None
+) -> BatchHeader:
     """validate_batch but for a compressed batch's records, which check_compressed_records
     checks: the one part that may cost more than a pass over the bytes received."""
     header = read_header(buf)
@@ -72,22 +101,61 @@ def validate_batch_short_of_compressed_records(buf: Buffer, max_message_bytes: i
         )
     check_batch(buf, header)
     if header.compression == Compression.NONE:
-        check_record_framing(buf, HEADER_SIZE, len(buf), header.record_count)
+        deltas = check_record_framing(buf, HEADER_SIZE, len(buf), header.record_count)
+        check_timestamps(header, deltas, bounds)
     return header
 
 
+def check_timestamps(
+    header: BatchHeader, deltas: TimestampDeltas, bounds: TimestampBounds | None
+) -> None:
+    """The header's max timestamp is its records' largest, as Kafka's LogValidator computes it
+    (it rewrites the header; a producer's own batch always agrees, so one that does not is
+    refused here, CORRUPT_MESSAGE): an understated one hid records from timestamp lookups and
+    let retention delete them early. The type is CreateTime: LogAppendTime is a broker's to
+    set. With `bounds`, every record's timestamp is within them (INVALID_TIMESTAMP), but for
+    records without one (-1)."""
+    if header.attributes & TIMESTAMP_TYPE_BIT:
+        raise InvalidTimestamp(
+            "the batch says LogAppendTime: a producer's timestamps are CreateTime (the broker "
+            "sets LogAppendTime, and this topic's message.timestamp.type is CreateTime)"
+        )
+    first = header.first_timestamp
+    if first + deltas.highest != header.max_timestamp:
+        raise CorruptMessage(
+            f"the batch header's max timestamp {header.max_timestamp} is not its records' "
+            f"largest, {first + deltas.highest}"
+        )
+    if bounds is None or (first == NO_TIMESTAMP and deltas == (0, 0)):
+        return
+    earliest = bounds.now_ms - bounds.before_max_ms
+    latest = bounds.now_ms + bounds.after_max_ms
+    if first + deltas.lowest < earliest or header.max_timestamp > latest:
+        raise InvalidTimestamp(
+            f"record timestamps {first + deltas.lowest}..{header.max_timestamp} are not all "
+            f"within [{earliest}, {latest}]: at most message.timestamp.before.max.ms "
+            f"({bounds.before_max_ms}) before the broker's clock ({bounds.now_ms}) and "
+            f"message.timestamp.after.max.ms ({bounds.after_max_ms}) after it"
+        )
+
+
 def check_compressed_records(
-    batch: Buffer, header: BatchHeader, limit: int = MAX_RECORDS_SECTION_BYTES
+    batch: Buffer,
+    header: BatchHeader,
+    limit: int = MAX_RECORDS_SECTION_BYTES,
+    bounds: TimestampBounds | None = None,
 ) -> None:
     """The records of one whole compressed batch, decompressed to at most `limit` bytes (else
-    DecompressedTooLarge), as check_records takes them.
+    DecompressedTooLarge), as check_records takes them, and their timestamps
+    (check_timestamps).
 
     Kafka answers INVALID_RECORD for records that do not parse in a decompressed batch (and
     UNKNOWN_SERVER_ERROR when it does not decompress); this protocol has no INVALID_RECORD
     and answers CORRUPT_MESSAGE for the same defects in an uncompressed batch, as Kafka did
     before KIP-467. Both tell the producer not to retry: the CRC matched, so the batch was
     built so, not damaged on the way."""
-    check_records(records_section(batch, header, limit), header.record_count)
+    deltas = check_records(records_section(batch, header, limit), header.record_count)
+    check_timestamps(header, deltas, bounds)
 
 
 def check_batch(batch: Buffer, header: BatchHeader) -> None:
@@ -120,14 +188,16 @@ def check_batch(batch: Buffer, header: BatchHeader) -> None:
         )
 
 
-def check_record_framing(buf: Buffer, start: int, end: int, record_count: int) -> None:
+def check_record_framing(buf: Buffer, start: int, end: int, record_count: int) -> TimestampDeltas:
     """CorruptMessage unless the record length varints tile the records section buf[start:end]
-    into exactly record_count records, each long enough to be one.
+    into exactly record_count records, each long enough to be one; their timestamp deltas.
 
     The broker runs this over every byte produced to it, so the loop stays flat: one- and
-    two-byte lengths (every record under 8 KiB) are decoded inline, in zigzag form."""
+    two-byte lengths (every record under 8 KiB) and one-byte timestamp deltas (under 64 ms)
+    are decoded inline, in zigzag form."""
     pos = start
     seen = 0
+    lowest, highest = _ABOVE_DELTAS, -_ABOVE_DELTAS
     while pos < end:
         zz = buf[pos]
         if zz < 0x80:
@@ -149,18 +219,39 @@ def check_record_framing(buf: Buffer, start: int, end: int, record_count: int) -
             raise CorruptMessage(
                 f"record {seen} has length {zz >> 1} but only {end - body} bytes remain"
             )
+        # buf[body] is the record's attributes byte; the timestamp delta follows, within the
+        # record's MIN_RECORD_BODY bytes.
+        zz = buf[body + 1]
+        if zz >= 0x80:
+            zz = _varlong_zigzag(buf, body + 1, pos)[0]
+        delta = (zz >> 1) ^ -(zz & 1)
+        if delta > highest:
+            highest = delta
+        if delta < lowest:
+            lowest = delta
         seen += 1
     if seen > record_count:
         raise CorruptMessage(f"record batch holds more than its record_count {record_count}")
     if seen != record_count:
         raise CorruptMessage(f"record batch holds {seen} records, record_count says {record_count}")
+    return TimestampDeltas(lowest, highest)
 
 
-def check_records(section: Buffer, record_count: int) -> None:
+def _varlong_zigzag(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
+    """(zigzag form, position after it) of the varlong at buf[pos], which must end before
+    `end` (its record's end)."""
+    value, after = decode_varlong(buf, pos)
+    if after > end:
+        raise CorruptMessage(f"a record's timestamp delta runs past its end at {end}")
+    return (value << 1) ^ (value >> 63), after
+
+
+def check_records(section: Buffer, record_count: int) -> TimestampDeltas:
     """CorruptMessage unless the (decompressed) records section `section` is exactly
     record_count records, each filled by its fields, with offset deltas 0, 1, ...
     record_count - 1: attributes, timestamp delta, offset delta, then key, value and headers,
-    whose lengths are checked and whose bytes are skipped (Kafka's skipKeyValueIterator). A
+    whose lengths are checked and whose bytes are skipped (Kafka's skipKeyValueIterator); their
+    timestamp deltas. A
     producer writes the deltas so; Kafka rewrites a batch whose deltas run otherwise, which
     this broker never does.
 
@@ -172,6 +263,7 @@ def check_records(section: Buffer, record_count: int) -> None:
     size = len(section)
     pos = 0
     expected = 0
+    lowest, highest = _ABOVE_DELTAS, -_ABOVE_DELTAS
     try:
         for expected in range(record_count):
             if pos >= size:
@@ -192,15 +284,17 @@ def check_records(section: Buffer, record_count: int) -> None:
                     f"{MIN_RECORD_BODY} or past the {size - body} bytes that remain"
                 )
             # section[body] is the record's attributes byte; the timestamp delta follows,
-            # a varlong of up to 10 bytes (2 or 3 for deltas under 8 s or 17 min).
-            pos = body + 2
-            if section[pos - 1] >= 0x80:
-                if section[pos] < 0x80:
-                    pos += 1
-                elif section[pos + 1] < 0x80:
-                    pos += 2
-                else:
-                    _, pos = decode_varlong(section, pos - 1)
+            # a varlong of up to 10 bytes (1 for deltas under 64 ms).
+            zz = section[body + 1]
+            if zz < 0x80:
+                pos = body + 2
+            else:
+                zz, pos = _varlong_zigzag(section, body + 1, end)
+            delta = (zz >> 1) ^ -(zz & 1)
+            if delta > highest:
+                highest = delta
+            if delta < lowest:
+                lowest = delta
             zz = expected << 1  # the offset delta's zigzag form, in one to three bytes
             if zz < 0x80 and section[pos] == zz:
                 pos += 1
@@ -251,6 +345,7 @@ def check_records(section: Buffer, record_count: int) -> None:
         raise CorruptMessage(
             f"record batch has {size - pos} bytes after its record_count {record_count} records"
         )
+    return TimestampDeltas(lowest, highest)
 
 
 def _skip_field(section: Buffer, pos: int, record: int) -> int:

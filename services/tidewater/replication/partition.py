@@ -267,7 +267,7 @@ class Partition:
                 )
         # The ISR may be just us now, so the HW may move at once; or it meets a lower
         # min.insync.replicas now, or the controller cleared its ELR.
-        return self._maybe_increment_high_watermark(now_ms)
+        return self.maybe_increment_high_watermark(now_ms)
 
     def make_follower(self, state: LeaderAndIsr) -> bool:
         """Kafka's makeFollower. Returns whether the fetcher must (re)start: the leader or its
@@ -324,13 +324,13 @@ class Partition:
         a lower min.insync.replicas now advances it at once, not at the next append or fetch
         that moves a LEO (acks=1 records readable, acks=all produces answered)."""
         self.config = config
-        return self._maybe_increment_high_watermark(now_ms)
+        return self.maybe_increment_high_watermark(now_ms)
 
     def after_leader_append(self, now_ms: int) -> bool:
         """The leader's LEO moved. Returns whether the HW moved (an ISR of one)."""
         # Fetches from here on no longer find the followers caught up.
         self._wake_followers()
-        return self._maybe_increment_high_watermark(now_ms)
+        return self.maybe_increment_high_watermark(now_ms)
 
     def holds_append(self, leader_epoch: int, required_offset: int) -> bool:
         """Whether the records this leader appended in `leader_epoch` below `required_offset`
@@ -434,7 +434,7 @@ class Partition:
         proposal = self._maybe_expand_isr(replica)
         hw_changed = False
         if replica.log_end_offset != previous_end_offset or proposal is not None:
-            hw_changed = self._maybe_increment_high_watermark(now_ms)
+            hw_changed = self.maybe_increment_high_watermark(now_ms)
         if (
             clock is not None
             and replica.log_end_offset == leader_end_offset
@@ -550,7 +550,7 @@ class Partition:
             frozenset(committed.isr), committed.partition_epoch, elr=committed.elr
         )
         # An ISR that meets min ISR again comes with its ELR cleared: the HW moves now.
-        return self._maybe_increment_high_watermark(now_ms)
+        return self.maybe_increment_high_watermark(now_ms)
 
     def awaits_answer(self, proposal: AlterIsrProposal) -> bool:
         """Whether this proposal is the one in flight, with no definite answer yet."""
@@ -564,14 +564,20 @@ class Partition:
 
     # -- HW ----------------------------------------------------------------------------------
 
-    def _maybe_increment_high_watermark(self, now_ms: int) -> bool:
+    def maybe_increment_high_watermark(self, now_ms: int) -> bool:
         """Kafka's maybeIncrementLeaderHW: the HW is the smallest LEO among the leader, the
         maximal ISR, and followers caught up within the lag time (which are about to join);
-        it never moves back. It does not move while the committed ISR is below
-        min.insync.replicas (at most the replication factor: Kafka's effective min ISR), here
-        or as the controller counts it (under_min_isr), for every acks (KIP-966 with ELR
-        enabled): the replicas that left the ISR then hold every committed record, so the
-        controller may elect them (eligible leader replicas)."""
+        it never moves back. Besides each event that moves a LEO or the ISR, run after a
+        duplicate append (as Kafka's after every append), at the periodic ISR check and when
+        the usable brokers change: a follower out of the ISR stops holding the HW when its
+        lag time passes or it stops being usable, neither of which moves a LEO (review 22 M1:
+        an idle partition's HW stayed short of its LEO for good).
+
+        It does not move while the committed ISR is below min.insync.replicas (at most the
+        replication factor: Kafka's effective min ISR), here or as the controller counts it
+        (under_min_isr), for every acks (KIP-966 with ELR enabled): the replicas that left the
+        ISR then hold every committed record, so the controller may elect them (eligible
+        leader replicas)."""
         if not self.is_leader or self.under_min_isr:
             return False
         maximal_isr = self.isr_state.maximal_isr

@@ -49,6 +49,8 @@ _SETTINGS = {
     "flush.messages": _Setting("flush_messages", 1, optional=True),
     "flush.ms": _Setting("flush_ms", 0, optional=True),
     "max.message.bytes": _Setting("max_message_bytes", 0, INT32_MAX),
+    "message.timestamp.before.max.ms": _Setting("message_timestamp_before_max_ms", 0),
+    "message.timestamp.after.max.ms": _Setting("message_timestamp_after_max_ms", 0),
     "cache.drop.behind.bytes": _Setting("cache_drop_behind_bytes", -1),
 }
 
@@ -72,6 +74,10 @@ class LogConfig:
     flush_messages: int | None = None
     flush_ms: int | None = None
     max_message_bytes: int = 1048588
+    # KIP-937, with Kafka 4.0's defaults: any past timestamp, at most an hour ahead (one far
+    # in the future would hold its segment, and those after it, past retention.ms).
+    message_timestamp_before_max_ms: int = INT64_MAX
+    message_timestamp_after_max_ms: int = 60 * 60 * 1000
     cache_drop_behind_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:

@@ -23,6 +23,7 @@ from tidewater.records.header import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
+    NO_TIMESTAMP,
     BatchHeader,
     crc_matches,
     read_header,
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
-NO_TIMESTAMP = -1
 INT32_MAX = 2**31 - 1
 _TRUST_ALL = 2**63  # above any offset: verify no CRC
 _HEADER_READAHEAD = 16 * 1024

@@ -127,9 +127,10 @@ def refuse(
     partition: Partition,
     proposal: AlterIsrProposal,
     now: int = T0,
-    code: int = ErrorCode.INVALID_UPDATE_VERSION,
+    code: int = ErrorCode.INELIGIBLE_REPLICA,
 ) -> bool:
-    """The controller answers with an error, or the broker gets no answer at all."""
+    """The controller answers with an error (by default: checked and not applied), or the
+    broker gets no answer at all."""
     error = TidewaterError("the ISR change was not committed", code)
     return partition.on_alter_isr_result(proposal, None, error, now)
 
@@ -262,28 +263,56 @@ def test_only_one_isr_change_in_flight(log: MemoryLog) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "code",
-    [
-        ErrorCode.INVALID_UPDATE_VERSION,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.INELIGIBLE_REPLICA,
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-    ],
-    ids=ErrorCode.Name,
-)
-def test_refused_isr_change_keeps_the_committed_isr_and_is_proposed_again(
-    log: MemoryLog, code: int
+def test_an_isr_change_the_controller_did_not_apply_keeps_the_committed_isr_and_is_proposed_again(
+    log: MemoryLog,
 ) -> None:
     partition = new_leader(log)
     fetch(partition, 2, 10)
     proposal = partition.maybe_shrink_isr(T0 + LAG + 1)
     assert proposal is not None and proposal.new_isr == (1, 2)
-    refuse(partition, proposal, T0 + LAG + 1, code)
+    refuse(partition, proposal, T0 + LAG + 1)
     assert partition.isr == {1, 2, 3}
     assert not partition.isr_state.in_flight
     assert not partition.awaits_answer(proposal)
     assert partition.maybe_shrink_isr(T0 + LAG + 2) == proposal
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        ErrorCode.INVALID_UPDATE_VERSION,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NONE,  # committed, but in a newer leader epoch
+    ],
+    ids=ErrorCode.Name,
+)
+def test_an_isr_change_refused_for_a_stale_state_stays_pending_until_a_leader_and_isr(
+    log: MemoryLog, code: int
+) -> None:
+    """Review 22 L1, Kafka's handleAlterPartitionError: the leader proposed {1, 2, 3}; the
+    controller committed it, its answer was lost, and it then fenced broker 2 (ISR {1, 3},
+    a new leader epoch; its LeaderAndIsr still on the way). The proposal's retry is refused
+    FENCED_LEADER_EPOCH. Dropping it left the HW counting {1, 2}, without 3, a member the
+    controller could elect: a lagging 3 let the HW pass its LEO. It stays pending, not sent
+    again, until the LeaderAndIsr."""
+    partition = new_leader(log, isr=(1, 2))
+    fetch(partition, 2, 10)
+    expand = fetch(partition, 3, 10).isr_proposal
+    assert expand is not None and expand.new_isr == (1, 2, 3)
+    if code == ErrorCode.NONE:
+        newer = leader_and_isr(1, 1, (1, 3), partition_epoch=2)
+        assert partition.on_alter_isr_result(expand, newer, None, T0 + 1) is False
+    else:
+        refuse(partition, expand, T0 + 1, code)
+    assert not partition.awaits_answer(expand), "not sent again"
+    assert partition.isr_state.maximal_isr == {1, 2, 3}
+    append(partition, 5, T0 + 2)
+    fetch(partition, 2, 15, T0 + 2)
+    assert partition.high_watermark == 10, "3 may be in the ISR: it holds the HW"
+    assert partition.maybe_shrink_isr(T0 + LAG + 3) is None, "one change in flight"
+    partition.make_leader(leader_and_isr(1, 1, (1, 3), partition_epoch=2), T0 + 3)
+    assert (partition.isr, partition.isr_state.in_flight) == ({1, 3}, False)
 
 
 @pytest.mark.parametrize(

@@ -38,15 +38,19 @@ NO_EPOCH = -1
 # A member's broker epoch in an ISR proposal when the leader knows none: the controller skips
 # its check (Kafka's -1).
 NO_BROKER_EPOCH = -1
-# The controller's answers to an AlterIsr that say the proposal was not applied and never
-# will be (Kafka's Partition.handleAlterPartitionError). Any other failure (a timeout, a lost
-# connection, NOT_CONTROLLER after a failover) leaves the outcome unknown: it may have been
-# committed.
-DEFINITE_ALTER_ISR_REFUSALS = frozenset(
+# Kafka's Partition.handleAlterPartitionError. The controller's answer that the proposal was
+# checked against the current state and not applied: the committed ISR stands.
+ALTER_ISR_NOT_APPLIED = frozenset({ErrorCode.INELIGIBLE_REPLICA})
+# Its answers that its state is newer than the leader's (another leader epoch or partition
+# epoch, the topic gone): after an earlier answer was lost, the proposal may have committed
+# before that, so the proposal stays pending (the HW counts the maximal ISR), not sent again,
+# until the LeaderAndIsr (or StopReplica) the controller sent for its state arrives. Any other
+# failure (a timeout, a lost connection, NOT_CONTROLLER after a failover) leaves the outcome
+# unknown: the proposal is sent again.
+ALTER_ISR_STATE_STALE = frozenset(
     {
         ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.INVALID_UPDATE_VERSION,
-        ErrorCode.INELIGIBLE_REPLICA,
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
     }
 )
@@ -116,6 +120,9 @@ class IsrState:
     partition_epoch: int
     proposed: frozenset[int] | None = None
     elr: tuple[int, ...] = ()
+    # The controller answered that its state is newer (ALTER_ISR_STATE_STALE): the proposal
+    # stays pending, unsent, until a LeaderAndIsr.
+    awaiting_leader_and_isr: bool = False
 
     @property
     def maximal_isr(self) -> frozenset[int]:
@@ -532,20 +539,27 @@ class Partition:
         now_ms: int,
     ) -> bool:
         """The controller's answer to our proposal (`committed`), its refusal or the failure to
-        get an answer (`error`). Committed: adopt its ISR, ELR and partition epoch. Refused for
-        good: drop the proposal and keep the last committed ISR; the next check proposes again
-        if still needed. Outcome unknown: the controller may have committed it, so it stays
+        get an answer (`error`). Committed: adopt its ISR, ELR and partition epoch. Not
+        applied (ALTER_ISR_NOT_APPLIED): drop the proposal and keep the last committed ISR;
+        the next check proposes again if still needed. The controller's state is newer
+        (ALTER_ISR_STATE_STALE, or committed in another leader epoch): the proposal stays
+        pending, not sent again, until the LeaderAndIsr that brings that state (review 22
+        L1: it was dropped, and the HW counted an ISR without a member the controller had
+        committed). Outcome unknown: the controller may have committed it, so it stays
         pending (the HW keeps counting the maximal ISR) and awaits_answer says to send it
         again, until a definite answer (Kafka's AlterPartitionManager). Returns whether the
         HW moved."""
         if not self.awaits_answer(proposal):
             return False  # a newer LeaderAndIsr superseded this proposal
-        if committed is None:
-            if error is not None and error.code in DEFINITE_ALTER_ISR_REFUSALS:
+        stale = committed is not None and committed.leader_epoch != self.leader_epoch
+        if committed is None and error is not None:
+            if error.code in ALTER_ISR_NOT_APPLIED:
                 self.isr_state = replace(self.isr_state, proposed=None)
+            stale = error.code in ALTER_ISR_STATE_STALE
+        if stale:
+            self.isr_state = replace(self.isr_state, awaiting_leader_and_isr=True)
+        if committed is None or stale:
             return False
-        if committed.leader_epoch != self.leader_epoch:
-            return False  # the controller moved on; its LeaderAndIsr will follow
         self.isr_state = IsrState(
             frozenset(committed.isr), committed.partition_epoch, elr=committed.elr
         )
@@ -560,6 +574,7 @@ class Partition:
             and self.leader_epoch == proposal.leader_epoch
             and state.partition_epoch == proposal.partition_epoch
             and state.proposed == frozenset(proposal.new_isr)
+            and not state.awaiting_leader_and_isr
         )
 
     # -- HW ----------------------------------------------------------------------------------

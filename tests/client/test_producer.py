@@ -115,6 +115,29 @@ async def test_oversized_record_is_refused(cluster: Cluster) -> None:
             await producer.send("big", bytes(2000))
 
 
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_a_batch_above_the_topics_max_message_bytes_is_split_until_it_fits(
+    cluster: Cluster, idempotent: bool
+) -> None:
+    """Review 18 L4: the topic takes batches of at most 2,000 bytes, the producer (which does
+    not know that) fills 16 KiB ones: the broker refuses each, MESSAGE_TOO_LARGE, and every
+    record failed. As Kafka's producer, it sends the records again in halves, split again
+    while too large: every record lands once, in send order, each future naming its offset.
+    One record alone above the limit still fails."""
+    cluster.controller.configs["small"] = {"max.message.bytes": "2000"}
+    await cluster.create_topic("small")
+    config = {"linger_ms": 50} if idempotent else {"linger_ms": 50, **NO_IDEMPOTENCE}
+    async with Producer(cluster.bootstrap, **config) as producer:
+        futures = [await producer.send("small", b"%03d" % i + bytes(297)) for i in range(40)]
+        too_big = await producer.send("small", bytes(3000))
+        await producer.flush()
+    assert [f.result().offset for f in futures] == list(range(40))
+    with pytest.raises(MessageTooLarge):
+        too_big.result()
+    records = await consume_all(cluster, [("small", 0)], 40)
+    assert [(r.offset, r.value[:3]) for r in records] == [(i, b"%03d" % i) for i in range(40)]
+
+
 async def test_producer_id_waits_out_a_controller_election(cluster: Cluster) -> None:
     await cluster.create_topic("pid")
     # Two InitProducerIds in a row find no active controller behind the broker (the broker

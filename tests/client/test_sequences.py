@@ -251,3 +251,25 @@ def test_a_batch_never_sent_holds_no_sequence(seq: ProducerSequences) -> None:
 def test_nothing_is_sent_without_a_producer_id() -> None:
     seq = ProducerSequences()
     assert seq.needs_producer_id and not seq.may_send(Batch())
+
+
+def test_the_halves_of_a_split_batch_take_its_numbers_and_the_batch_after_waits_for_them(
+    seq: ProducerSequences,
+) -> None:
+    """Kafka's splitAndReenqueue: the broker refused `big` (sequences 0-9) as too large,
+    before appending it; its halves go in its place, numbered 0-4 and 5-9. The batch sent
+    after it is refused OUT_OF_ORDER_SEQUENCE (the broker lacks 0-9): a retry, not a gap,
+    since the halves below it are unsettled; no bump."""
+    big, after = Batch(10), Batch(3)
+    send(seq, big, after)
+    first, second = Batch(5), Batch(5)
+    seq.split(big, [first, second])
+    assert (first.stamped, second.stamped) == ((PID, 0, 0), (PID, 0, 5))
+    assert refuse(seq, after, ErrorCode.OUT_OF_ORDER_SEQUENCE)
+    send(seq, first, second)
+    for batch in (first, second):
+        seq.acknowledged(batch)
+    assert seq.may_send(after) and seq.settle() == []
+    send(seq, after)
+    seq.acknowledged(after)
+    assert (after.stamped, seq.bumps) == ((PID, 0, 10), 0)

@@ -61,13 +61,15 @@ class RecordFuture:
     def exception(self) -> BaseException | None:
         if not self._batch.done.done():
             raise asyncio.InvalidStateError("the record is not acknowledged yet")
-        return self._batch.error
+        batch, _ = self._batch.holding(self._index)
+        return batch.error
 
     def result(self) -> RecordMetadata:
         error = self.exception()
         if error is not None:
             raise error
-        return self._batch.metadata(self._index)
+        batch, index = self._batch.holding(self._index)
+        return batch.metadata(index)
 
     def add_done_callback(self, callback: Callable[[RecordFuture], object]) -> None:
         self._batch.done.add_done_callback(lambda _: callback(self))
@@ -95,6 +97,7 @@ class ProducerBatch:
         "log_append_time_ms",
         "now_ms",
         "order",
+        "parts",
         "producer_epoch",
         "producer_id",
         "records",
@@ -129,10 +132,52 @@ class ProducerBatch:
         self.last_error: tuple[int, str] | None = None
         # Spans of this batch when the producer traces (tidewater.client.spans).
         self.trace: BatchTrace | None = None
+        # The batches its records went on in, once split (split()).
+        self.parts: list[ProducerBatch] | None = None
 
     @property
     def record_count(self) -> int:
         return len(self.records)
+
+    def split(self) -> list[ProducerBatch]:
+        """Its records in two batches of half as many, in order, sent in its place (Kafka's
+        splitAndReenqueue, for a batch a broker refused as larger than the topic's
+        max.message.bytes). It is done once both are, each record's outcome its part's."""
+        half = len(self.records) // 2
+        loop = self.done.get_loop()
+        parts = []
+        for records in (self.records[:half], self.records[half:]):
+            part = ProducerBatch(self.tp, self.order, self.created, loop.create_future())
+            part.records = records
+            part.size = self.size * len(records) // len(self.records)
+            part.closed = True
+            part.now_ms = self.now_ms  # the records' CreateTime when they carry none
+            parts.append(part)
+        self.parts = parts
+
+        def part_done(_: object) -> None:
+            if not self.done.done() and all(part.done.done() for part in parts):
+                failed = next((part.error for part in parts if part.error is not None), None)
+                if self.trace is not None:
+                    self.trace.end(len(self.records), len(self.data or b""), None, failed)
+                self.done.set_result(None)
+
+        for part in parts:
+            part.done.add_done_callback(part_done)
+        return parts
+
+    def holding(self, index: int) -> tuple[ProducerBatch, int]:
+        """The batch that holds its record at `index` (itself, or a part of a split, or of a
+        part's), and the record's index there."""
+        batch = self
+        while batch.parts is not None and batch.error is None:
+            first = batch.parts[0]
+            if index < first.record_count:
+                batch = first
+            else:
+                index -= first.record_count
+                batch = batch.parts[1]
+        return batch, index
 
     def stamp(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
         """The idempotent producer's numbering; the bytes are built (again) on the next send."""

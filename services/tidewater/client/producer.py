@@ -633,6 +633,8 @@ class Producer:
                 self._sequences.acknowledged(batch)
             batch.complete(result.base_offset, result.log_append_time_ms)
             self._release(batch)
+        elif code == ErrorCode.MESSAGE_TOO_LARGE and batch.record_count > 1:
+            self._split(batch)
         elif (
             code in SEQUENCE_REFUSALS
             and self.config.idempotent
@@ -652,6 +654,26 @@ class Producer:
                 self.metadata.request_refresh()
             self._retry_or_fail(batch, code, result.error_message)
         self._wake.set()
+
+    def _split(self, batch: ProducerBatch) -> None:
+        """The broker refused `batch` as larger than the topic's max.message.bytes, which the
+        producer does not know (a lower value than its batch_size, or records that compressed
+        worse than they looked): its records go again in two halves, each split again while
+        still too large, down to one record, which fails (Kafka's splitAndReenqueue). The
+        halves count from its creation for delivery_timeout_ms, not from a retry."""
+        assert self._accumulator is not None
+        if batch.done.done():  # it expired in flight: its answer only settles its sequence
+            if self.config.idempotent:
+                self._sequences.failed(batch)
+            return
+        parts = batch.split()
+        if self.config.idempotent:
+            self._sequences.split(batch, parts)
+        self._release(batch)
+        for part in parts:  # each goes after the one before: they share the batch's order
+            self._accumulator.incomplete.add(part)
+            self._used_memory += part.size
+            self._accumulator.requeue(part)
 
     def _transport_failed(self, batches: list[ProducerBatch], reason: str) -> None:
         """The request's outcome is unknown: retry (idempotence keeps it exactly-once)."""

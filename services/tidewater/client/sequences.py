@@ -168,6 +168,24 @@ class ProducerSequences:
             # A batch after the unresolved one is in the log, so that one is too.
             state.unresolved = None
 
+    def split(self, batch: SequencedBatch, parts: list[SequencedBatch]) -> None:
+        """The broker refused `batch` before appending it (MESSAGE_TOO_LARGE): `parts`, its
+        records in order, take its sequence numbers in its place (Kafka's
+        splitAndReenqueue). Batches sent after it are refused OUT_OF_ORDER_SEQUENCE until
+        the parts land, and retried then."""
+        entry = self._entries.pop(batch)
+        state = self._partitions[batch.tp]
+        entries = []
+        base = entry.base
+        for part in parts:
+            part_entry = _Entry(part, base, in_flight=False, maybe_appended=entry.maybe_appended)
+            self._entries[part] = part_entry
+            entries.append(part_entry)
+            part.stamp(state.producer_id, state.epoch, base % (SEQUENCE_MAX + 1))
+            base = part_entry.end
+        index = state.unacked.index(entry)
+        state.unacked[index : index + 1] = entries
+
     def in_the_log(self, batch: SequencedBatch) -> bool:
         """Whether a later batch of its partition's sequence is acknowledged: a broker appends
         a producer's batches in sequence order only, so `batch` is in the log, though its

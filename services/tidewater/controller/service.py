@@ -379,7 +379,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             assignment = validate_explicit_assignment(
                 {a.partition: tuple(a.broker_ids) for a in topic.assignments},
                 set(model.brokers),
-                usable=model.usable_brokers(),
+                usable=self._may_lead_new_partitions(),
             )
         else:
             assignment = assign_replicas(
@@ -523,7 +523,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             added = validate_explicit_assignment(
                 {a.partition: tuple(a.broker_ids) for a in topic.assignments},
                 set(model.brokers),
-                usable=model.usable_brokers(),
+                usable=self._may_lead_new_partitions(),
                 partitions=range(len(state.assignment), topic.count),
                 replication_factor=len(state.assignment[0]),
             )
@@ -540,6 +540,15 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         await self._c.commit_and_send(
             initial_partition_records(added, state.name, model.usable_brokers(), self._c.epoch)
         )
+
+    def _may_lead_new_partitions(self) -> set[int]:
+        """Brokers an explicit assignment needs one of per partition: the usable ones, and in
+        the grace period after a failover also those not heard from yet, who may well be
+        alive (their partitions get a leader once they heartbeat, as a partition never led)."""
+        model = self._c.model
+        if self._c.in_grace:
+            return {b.broker_id for b in model.brokers.values() if not b.shutting_down}
+        return model.usable_brokers()
 
     async def ElectLeaders(
         self, request: cpb.ElectLeadersRequest, context: grpc.aio.ServicerContext

@@ -371,6 +371,45 @@ async def test_a_truncation_below_the_hw_rebuilds_the_state_from_the_log(
     hosted.log.close()
 
 
+@pytest.mark.parametrize("offset", [4, 5])  # a batch boundary, and inside a 2-record batch
+async def test_a_truncation_below_the_hw_is_prepared_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, offset: int
+) -> None:
+    """The rebuild of the truncation below the HW above, built on a worker thread by
+    prepare_truncation (the fetcher calls it first): truncate_to only takes it. On the loop it
+    cost about 4 us a batch, up to a segment's (seconds, for a segment of small batches). A
+    log that changed since (another LEO) is rebuilt on the loop, as before."""
+    hosted = follower(tmp_path / "t-0", segment_bytes=300)
+    offsets = [0, 1, 2, 4, 6, 7]  # batches of 1, 1, 2, 2, 1, 1 records
+    for base in offsets:
+        records = 2 if base in (2, 4) else 1
+        await hosted.append_as_follower(raw_batch(base, records, offset=base))
+    headers = list(batch_headers(hosted.log.read(0, 1 << 20)))
+    hosted.producer_state.release(7)
+    assert hosted.producer_state.journal_floor == 7
+    on_the_loop: list[int] = []
+    monkeypatch.setattr(
+        hosted.producer_state, "rebuild", lambda log, now: on_the_loop.append(log.log_end_offset)
+    )
+    await hosted.prepare_truncation(offset)
+    hosted.truncate_to(offset)
+    assert on_the_loop == [] and "rebuilding it from the log" not in caplog.text
+    assert hosted.log.log_end_offset == 4
+    expected = replayed(tmp_path, [h for h in headers if h.next_offset <= 4]).producers
+    assert [(e.epoch, list(e.batches)) for e in hosted.producer_state.producers.values()] == [
+        (e.epoch, list(e.batches)) for e in expected.values()
+    ]
+    assert max(snapshots(hosted.log.dir), default=0) <= 4
+    # Prepared for a log that has changed since: rebuilt on the loop.
+    hosted.producer_state.release(4)
+    await hosted.prepare_truncation(2)
+    await hosted.append_as_follower(raw_batch(4, offset=4))
+    hosted.producer_state.release(5)
+    hosted.truncate_to(2)
+    assert on_the_loop == [2]
+    hosted.log.close()
+
+
 def test_a_producer_idle_for_the_expiration_is_forgotten(state: ProducerStateManager) -> None:
     append(state, batch(0), 0, now_ms=10_000)
     append(state, batch(0, pid=9), 1, now_ms=10_000)

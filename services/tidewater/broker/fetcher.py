@@ -37,6 +37,7 @@ from tidewater.replication.follower import (
     next_fetch,
     on_offset_out_of_range,
     truncate_if_diverged,
+    truncation_offset,
 )
 from tidewater.replication.partition import FollowerFetch
 from tidewater.rpc.lifted import Lifted, Lifter
@@ -359,6 +360,11 @@ class ReplicaFetcher:
                     fetched = FetchedPartition(result.high_watermark, diverging, records)
                     if diverging is not None:
                         await hosted.log.write_out()
+                        await hosted.prepare_truncation(
+                            truncation_offset(
+                                hosted.leader_epoch_cache, hosted.log_end_offset, diverging
+                            )
+                        )
                         if not self._still_follows(tp, state, hosted):
                             continue  # a LeaderAndIsr came meanwhile: the answer is stale
                     if not truncate_if_diverged(hosted.state, hosted, fetched):
@@ -447,6 +453,7 @@ class ReplicaFetcher:
             log.warning("%s: fetch offset out of range; %s", hosted.state.name, action)
             if isinstance(action, TruncateTo):  # not for a log deleted whole
                 await hosted.log.write_out()
+                await hosted.prepare_truncation(action.offset)
                 if not self._still_follows(hosted.key, state, hosted):
                     return
             apply_out_of_range(hosted.state, hosted, action)

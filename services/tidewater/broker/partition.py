@@ -13,7 +13,7 @@ from typing import NamedTuple
 from tidewater.broker.log.dir_failure import LogDirFailureChannel, reports_io_failures
 from tidewater.broker.log.leader_epoch_cache import LeaderEpochCache
 from tidewater.broker.log.log import AppendInfo, Log
-from tidewater.broker.producer_state import batch_headers
+from tidewater.broker.producer_state import ProducerStateManager, batch_headers
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.errors import NotLeaderOrFollower
 from tidewater.records.header import read_header
@@ -58,6 +58,9 @@ class HostedPartition:
         # Set when the broker stops hosting the partition: a produce still waiting for its
         # turn must not append after that.
         self.stopped = False
+        # prepare_truncation's state for truncate_to: (offset, LEO then, the truncated log's
+        # end, the producer state rebuilt for it).
+        self._prepared_truncation: tuple[int, int, int, ProducerStateManager] | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -148,24 +151,48 @@ class HostedPartition:
 
         return await self.log.append_as_follower_off_loop(batches, appended)
 
+    async def prepare_truncation(self, offset: int) -> None:
+        """Before a follower's truncation to `offset`: one below the producer state's journal
+        (an unclean election's, below the HW) rebuilds the state from a snapshot and the log,
+        about 4 us a batch on the event loop, up to a segment's; it is built here on a worker
+        thread instead, while the caller's fetcher (the log's only writer) waits, and
+        truncate_to takes it if the log is still as it was."""
+        self.log.take_in_pending_write()
+        log_end_offset = self.log.log_end_offset
+        if offset >= min(self.producer_state.journal_floor, log_end_offset):
+            return
+        try:
+            rebuilt, reached = await asyncio.to_thread(
+                self.producer_state.rebuilt_below, self.log, offset, self._time_ms()
+            )
+        except Exception:
+            # Retention changed the log under the read, say: truncate_to rebuilds on the loop.
+            log.exception("%s: preparing the producer state for a truncation", self.state.name)
+            return
+        self._prepared_truncation = (offset, log_end_offset, reached, rebuilt)
+
     @reports_io_failures
     def truncate_to(self, offset: int) -> None:
         # A write under way enters the log (and the producer state) first: its batches are
         # among those to undo.
         self.log.take_in_pending_write()
         log_end_offset = self.log.log_end_offset
+        prepared, self._prepared_truncation = self._prepared_truncation, None
         self.log.truncate_to(offset)
         truncated_to = self.log.log_end_offset
         # Undone from the producer state's journal; below its floor (an unclean election's
         # truncation) rebuilt as Kafka's truncateTo does, from a snapshot and the log after it.
         if truncated_to < log_end_offset and not self.producer_state.truncate(truncated_to):
-            log.warning(
-                "%s: truncated below the producer state's journal (offset %d); rebuilding it "
-                "from the log",
-                self.state.name,
-                truncated_to,
-            )
-            self.producer_state.rebuild(self.log, self._time_ms())
+            if prepared is not None and prepared[:3] == (offset, log_end_offset, truncated_to):
+                self.producer_state.adopt(prepared[3], truncated_to)
+            else:
+                log.warning(
+                    "%s: truncated below the producer state's journal (offset %d); "
+                    "rebuilding it from the log",
+                    self.state.name,
+                    truncated_to,
+                )
+                self.producer_state.rebuild(self.log, self._time_ms())
             self.producer_state.release(self.state.high_watermark)
 
     @reports_io_failures

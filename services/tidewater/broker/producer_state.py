@@ -252,7 +252,38 @@ class ProducerStateManager:
         covered = self.load_snapshot(log.log_end_offset)
         start = max(covered or 0, log.log_start_offset)
         self._journal_floor = start
-        self.load_from_log(_headers_from(log, start), now_ms)
+        self.load_from_log(_headers_from(log, start, log.log_end_offset), now_ms)
+
+    @property
+    def journal_floor(self) -> int:
+        """A truncation below it rebuilds the state (truncate() returns False)."""
+        return self._journal_floor
+
+    def rebuilt_below(self, log: Log, end: int, now_ms: int) -> tuple[ProducerStateManager, int]:
+        """What rebuild() would give once the log is truncated to `end`: a new state of the
+        log's whole batches below `end` (the newest readable snapshot at or below it, and the
+        log after it), and the offset it reaches (the truncated log's end). It only reads,
+        this state, the snapshots or the log, so a truncation runs it on a worker thread
+        while nothing appends to the log (Partition.prepare_truncation), and adopt()s it."""
+        rebuilt = ProducerStateManager(self.dir)
+        covered, rebuilt.producers, _ = self._newest_snapshot(end)
+        start = max(covered or 0, log.log_start_offset)
+        rebuilt._journal_floor = reached = start
+        for header in _headers_from(log, start, end):
+            if header.next_offset > end:
+                break  # the batch holding `end` goes with the truncation, whole
+            if header.producer_id >= 0:
+                rebuilt.update(header, header.base_offset, now_ms)
+            reached = header.next_offset
+        return rebuilt, reached
+
+    def adopt(self, rebuilt: ProducerStateManager, log_end_offset: int) -> None:
+        """Take the state rebuilt_below() built for the log now ending at `log_end_offset`;
+        the snapshots past that end go (durably)."""
+        self.producers = rebuilt.producers
+        self._journal = rebuilt._journal
+        self._journal_floor = rebuilt._journal_floor
+        self._delete_durably([path for at, path in self._snapshots() if at > log_end_offset])
 
     def truncate(self, log_end_offset: int) -> bool:
         """The log's tail went, its end now `log_end_offset`: undo the updates of the batches
@@ -335,25 +366,25 @@ class ProducerStateManager:
         """Replace the state with the newest readable snapshot at or below the LEO and return
         its offset (None: none, the state is empty). Snapshots past the LEO describe data a
         crash or a truncation took back and are deleted, as are corrupt ones."""
-        self.producers.clear()
-        self._reset_journal(0)
+        loaded, self.producers, unusable = self._newest_snapshot(log_end_offset)
+        self._reset_journal(loaded or 0)
+        self._delete_durably(unusable)
+        return loaded
+
+    def _newest_snapshot(self, end: int) -> tuple[int | None, dict[int, ProducerEntry], list[Path]]:
+        """The newest readable snapshot at or below `end`: its offset (None: none) and
+        producers, and the snapshots past `end` or corrupt, newer than it (to delete)."""
         unusable = []
-        loaded = None
         for offset, path in reversed(self._snapshots()):
-            if offset > log_end_offset:
+            if offset > end:
                 unusable.append(path)
                 continue
             try:
-                self.producers = _parse_snapshot(path.read_bytes(), offset)
+                return offset, _parse_snapshot(path.read_bytes(), offset), unusable
             except CorruptSnapshot as e:
                 log.warning("%s: %s; deleting it", path, e)
                 unusable.append(path)
-                continue
-            loaded = offset
-            self._journal_floor = offset
-            break
-        self._delete_durably(unusable)
-        return loaded
+        return None, {}, unusable
 
     def _reset_journal(self, floor: int) -> None:
         """The state is now the log's below `floor`, with no updates to undo."""
@@ -380,10 +411,10 @@ class ProducerStateManager:
         return sorted(found)
 
 
-def _headers_from(log: Log, start: int) -> Iterator[BatchHeader]:
-    """Headers of the log's batches holding the offsets from `start` to its end."""
+def _headers_from(log: Log, start: int, end: int) -> Iterator[BatchHeader]:
+    """Headers of the log's batches holding the offsets from `start` up to `end`."""
     offset = start
-    while offset < log.log_end_offset:
+    while offset < min(end, log.log_end_offset):
         data = log.read(offset, _REPLAY_READ_BYTES)
         if not data:
             return

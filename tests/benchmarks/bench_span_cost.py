@@ -136,7 +136,7 @@ def one_batch(roles: Roles, client: BatchTrace, waits: spans.ReplicationWaits, i
         roles.now("leader")
         fetch = spans.FetchTrace.start(request, None)
         assert fetch is not None
-        waits.follower_fetched(TP, follower, end, spans.fetch_link(request, fetch))
+        waits.follower_fetched(TP, follower, end, end, spans.fetch_link(request, fetch))
         start_ns = time.time_ns()
         fetch.waited(start_ns)
         fetch.read(start_ns, len(batch))

@@ -91,6 +91,8 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[ProducerBatch]:
     batches: list[ProducerBatch] = []
 
     class FakeLink:
+        full = False
+
         def __init__(self, producer: Any, address: str) -> None:
             pass
 

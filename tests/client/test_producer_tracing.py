@@ -67,6 +67,26 @@ async def test_a_batch_retried_at_a_new_leader_stays_in_one_trace(cluster, spans
     assert all(s is send or (s.parent is not None and s.parent.span_id in ids) for s in in_trace)
 
 
+async def test_the_parts_of_a_split_batch_stay_in_its_trace(cluster, spans) -> None:
+    """Review 25 M2: the halves of a batch refused MESSAGE_TOO_LARGE went in no trace, and
+    `send` ended with no offset. Every attempt, the refused one and each part's, is a child
+    of the batch's `send`, which ends with the first record's offset once all parts are in."""
+    provider, exporter = spans
+    cluster.controller.configs["small"] = {"max.message.bytes": "2000"}
+    await cluster.create_topic("small")
+    async with Producer(cluster.bootstrap, linger_ms=50, tracer_provider=provider) as producer:
+        futures = [await producer.send("small", bytes(300), partition=0) for _ in range(12)]
+        await producer.flush()
+    finished = exporter.get_finished_spans()
+    [send] = [s for s in finished if s.name == "send small"]
+    produces = [s for s in finished if s.name == "Produce"]
+    assert all(p.parent is not None and p.parent.span_id == send.context.span_id for p in produces)
+    errors = [p.attributes.get("tidewater.error_code") for p in produces]
+    assert errors.count("MESSAGE_TOO_LARGE") >= 1 and errors.count(None) >= 2
+    assert send.attributes["tidewater.base_offset"] == futures[0].result().offset == 0
+    assert send.attributes["messaging.batch.message_count"] == 12
+
+
 async def test_a_batch_the_sampler_drops_is_delivered_and_recorded_nowhere(cluster) -> None:
     """Sampled out at the client (a ratio sampler's usual case): the decision travels with the
     batch, so the tracing broker records nothing of it either."""

@@ -171,3 +171,26 @@ async def test_a_retry_the_new_leader_no_longer_remembers_is_not_written_again(
     assert producer._sequences.bumps == 0
     assert x.metadata(0).offset == UNKNOWN_OFFSET
     assert [y.metadata(0).offset for y in ys] == [1, 2, 3, 4, 5]
+
+
+async def test_a_link_holding_as_many_requests_as_a_broker_reads_takes_no_more(
+    sent: list[ProducerBatch], hand_driven_producer: Callable[..., Any]
+) -> None:
+    """Review 24 #7: a broker reads at most MAX_IN_FLIGHT_PER_STREAM requests of a stream at
+    once; max_in_flight_requests_per_connection counts per partition, so a producer of many
+    partitions sent more, which waited unread while their deadlines ran. A full link takes
+    no new request until an answer frees it."""
+    producer = hand_driven_producer()
+    assert producer._accumulator is not None
+    now = time.monotonic()
+    producer._accumulator.append(TP, Record(None, b"A", (), None), 100, now)
+    producer._drain(now)
+    assert len(sent) == 1
+    [link] = producer._links.values()
+    link.full = True
+    producer._accumulator.append(TP, Record(None, b"B", (), None), 100, now)
+    producer._drain(now)
+    assert len(sent) == 1
+    link.full = False
+    producer._drain(now)
+    assert [r.value for batch in sent for r in batch.records] == [b"A", b"B"]

@@ -11,6 +11,9 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tidewater.controller import sender as sender_mod
 from tidewater.controller.controller import Controller
@@ -20,6 +23,7 @@ from tidewater.controller.sender import BrokerSender
 from tidewater.local.tcp_proxy import NOWHERE, TcpProxy
 from tidewater.local.wait import eventually
 from tidewater.metadata.server import MetadataServer
+from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2, cluster_pb2
 
 TP = ("orders", 0)
@@ -215,3 +219,32 @@ async def test_requests_queued_for_a_previous_incarnation_are_dropped_unsent() -
             workers = list(sender._workers.values())
             sender.reset()
             await asyncio.gather(*workers, return_exceptions=True)
+
+
+async def test_a_fan_out_still_sending_at_a_step_down_ends() -> None:
+    """Review 25 L2: a step-down (reset) cancelled the workers of a LeaderAndIsr fan-out still
+    sending: its `leader_and_isr.send` span never ended, and the requests' spans it parents
+    pointed at a span no file held."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.install(provider)
+    try:
+        async with TcpProxy(NOWHERE) as unreachable:
+            controller = stand_in(unreachable.address)
+            host, port = unreachable.address.rsplit(":", 1)
+            for broker_id in (1, 2):
+                controller.model.brokers[broker_id] = BrokerState(
+                    broker_id, host, int(port), "", "x", epoch=5, fenced=False
+                )
+            controller.model.topics["orders"] = TopicState("orders", {}, {0: (1, 2)})
+            sender = BrokerSender(cast(Controller, controller))
+            sender.leader_and_isr({1, 2}, [TP])
+            await asyncio.sleep(0)  # one worker is sending, maybe both, maybe none
+            workers = list(sender._workers.values())
+            sender.reset()
+            await asyncio.gather(*workers, return_exceptions=True)
+        [fan_out] = [s for s in exporter.get_finished_spans() if s.name == "leader_and_isr.send"]
+        assert fan_out.attributes["tidewater.brokers_failed"] == 2
+    finally:
+        tracing.shutdown()

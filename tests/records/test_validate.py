@@ -170,9 +170,12 @@ def test_record_timestamps_must_be_within_the_topics_bounds(codec: Compression) 
     for bounds in (TimestampBounds(T0, 9_999, 20_000), TimestampBounds(T0, 10_000, 19_999)):
         with pytest.raises(InvalidTimestamp, match=r"not all within"):
             validate_batch(batch, LIMIT, bounds)
-    # Records without a timestamp (-1) are not checked.
+    # Records without a timestamp (-1) are not checked, alone or among others (review 24 #4).
     untimed = build_batch([Record(value=b"v", timestamp_ms=-1)] * 2, compression=codec)
     validate_batch(untimed, LIMIT, TimestampBounds(T0, 0, 0))
+    for mixed in ([-1, T0], [T0, -1]):
+        records = [Record(value=b"v", timestamp_ms=t) for t in mixed]
+        validate_batch(build_batch(records, compression=codec), LIMIT, TimestampBounds(T0, 0, 0))
 
 
 @pytest.mark.parametrize("count", [0, -1])

@@ -316,6 +316,29 @@ def test_an_isr_change_refused_for_a_stale_state_stays_pending_until_a_leader_an
 
 
 @pytest.mark.parametrize(
+    "code", [ErrorCode.INVALID_UPDATE_VERSION, ErrorCode.FENCED_LEADER_EPOCH], ids=ErrorCode.Name
+)
+def test_a_refusal_against_a_state_no_newer_than_ours_is_sent_again(
+    log: MemoryLog, code: int
+) -> None:
+    """Review 24 #5: a controller deposed without knowing it yet refused the proposal against
+    its old state; the leader waited for a LeaderAndIsr that its successor had sent already,
+    and the proposal stayed pending for good. A refusal naming a state no newer than ours is
+    no news: the proposal goes again (to the controller that answers next)."""
+    partition = new_leader(log, leader_epoch=3)
+    fetch(partition, 2, 10)
+    shrink = partition.maybe_shrink_isr(T0 + LAG + 1)
+    assert shrink is not None
+    deposed = leader_and_isr(1, 2, REPLICAS, partition_epoch=0)
+    error = TidewaterError("refused", code)
+    partition.on_alter_isr_result(shrink, deposed, error, T0 + LAG + 1)
+    assert partition.awaits_answer(shrink), "to be sent again"
+    newer = leader_and_isr(1, 3, (1, 2), partition_epoch=4)
+    partition.on_alter_isr_result(shrink, newer, error, T0 + LAG + 1)
+    assert not partition.awaits_answer(shrink) and partition.isr_state.in_flight
+
+
+@pytest.mark.parametrize(
     "code",
     [
         ErrorCode.REQUEST_TIMED_OUT,  # the RPC's deadline, or etcd's

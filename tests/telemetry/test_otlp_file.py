@@ -129,6 +129,20 @@ def test_spans_of_resources_and_scopes_in_turn_are_grouped_as_the_exporter_group
     assert json.loads(ours.read_text()) == json.loads(theirs.read_text())
 
 
+def test_a_file_a_killed_writer_left_mid_line_gets_whole_lines_after_it(tmp_path: Path) -> None:
+    """Review 25 M6: a process killed mid-write, restarted on the same trace file, glued its
+    first line to the cut one; the report could read neither."""
+    path = tmp_path / "broker-1.jsonl"
+    path.write_text('{"resourceSpans": [{"resour')
+    exporter = OtlpJsonFileSpanExporter(path)
+    exporter.export(spans()[:1])
+    exporter.shutdown()
+    lines = path.read_text().split("\n")
+    assert lines[0] == '{"resourceSpans": [{"resour'
+    assert json.loads(lines[1])["resourceSpans"]
+    assert lines[2:] == [""]
+
+
 def test_an_export_of_no_spans_writes_no_line(tmp_path: Path) -> None:
     ours, theirs = tmp_path / "ours.jsonl", tmp_path / "theirs.jsonl"
     OtlpJsonFileSpanExporter(ours).export([])

@@ -4,6 +4,7 @@ picks its links."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import random
@@ -180,13 +181,16 @@ def test_replication_wait_links_each_followers_first_fetch_that_holds_the_batch(
     data = pb.PartitionProduceData(topic="t", partition=0)
     waits = ReplicationWaits()
     [wait] = waits.start([data], [traced(data)], {("t", 0): 10}).values()
-    waits.follower_fetched(("t", 0), 2, 7, fetch_span(1))  # follower 2 does not hold it yet
-    waits.follower_fetched(("t", 0), 2, 10, fetch_span(2))
-    waits.follower_fetched(("t", 1), 3, 10, fetch_span(3))  # another partition
-    waits.follower_fetched(("t", 0), 2, 12, fetch_span(4))  # follower 2 again
-    waits.follower_fetched(("t", 0), 3, 10, fetch_span(5))
+    # (partition, follower, fetch offset, HW after the fetch, fetch span)
+    waits.follower_fetched(("t", 0), 2, 7, 7, fetch_span(1))  # follower 2 does not hold it yet
+    waits.follower_fetched(("t", 0), 2, 10, 7, fetch_span(2))  # 3 holds the HW at 7
+    waits.follower_fetched(("t", 1), 3, 10, 10, fetch_span(3))  # another partition
+    waits.follower_fetched(("t", 0), 2, 12, 7, fetch_span(4))  # follower 2 again
+    waits.follower_fetched(("t", 0), 3, 10, 10, fetch_span(5))  # the HW covers the batch
+    # Out of the ISR, say: after the HW moved, nothing the ack waited for.
+    waits.follower_fetched(("t", 0), 4, 10, 10, fetch_span(6))
     waits.finish({("t", 0): wait}, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
-    waits.follower_fetched(("t", 0), 4, 10, fetch_span(6))  # after the wait: not linked
+    waits.follower_fetched(("t", 0), 5, 10, 10, fetch_span(7))  # after the wait: not linked
 
     [span] = [s for s in exporter.get_finished_spans() if s.name == "replication.wait"]
     assert [link.context.span_id for link in span.links] == [2, 5]
@@ -196,6 +200,21 @@ def test_replication_wait_links_each_followers_first_fetch_that_holds_the_batch(
     ]
     assert span.attributes["tidewater.last_follower_id"] == 3
     assert span.attributes["tidewater.hw"] == 10
+
+
+def test_a_replication_wait_the_isr_shrink_ended_names_no_follower(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """Review 25 M5: follower 3 lagged and was dropped from the ISR, which moved the HW past
+    the batch; follower 2, linked earlier, was named the one the ack waited for."""
+    data = pb.PartitionProduceData(topic="t", partition=0)
+    waits = ReplicationWaits()
+    [wait] = waits.start([data], [traced(data)], {("t", 0): 10}).values()
+    waits.follower_fetched(("t", 0), 2, 10, 7, fetch_span(1))
+    waits.finish({("t", 0): wait}, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "replication.wait"]
+    assert [link.context.span_id for link in span.links] == [1]
+    assert "tidewater.last_follower_id" not in span.attributes
 
 
 def test_a_timed_out_replication_wait_is_an_error_child_of_its_produce(
@@ -344,9 +363,9 @@ def test_an_untraced_follower_fetch_is_linked_by_the_context_it_carries(
     started = waits.start([data], [traced(data)], {("t", 0): 10})
     sampled_out = pb.FetchRequest(replica_id=2, trace_context={"traceparent": UNSAMPLED})
     assert FetchTrace.start(sampled_out, None) is None
-    waits.follower_fetched(("t", 0), 2, 10, fetch_link(sampled_out, None))
+    waits.follower_fetched(("t", 0), 2, 10, 7, fetch_link(sampled_out, None))
     # A follower that does not trace: counted, but nothing to link to.
-    waits.follower_fetched(("t", 0), 3, 10, fetch_link(pb.FetchRequest(replica_id=3), None))
+    waits.follower_fetched(("t", 0), 3, 10, 10, fetch_link(pb.FetchRequest(replica_id=3), None))
     waits.finish(started, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
 
     [span] = [s for s in exporter.get_finished_spans() if s.name == "replication.wait"]
@@ -510,7 +529,7 @@ def test_a_sampled_out_fetch_carries_nothing_and_the_leader_follows_its_streams_
         fetch = FetchTrace.start(request, None, stream)
         assert fetch is None
         link = fetch_link(request, fetch, stream)
-        waits.follower_fetched(("t", 0), request.replica_id, 10, link)
+        waits.follower_fetched(("t", 0), request.replica_id, 10, 7, link)
     waits.finish(started, pb.ProduceResponse(partitions=[{"topic": "t"}]), lambda tp: 10)
 
     assert [s.name for s in exporter.get_finished_spans()] == ["replication.wait"]
@@ -862,3 +881,21 @@ def test_the_last_tracer_asked_about_is_not_kept_alive_by_the_cache() -> None:
     del tracer, provider
     gc.collect()
     assert gone() is None
+
+
+async def test_a_detached_task_starts_outside_its_creators_trace() -> None:
+    """Review 25 M1: the controller's per-broker sender, a follower's fetcher and the SDK's
+    sender were created inside a span (the heartbeat that unfenced the broker, a LeaderAndIsr,
+    the first send()) and kept it: every UpdateMetadata the controller sent that broker for
+    the rest of its life was a child of that long-ended heartbeat."""
+    tracer = TracerProvider().get_tracer("test")
+    seen: dict[str, trace.Span] = {}
+
+    async def current(name: str) -> None:
+        seen[name] = trace.get_current_span()
+
+    with tracer.start_as_current_span("heartbeat") as heartbeat:
+        await asyncio.create_task(current("inherited"))
+        await tracing.detached_task(current("detached"))
+    assert seen["inherited"] is heartbeat
+    assert not seen["detached"].get_span_context().is_valid

@@ -68,25 +68,28 @@ def test_a_span_with_its_attributes_links_and_resource(tmp_path: Path) -> None:
 def test_base64_ids_are_refused_with_the_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "client.jsonl"
     # What protobuf's json_format writes for bytes: base64, not OTLP/JSON's hex.
-    path.write_text(request(span("7uGbfsPBsXQ=")) + "\n" + request(span("eee19b7ec3c1b174")) + "\n")
+    path.write_text(request(span("7uGbfsPBsXQ=")) + "\n" + request(span("7uGbfsPBsXQ=")) + "\n")
     with pytest.raises(TraceFileError, match=r"client\.jsonl:1: .*hex"):
         read_trace_files([path])
 
 
-def test_a_damaged_line_in_the_middle_is_an_error(tmp_path: Path) -> None:
+def test_a_file_with_no_trace_line_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "client.jsonl"
-    path.write_text(request(span("eee19b7ec3c1b174")) + "\n{not json\n" + request(span("1" * 16)))
-    with pytest.raises(TraceFileError, match=r"client\.jsonl:2: not an OTLP/JSON trace line"):
+    path.write_text("{not json\n[]\n")
+    with pytest.raises(TraceFileError, match=r"client\.jsonl:1: not an OTLP/JSON trace line"):
         read_trace_files([path])
 
 
-def test_a_cut_off_last_line_is_left_out_and_counted(tmp_path: Path) -> None:
+def test_damaged_lines_are_left_out_and_counted(tmp_path: Path) -> None:
+    """A writer killed mid-line leaves its last line cut; restarted on the same file, it
+    appended after it (review 25 M6: a damaged line in the middle failed the whole report)."""
     path = tmp_path / "client.jsonl"
+    cut = request(span("1" * 16))[:40]
     whole = request(span("eee19b7ec3c1b174"))
-    path.write_text(whole + "\n" + request(span("1" * 16))[:40])
+    path.write_text(whole + "\n" + cut + whole.replace("eee19b7ec3c1b174", "2" * 16) + "\n" + cut)
     read = read_trace_files([path])
     assert [s.span_id for s in read.spans] == ["eee19b7ec3c1b174"]
-    assert read.truncated_lines == 1
+    assert read.damaged_lines == 2
 
 
 def test_directories_and_files_each_count_once(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ DATA = Path(__file__).parent / "data"
 def test_report_on_recorded_files(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["trace", "report", str(DATA)]) == 0
     out = capsys.readouterr().out
-    assert "read 3 trace files: 38 spans (1 cut-off last line left out)" in out
+    assert "read 3 trace files: 38 spans (1 damaged line left out)" in out
     assert "4 complete (acks=all: 4), 1 failed, 1 skipped as partial" in out
     assert "1  no leader Produce span (the leader's trace file missing?)" in out
     assert "retried: 1" in out

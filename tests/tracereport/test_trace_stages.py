@@ -148,6 +148,31 @@ def test_a_retried_batch_is_measured_on_its_last_attempt() -> None:
     assert ms(stages["response"]) == 8 - 1 - 6
 
 
+def test_the_acked_attempt_is_found_by_its_offset_whatever_the_leaders_clocks_say() -> None:
+    """Review 25 M4: the failed first attempt's leader ran 60 ms ahead of the new leader,
+    which acked the retry: taken by start time, the failed attempt was "the last", and the
+    trace was skipped as NO_ACKED_PRODUCE."""
+    spans = produce("skew", send=(0, 30), attempts=((63, 65), (20, 28)), append=(20, 21))
+    first = next(s for s in spans if s.name == "Produce")
+    spans[spans.index(first)] = replace(first, status_code=2)
+    spans[0] = replace(spans[0], attributes={**spans[0].attributes, "tidewater.base_offset": 7})
+    acked = next(s for s in spans if s.name == "Produce" and s.status_code == 0)
+    spans[spans.index(acked)] = replace(
+        acked, attributes={**acked.attributes, "tidewater.base_offset": 7}
+    )
+    trace = complete(spans)
+    assert (trace.attempts, ms(trace.stages_ns["network"])) == (2, 30 - 2 - 8)
+
+
+def test_every_send_in_one_trace_is_measured() -> None:
+    """Review 25 M3: an application sending several batches inside one span of its own gets
+    one trace holding several sends; only the first was measured, the rest dropped."""
+    first = produce("app", send=(0, 10))
+    second = produce("app", send=(0, 20))
+    report = latency_report(first + second)
+    assert sorted(ms(t.stages_ns[TOTAL]) for t in report.traces) == [10.0, 20.0]
+
+
 def test_acks_1_has_no_replication_wait() -> None:
     trace = complete(produce("d", replication=None, acks=1))
     assert trace.stages_ns["replication"] == 0

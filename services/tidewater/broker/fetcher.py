@@ -166,7 +166,7 @@ class ReplicaFetcher:
 
     def start(self) -> None:
         name = f"fetcher-{self.source.broker_id}-{self.fetcher_id}"
-        self.task = asyncio.create_task(self._run(), name=name)
+        self.task = tracing.detached_task(self._run(), name=name)
 
     def mark_changed(self, tp: TopicPartition) -> None:
         """The partition's position, or whether it can be fetched, may have changed."""

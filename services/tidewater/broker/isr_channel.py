@@ -134,21 +134,23 @@ class AlterIsrChannel:
             result = by_partition.get((proposal.topic, proposal.partition))
             if result is None:
                 results.append((proposal, None, TidewaterError("no answer for the partition")))
-            elif result.error_code != ErrorCode.NONE:
-                error = TidewaterError(result.error_message, result.error_code)
-                tp = (proposal.topic, proposal.partition)
-                log.info("ISR change of %s-%d refused: %s", *tp, error)
-                results.append((proposal, None, error))
-            else:
-                committed = LeaderAndIsr(
-                    leader=result.leader,
-                    leader_epoch=result.leader_epoch,
-                    isr=tuple(result.isr),
-                    replicas=(),
-                    partition_epoch=result.partition_epoch,
-                    elr=tuple(result.eligible_leader_replicas),
-                )
-                results.append((proposal, committed, None))
+                continue
+            # The controller's state of the partition: what it committed, or what it refused
+            # the proposal against (none when it has no such partition).
+            state = LeaderAndIsr(
+                leader=result.leader,
+                leader_epoch=result.leader_epoch,
+                isr=tuple(result.isr),
+                replicas=(),
+                partition_epoch=result.partition_epoch,
+                elr=tuple(result.eligible_leader_replicas),
+            )
+            if result.error_code == ErrorCode.NONE:
+                results.append((proposal, state, None))
+                continue
+            error = TidewaterError(result.error_message, result.error_code)
+            log.info("ISR change of %s-%d refused: %s", proposal.topic, proposal.partition, error)
+            results.append((proposal, state if result.partition_epoch else None, error))
         return results
 
     @staticmethod

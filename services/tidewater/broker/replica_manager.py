@@ -844,7 +844,9 @@ class ReplicaManager:
                 answered[tp] = self._fetch_error(fp, e)
                 continue
             if link is not None:
-                self._replication_waits.follower_fetched(tp, replica_id, fp.fetch_offset, link)
+                self._replication_waits.follower_fetched(
+                    tp, replica_id, fp.fetch_offset, hosted.state.high_watermark, link
+                )
             if outcome.isr_proposal is not None:
                 self.isr_channel.propose(outcome.isr_proposal)
             if outcome.high_watermark_changed:
@@ -1181,7 +1183,8 @@ class ReplicaManager:
         isr_state = state.isr_state
         if state.on_alter_isr_result(proposal, committed, error, self.time_ms()):
             self._partition_changed(tp)
-        if committed is not None and state.isr_state is not isr_state:
+        adopted = error is None and committed is not None and state.isr_state is not isr_state
+        if adopted and state.partition_epoch == committed.partition_epoch:
             # Adopted: not an answer a newer LeaderAndIsr (or leader epoch) superseded.
             log.info("%s-%d: ISR is now %s, ELR %s", *tp, list(committed.isr), list(committed.elr))
         if len(state.isr) < before:

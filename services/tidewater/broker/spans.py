@@ -39,10 +39,10 @@ _NEW_TRACES = tracing.NewTraces()
 
 
 def messaging_attributes(topic: str, partition: int, operation: str) -> dict[str, Any]:
-    """The OTel messaging semantic conventions' attributes of a partition."""
+    """The OTel messaging semantic conventions' attributes of a partition; `operation`:
+    produce or fetch."""
     return {
-        "messaging.system": tracing.MESSAGING_SYSTEM,
-        "messaging.operation.type": operation,
+        **tracing.operation_attributes(operation),
         "messaging.destination.name": topic,
         "messaging.destination.partition.id": str(partition),
     }
@@ -113,7 +113,7 @@ class ProduceTrace(_Traced):
             return None
 
         def attributes() -> dict[str, Any]:
-            made = messaging_attributes(data.topic, data.partition, "send")
+            made = messaging_attributes(data.topic, data.partition, "produce")
             made["tidewater.acks"] = acks
             return made
 
@@ -161,10 +161,19 @@ class ProduceTrace(_Traced):
 
 class ReplicationWait:
     """`replication.wait` of one acks=all batch: from after its append until the HW covers it.
-    Each follower's first fetch that shows it holds the batch becomes a link, in order, so the
-    last link is the follower the ack waited for."""
+    Each follower's first fetch that shows it holds the batch becomes a link, in order, until
+    one moves the HW past it: that one is the follower the ack waited for. When something
+    else moved the HW (the ISR shrank without a lagging follower), none is named (review 25
+    M5: the last follower linked was named, though the ack waited for the one dropped)."""
 
-    __slots__ = ("_followers", "_links", "_produce", "_start_ns", "required_offset")
+    __slots__ = (
+        "_completed_by",
+        "_followers",
+        "_links",
+        "_produce",
+        "_start_ns",
+        "required_offset",
+    )
 
     def __init__(self, produce: ProduceTrace, required_offset: int) -> None:
         self._produce = produce
@@ -172,12 +181,22 @@ class ReplicationWait:
         self._start_ns = time.time_ns()
         self._links: list[Link] = []
         self._followers: list[int] = []
+        self._completed_by: int | None = None
 
     def follower_fetched(
-        self, follower_id: int, fetch_offset: int, fetch: Callable[[], SpanContext]
+        self,
+        follower_id: int,
+        fetch_offset: int,
+        high_watermark: int,
+        fetch: Callable[[], SpanContext],
     ) -> None:
+        """`high_watermark`: the partition's after the fetch."""
+        if self._completed_by is not None:
+            return  # the ack waits no more: later fetches are none of its story
         if fetch_offset >= self.required_offset and follower_id not in self._followers:
             self._followers.append(follower_id)
+            if high_watermark >= self.required_offset:
+                self._completed_by = follower_id
             context = fetch()
             if context.is_valid:  # a follower that does not trace sends no context
                 self._links.append(
@@ -193,8 +212,8 @@ class ReplicationWait:
     def end(self, high_watermark: int, code: int, message: str) -> None:
         attributes, status = outcome(code, message)
         attributes["tidewater.hw"] = high_watermark
-        if self._followers:
-            attributes["tidewater.last_follower_id"] = self._followers[-1]
+        if self._completed_by is not None:
+            attributes["tidewater.last_follower_id"] = self._completed_by
         tracing.record_child(
             self._produce.span,
             "replication.wait",
@@ -254,11 +273,13 @@ class ReplicationWaits:
         tp: TopicPartition,
         follower_id: int,
         fetch_offset: int,
+        high_watermark: int,
         fetch: Callable[[], SpanContext],
     ) -> None:
-        """`fetch`: the fetch's context to link (fetch_link), asked only for a link."""
+        """`fetch`: the fetch's context to link (fetch_link), asked only for a link;
+        `high_watermark`: the partition's after the fetch."""
         for wait in self._waiting.get(tp, ()):
-            wait.follower_fetched(follower_id, fetch_offset, fetch)
+            wait.follower_fetched(follower_id, fetch_offset, high_watermark, fetch)
 
 
 def fetch_link(
@@ -295,15 +316,14 @@ class FetchTrace(_Traced):
 
         def attributes() -> dict[str, Any]:
             made: dict[str, Any] = {
-                "messaging.system": tracing.MESSAGING_SYSTEM,
-                "messaging.operation.type": "receive",
+                **tracing.operation_attributes("fetch"),
                 "tidewater.partitions": len(request.partitions),
             }
             if request.replica_id != CONSUMER_REPLICA_ID:
                 made["tidewater.follower_id"] = request.replica_id
             elif len(request.partitions) == 1:
                 fp = request.partitions[0]
-                made.update(messaging_attributes(fp.topic, fp.partition, "receive"))
+                made.update(messaging_attributes(fp.topic, fp.partition, "fetch"))
             return made
 
         span = tracing.start_span(
@@ -361,6 +381,6 @@ class ReplicaFetchTrace(_Traced):
         return None if span is None else cls(span)
 
     def appended(self, tp: TopicPartition, size: int, start_ns: int) -> None:
-        attributes = messaging_attributes(tp[0], tp[1], "receive")
+        attributes = messaging_attributes(tp[0], tp[1], "fetch")
         attributes["tidewater.bytes"] = size
         tracing.record_child(self.span, "log.append", start_ns, attributes)

@@ -107,9 +107,16 @@ class ProducerBatch:
     )
 
     def __init__(
-        self, tp: TopicPartition, order: int, created: float, done: asyncio.Future[None]
+        self,
+        tp: TopicPartition,
+        order: tuple[int, ...],
+        created: float,
+        done: asyncio.Future[None],
     ) -> None:
         self.tp = tp
+        # Creation order: (n,) for the n-th batch; a split's parts extend their batch's with
+        # 0 and 1, so they sort where it was, ahead of what came after it (its own other part
+        # included: review 24 #1).
         self.order = order
         self.created = created
         self.done: asyncio.Future[None] = done
@@ -146,12 +153,13 @@ class ProducerBatch:
         half = len(self.records) // 2
         loop = self.done.get_loop()
         parts = []
-        for records in (self.records[:half], self.records[half:]):
-            part = ProducerBatch(self.tp, self.order, self.created, loop.create_future())
+        for i, records in enumerate((self.records[:half], self.records[half:])):
+            part = ProducerBatch(self.tp, (*self.order, i), self.created, loop.create_future())
             part.records = records
             part.size = self.size * len(records) // len(self.records)
             part.closed = True
             part.now_ms = self.now_ms  # the records' CreateTime when they carry none
+            part.trace = self.trace.part() if self.trace is not None else None
             parts.append(part)
         self.parts = parts
 
@@ -159,7 +167,10 @@ class ProducerBatch:
             if not self.done.done() and all(part.done.done() for part in parts):
                 failed = next((part.error for part in parts if part.error is not None), None)
                 if self.trace is not None:
-                    self.trace.end(len(self.records), len(self.data or b""), None, failed)
+                    first = self.holding(0)[0].base_offset
+                    size = sum(len(part.data or b"") for part in parts)
+                    offset = first if failed is None and first != UNKNOWN_OFFSET else None
+                    self.trace.end(len(self.records), size, offset, failed)
                 self.done.set_result(None)
 
         for part in parts:
@@ -251,7 +262,7 @@ class RecordAccumulator:
         if batch is None or not self._fits(batch, size):
             if batch is not None:
                 batch.closed = True
-            batch = ProducerBatch(tp, next(self._order), now, self._loop.create_future())
+            batch = ProducerBatch(tp, (next(self._order),), now, self._loop.create_future())
             queue.append(batch)
             self.incomplete.add(batch)
         future = RecordFuture(batch, len(batch.records))

@@ -199,10 +199,7 @@ class Consumer:
         with self._tracer.start_as_current_span(
             "poll",
             kind=SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": tracing.MESSAGING_SYSTEM,
-                "messaging.operation.type": "receive",
-            },
+            attributes=tracing.operation_attributes("poll"),
         ) as span:
             fetched = await self._poll(timeout_ms)
             count = sum(len(records) for records in fetched.values())

@@ -48,6 +48,7 @@ from tidewater.errors import (
 )
 from tidewater.records.batch import Headers, Record
 from tidewater.records.header import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, Compression
+from tidewater.rpc.streams import MAX_IN_FLIGHT_PER_STREAM
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc
@@ -225,7 +226,8 @@ class Producer:
             return
         starting = self._starting
         if starting is None:
-            starting = self._starting = asyncio.create_task(self._start())
+            # Detached: the sender it starts outlives the first send()'s span.
+            starting = self._starting = tracing.detached_task(self._start())
             # Its error is raised to every caller; retrieved here for when all were cancelled.
             starting.add_done_callback(lambda task: task.cancelled() or task.exception())
         try:
@@ -573,6 +575,9 @@ class Producer:
                 self.metadata.request_refresh()
                 wait_s = min(wait_s, config.retry_backoff_s)
                 continue
+            link = self._links.get(leader[1])
+            if link is not None and link.full and leader[1] not in by_leader:
+                continue  # an answer wakes the sender
             batch = queue.popleft()
             if not batch.attempts:
                 self._partitioner.batch_closed(*tp)  # type: ignore[union-attr]
@@ -660,7 +665,10 @@ class Producer:
         producer does not know (a lower value than its batch_size, or records that compressed
         worse than they looked): its records go again in two halves, each split again while
         still too large, down to one record, which fails (Kafka's splitAndReenqueue). The
-        halves count from its creation for delivery_timeout_ms, not from a retry."""
+        halves count from its creation for delivery_timeout_ms, not from a retry, and go
+        ahead of every batch after it. They are new batches, not retries: with more than one
+        request in flight both may be, and without idempotence the second may land first, as
+        with Kafka's producer."""
         assert self._accumulator is not None
         if batch.done.done():  # it expired in flight: its answer only settles its sequence
             if self.config.idempotent:
@@ -670,7 +678,7 @@ class Producer:
         if self.config.idempotent:
             self._sequences.split(batch, parts)
         self._release(batch)
-        for part in parts:  # each goes after the one before: they share the batch's order
+        for part in parts:
             self._accumulator.incomplete.add(part)
             self._used_memory += part.size
             self._accumulator.requeue(part)
@@ -754,6 +762,13 @@ class _BrokerLink:
         self._in_flight: dict[int, tuple[list[ProducerBatch], float]] = {}
         self._outbox: asyncio.Queue[pb.ProduceRequest] | None = None
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def full(self) -> bool:
+        """Whether its stream holds as many requests as a broker reads at once: one more
+        would wait unread there, its deadline running (review 24 #7; the per-partition
+        max_in_flight_requests_per_connection allows more over many partitions)."""
+        return len(self._in_flight) >= MAX_IN_FLIGHT_PER_STREAM
 
     def send(self, batches: list[ProducerBatch]) -> None:
         config = self.producer.config

@@ -33,8 +33,7 @@ class BatchTrace:
             otel_context.get_current(),
             # Made only for a span: most batches are sampled out at a low ratio.
             lambda: {
-                "messaging.system": tracing.MESSAGING_SYSTEM,
-                "messaging.operation.type": "send",
+                **tracing.operation_attributes("send"),
                 "messaging.destination.name": topic,
                 "messaging.destination.partition.id": str(partition),
                 "tidewater.acks": acks,
@@ -43,6 +42,15 @@ class BatchTrace:
             tracer=tracer,
             new_traces=new_traces,
         )
+
+    def part(self) -> BatchTrace:
+        """The trace of one part of this batch split after MESSAGE_TOO_LARGE: its attempts
+        carry this batch's context (their Produce spans are children of this `send`), and it
+        records nothing of its own; this batch's span ends once every part is done (review 25
+        M2: the parts went in no trace, and `send` ended with no offset)."""
+        part = BatchTrace.__new__(BatchTrace)
+        part.tracer, part.carrier, part.span = self.tracer, self.carrier, None
+        return part
 
     def carry(self, trace_context: MutableMapping[str, str]) -> None:
         """Writes the batch's context into an attempt's PartitionProduceData.trace_context.

@@ -51,8 +51,13 @@ class _FanOut:
         )
         self._pending = brokers
         self._failed = 0
+        self._answered: set[int | str] = set()
 
-    def answered(self, ok: bool) -> None:
+    def answered(self, target: int | str, ok: bool) -> None:
+        """`target` answered (once: a worker stopped mid-way may say it again)."""
+        if target in self._answered:
+            return
+        self._answered.add(target)
         self._pending -= 1
         self._failed += not ok
         if not self._pending:
@@ -78,8 +83,16 @@ class BrokerSender:
         self.requests_sent = 0
 
     def reset(self) -> None:
+        """Stop sending (a step-down). The fan-outs still queued or being sent end, failed
+        for the brokers not reached (review 25 L2: their spans were never exported, and the
+        requests' spans pointed at them)."""
         for task in self._workers.values():
             task.cancel()
+        for target, queue in self._queues.items():
+            while not queue.empty():
+                _, fan_out, _ = queue.get_nowait()
+                if fan_out is not None:
+                    fan_out.answered(target, False)
         self._workers.clear()
         self._queues.clear()
         self._metadata_current.clear()
@@ -315,7 +328,7 @@ class BrokerSender:
         queue = self._queues.get(target)
         if queue is None:
             queue = self._queues[target] = asyncio.Queue()
-            self._workers[target] = asyncio.create_task(self._work(target, queue))
+            self._workers[target] = tracing.detached_task(self._work(target, queue))
         queue.put_nowait((request, fan_out, on_answer))
 
     def _address(self, target: int | str) -> str | None:
@@ -327,13 +340,15 @@ class BrokerSender:
     async def _work(self, target: int | str, queue: _Queue) -> None:
         channel: grpc.aio.Channel | None = None
         address = ""
+        sending: _FanOut | None = None
         try:
             while True:
                 request, fan_out, on_answer = await queue.get()
+                sending = fan_out
                 current = self._address(target)
                 if current is None:
                     if fan_out is not None:
-                        fan_out.answered(False)
+                        fan_out.answered(target, False)
                     continue
                 if request is None:
                     self._full_view_queued.discard(current)
@@ -344,7 +359,7 @@ class BrokerSender:
                     # Meant for a previous incarnation: the new one gets its whole state when
                     # unfenced, and would wait behind these retries (review 20 L1).
                     if fan_out is not None:
-                        fan_out.answered(False)
+                        fan_out.answered(target, False)
                     if on_answer is not None:
                         await on_answer(False)
                     continue
@@ -360,12 +375,15 @@ class BrokerSender:
                     # The RPC (and the broker's side of it) is a child of the fan-out.
                     with trace.use_span(fan_out.span):
                         ok = await self._send(target, channel, request)
-                    fan_out.answered(ok)
+                    fan_out.answered(target, ok)
                 if isinstance(target, str):
                     self._track_metadata_service(address, request, ok)
                 if on_answer is not None:
                     await on_answer(ok)
         finally:
+            # Stopped (a step-down) while sending: see reset().
+            if sending is not None:
+                sending.answered(target, False)
             if channel is not None:
                 with contextlib.suppress(Exception):
                     await channel.close()

@@ -534,37 +534,49 @@ class Partition:
     def on_alter_isr_result(
         self,
         proposal: AlterIsrProposal,
-        committed: LeaderAndIsr | None,
+        answer: LeaderAndIsr | None,
         error: TidewaterError | None,
         now_ms: int,
     ) -> bool:
-        """The controller's answer to our proposal (`committed`), its refusal or the failure to
-        get an answer (`error`). Committed: adopt its ISR, ELR and partition epoch. Not
-        applied (ALTER_ISR_NOT_APPLIED): drop the proposal and keep the last committed ISR;
-        the next check proposes again if still needed. The controller's state is newer
-        (ALTER_ISR_STATE_STALE, or committed in another leader epoch): the proposal stays
-        pending, not sent again, until the LeaderAndIsr that brings that state (review 22
-        L1: it was dropped, and the HW counted an ISR without a member the controller had
-        committed). Outcome unknown: the controller may have committed it, so it stays
-        pending (the HW keeps counting the maximal ISR) and awaits_answer says to send it
-        again, until a definite answer (Kafka's AlterPartitionManager). Returns whether the
-        HW moved."""
+        """The controller's answer to our proposal: its state (`answer`: what it committed, or
+        with a refusal, the state it refused against, if it has one) and its refusal, or the
+        failure to get an answer (`error`). Committed: adopt its ISR, ELR and partition epoch.
+        Not applied (ALTER_ISR_NOT_APPLIED): drop the proposal and keep the last committed
+        ISR; the next check proposes again if still needed. The controller's state is newer
+        (ALTER_ISR_STATE_STALE with a newer state or none, or committed in another leader
+        epoch): the proposal stays pending, not sent again, until the LeaderAndIsr that
+        brings that state (review 22 L1: it was dropped, and the HW counted an ISR without a
+        member the controller had committed). Refused against a state no newer than ours, a
+        deposed controller's that has not noticed yet, or outcome unknown: the controller may
+        have committed it, so it stays pending (the HW keeps counting the maximal ISR) and
+        awaits_answer says to send it again, until a definite answer (Kafka's
+        AlterPartitionManager; review 24 #5: it waited for a LeaderAndIsr already applied).
+        Returns whether the HW moved."""
         if not self.awaits_answer(proposal):
             return False  # a newer LeaderAndIsr superseded this proposal
-        stale = committed is not None and committed.leader_epoch != self.leader_epoch
-        if committed is None and error is not None:
+        if error is not None:
             if error.code in ALTER_ISR_NOT_APPLIED:
                 self.isr_state = replace(self.isr_state, proposed=None)
-            stale = error.code in ALTER_ISR_STATE_STALE
-        if stale:
-            self.isr_state = replace(self.isr_state, awaiting_leader_and_isr=True)
-        if committed is None or stale:
+            elif error.code in ALTER_ISR_STATE_STALE and (
+                answer is None or self._newer_than_ours(answer)
+            ):
+                self.isr_state = replace(self.isr_state, awaiting_leader_and_isr=True)
             return False
-        self.isr_state = IsrState(
-            frozenset(committed.isr), committed.partition_epoch, elr=committed.elr
-        )
+        if answer is None:
+            return False
+        if answer.leader_epoch != self.leader_epoch:
+            self.isr_state = replace(self.isr_state, awaiting_leader_and_isr=True)
+            return False
+        self.isr_state = IsrState(frozenset(answer.isr), answer.partition_epoch, elr=answer.elr)
         # An ISR that meets min ISR again comes with its ELR cleared: the HW moves now.
         return self.maybe_increment_high_watermark(now_ms)
+
+    def _newer_than_ours(self, controller_state: LeaderAndIsr) -> bool:
+        """Whether the controller's state is newer than ours."""
+        return (
+            controller_state.leader_epoch > self.leader_epoch
+            or controller_state.partition_epoch > self.partition_epoch
+        )
 
     def awaits_answer(self, proposal: AlterIsrProposal) -> bool:
         """Whether this proposal is the one in flight, with no definite answer yet."""

@@ -50,6 +50,14 @@ _IS_REMOTE = 0x200
 UNSET = Status(StatusCode.UNSET)
 
 
+def _ends_mid_line(path: str | os.PathLike[str]) -> bool:
+    with open(path, "rb") as f:
+        if f.seek(0, os.SEEK_END) == 0:
+            return False
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
 class OtlpJsonFileSpanExporter(SpanExporter):
     """Appends each export as one line to `path` (the BatchSpanProcessor calls it from its
     worker thread; the lock keeps lines whole should anything else call it too)."""
@@ -57,6 +65,10 @@ class OtlpJsonFileSpanExporter(SpanExporter):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open until shutdown
         self._lock = threading.Lock()
+        if _ends_mid_line(path):
+            # A process killed mid-write left a cut line: ours start on a line of their own
+            # (review 25 M6: the first was glued to it, and both were lost).
+            self._file.write("\n")
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:

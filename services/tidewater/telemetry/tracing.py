@@ -16,7 +16,9 @@ application has installed a tracer provider (`client_tracer()`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import re
@@ -24,10 +26,10 @@ import time
 import traceback
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from random import getrandbits
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import grpc
 from opentelemetry import propagate, trace
@@ -65,6 +67,7 @@ from tidewater.telemetry.otlp_file import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # True once setup() installed a provider in this process.
 ENABLED = False
@@ -210,6 +213,28 @@ def client_tracer(provider: trace.TracerProvider | None = None) -> Tracer | None
 
 
 # -- spans of the services ----------------------------------------------------------------
+
+
+# The operation type (OTel's messaging semantic conventions) of each operation name.
+OPERATION_TYPES = {"produce": "send", "fetch": "receive", "send": "send", "poll": "receive"}
+
+
+def operation_attributes(name: str) -> dict[str, Any]:
+    """messaging.system and the operation's name and type (semantic conventions 1.27+, which
+    require the name; review 25 L3)."""
+    return {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.name": name,
+        "messaging.operation.type": OPERATION_TYPES[name],
+    }
+
+
+def detached_task(coro: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+    """A long-lived task (a sender's, a fetcher's) outside the trace its creator is in: created
+    in a span (the heartbeat that unfenced a broker, a LeaderAndIsr, the first send()), it
+    would make every span of its later work that span's child, long after it ended (review 25
+    M1). Its own spans start new traces, or follow what it carries in its requests."""
+    return asyncio.get_running_loop().create_task(coro, name=name, context=contextvars.Context())
 
 
 @contextlib.contextmanager

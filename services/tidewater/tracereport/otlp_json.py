@@ -53,8 +53,9 @@ class Span:
 class TraceFiles:
     spans: list[Span]
     files: list[Path]
-    # Last lines cut short, as when a process was killed while writing.
-    truncated_lines: int
+    # Lines that are not whole trace lines, left out: cut short, as when a process was killed
+    # while writing (and a restart appended after it).
+    damaged_lines: int
 
 
 def trace_file_paths(paths: Iterable[Path]) -> list[Path]:
@@ -76,10 +77,12 @@ def trace_file_paths(paths: Iterable[Path]) -> list[Path]:
 def read_trace_files(paths: Iterable[Path]) -> TraceFiles:
     files = trace_file_paths(paths)
     spans: dict[tuple[str, str], Span] = {}
-    truncated = 0
+    damaged = 0
     for path in files:
         with path.open("rb") as f:
             lines = f.read().split(b"\n")
+        first_error: TraceFileError | None = None
+        whole = 0
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -87,14 +90,20 @@ def read_trace_files(paths: Iterable[Path]) -> TraceFiles:
                 request = json.loads(line)
                 batch = list(parse_request(request))
             except (ValueError, TypeError, KeyError, AttributeError) as e:
-                if number == len(lines):  # no newline after it: the writer died mid-line
-                    truncated += 1
-                    continue
-                raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace line: {e}") from e
+                # A writer killed mid-line leaves it cut short; one restarted on the same file
+                # appends after it (review 25 M6: the whole report failed).
+                damaged += 1
+                first_error = first_error or TraceFileError(
+                    f"{path}:{number}: not an OTLP/JSON trace line: {e}"
+                )
+                continue
+            whole += 1
             for span in batch:
                 # The same file given twice, or in a directory and by name, counts once.
                 spans.setdefault((span.trace_id, span.span_id), span)
-    return TraceFiles(list(spans.values()), files, truncated)
+        if first_error is not None and not whole:
+            raise first_error  # not a trace file at all
+    return TraceFiles(list(spans.values()), files, damaged)
 
 
 def parse_request(request: Mapping[str, Any]) -> Iterator[Span]:

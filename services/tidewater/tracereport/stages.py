@@ -104,13 +104,13 @@ def latency_report(spans: Iterable[Span]) -> LatencyReport:
     skipped: Counter[Skip] = Counter()
     failed = 0
     for trace_spans in by_trace.values():
-        outcome = produce_trace(trace_spans)
-        if isinstance(outcome, ProduceTrace):
-            traces.append(outcome)
-        elif isinstance(outcome, Skip):
-            skipped[outcome] += 1
-        elif isinstance(outcome, FailedSend):
-            failed += 1
+        for outcome in produce_traces(trace_spans):
+            if isinstance(outcome, ProduceTrace):
+                traces.append(outcome)
+            elif isinstance(outcome, Skip):
+                skipped[outcome] += 1
+            else:
+                failed += 1
     traces.sort(key=lambda t: t.stages_ns[TOTAL])
     followers = Counter(t.last_follower_id for t in traces if t.last_follower_id is not None)
     return LatencyReport(
@@ -123,15 +123,29 @@ def latency_report(spans: Iterable[Span]) -> LatencyReport:
     )
 
 
-def produce_trace(spans: Sequence[Span]) -> ProduceTrace | FailedSend | Skip | None:
-    """One trace's stages; a Skip when spans are missing; None for a trace that is not a
-    produce (fetches, the controller)."""
+def produce_traces(spans: Sequence[Span]) -> list[ProduceTrace | FailedSend | Skip]:
+    """The stages of each batch sent in one trace (one, unless the application sent several
+    batches inside one span of its own: review 25 M3, all but the first were dropped); a
+    Skip when spans are missing; none for a trace without produces (fetches, the
+    controller)."""
     children: dict[str, list[Span]] = defaultdict(list)
     for span in spans:
         children[span.parent_span_id].append(span)
-    send = next((s for s in spans if s.kind == PRODUCER and s.name.startswith("send ")), None)
-    if send is None:
-        return Skip.NO_SEND if any(_is_produce(s) for s in spans) else None
+    sends = [s for s in spans if s.kind == PRODUCER and s.name.startswith("send ")]
+    if not sends:
+        return [Skip.NO_SEND] if any(_is_produce(s) for s in spans) else []
+    return [_produce_trace(send, children) for send in sends]
+
+
+def produce_trace(spans: Sequence[Span]) -> ProduceTrace | FailedSend | Skip | None:
+    """The stages of a trace holding one batch's send (or None: no produce in it)."""
+    outcomes = produce_traces(spans)
+    return outcomes[0] if outcomes else None
+
+
+def _produce_trace(
+    send: Span, children: Mapping[str, list[Span]]
+) -> ProduceTrace | FailedSend | Skip:
     if send.status_code == STATUS_ERROR:
         return FailedSend(send.trace_id)
     batch_wait = _child(children, send, "batch.wait")
@@ -140,8 +154,8 @@ def produce_trace(spans: Sequence[Span]) -> ProduceTrace | FailedSend | Skip | N
     attempts = [s for s in children[send.span_id] if _is_produce(s)]
     if not attempts:
         return Skip.NO_PRODUCE
-    produce = max(attempts, key=lambda s: s.start_ns)
-    if produce.status_code == STATUS_ERROR:  # the send succeeded: its last attempt is elsewhere
+    produce = _acked_attempt(send, attempts)
+    if produce is None:  # the send succeeded: its acked attempt is elsewhere
         return Skip.NO_ACKED_PRODUCE
     append = _child(children, produce, "log.append")
     if append is None:
@@ -169,6 +183,17 @@ def produce_trace(spans: Sequence[Span]) -> ProduceTrace | FailedSend | Skip | N
         stages_ns=stages,
         last_follower_id=last_follower if isinstance(last_follower, int) else None,
     )
+
+
+def _acked_attempt(send: Span, attempts: Sequence[Span]) -> Span | None:
+    """The attempt that acked the batch: one without an error at the offset `send` ended
+    with (the first part's, for a batch split after MESSAGE_TOO_LARGE), else the latest
+    without an error. Not simply the latest: a retry went to another leader, whose clock may
+    be behind the first's (review 25 M4)."""
+    acked = [s for s in attempts if s.status_code != STATUS_ERROR]
+    offset = send.attributes.get("tidewater.base_offset")
+    at_offset = [s for s in acked if s.attributes.get("tidewater.base_offset") == offset]
+    return max(at_offset or acked, key=lambda s: s.start_ns, default=None)
 
 
 def _is_produce(span: Span) -> bool:

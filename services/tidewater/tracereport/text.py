@@ -16,8 +16,8 @@ def plural(count: int, noun: str) -> str:
 
 def render_text(report: LatencyReport, source: TraceFiles) -> str:
     read = f"read {plural(len(source.files), 'trace file')}: {plural(len(source.spans), 'span')}"
-    if source.truncated_lines:
-        read += f" ({plural(source.truncated_lines, 'cut-off last line')} left out)"
+    if source.damaged_lines:
+        read += f" ({plural(source.damaged_lines, 'damaged line')} left out)"
     lines = [read]
     acks = Counter(ACKS_NAMES.get(t.acks, str(t.acks)) for t in report.traces)
     lines.append(

@@ -18,6 +18,7 @@ from tidewater.client.producer import Producer
 from tidewater.errors import CorruptMessage, OffsetOutOfRange, TidewaterError
 from tidewater.local.tcp_proxy import LinkMode, TcpProxy
 from tidewater.local.wait import eventually
+from tidewater.metadata.server import MetadataServer
 from tidewater.records.batch import Record, build_batch
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -706,3 +707,81 @@ async def test_a_seek_to_that_fails_leaves_an_earlier_one_in_flight_to_be_answer
         assert consumer.position(t1) == 0
     finally:
         await consumer.close()
+
+
+async def test_a_partition_with_a_backlog_does_not_hold_back_the_others_of_its_leader(
+    cluster: Cluster,
+) -> None:
+    """Review 26 M1: p0 and p3 share leader 1; p0 has a backlog larger than a fetch. The
+    broker fills a fetch in request order, and p0 came first every time: p3 got nothing
+    until p0 was read to its end. Each partition gets its max_partition_fetch_bytes of a
+    fetch now, and one that returned records goes last in the next (Kafka's
+    movePartitionToEnd)."""
+    await cluster.create_topic("backlog", partitions=4)  # p0 and p3 led by broker 1
+    async with Producer(cluster.bootstrap, linger_ms=0, batch_size=1) as producer:
+        for _ in range(60):
+            await producer.send("backlog", b"x" * 1000, partition=0)
+        for _ in range(3):
+            await producer.send("backlog", b"y" * 1000, partition=3)
+        await producer.flush()
+    async with Consumer(
+        cluster.bootstrap, auto_offset_reset="earliest", fetch_max_bytes=3000
+    ) as consumer:
+        consumer.assign([("backlog", 0), ("backlog", 3)])
+        order: list[int] = []
+        async with asyncio.timeout(30):
+            while 3 not in order:
+                for tp, records in (await consumer.poll_partitions(1000)).items():
+                    order += [tp[1]] * len(records)
+    assert order.index(3) <= 3, order
+
+
+async def test_a_poll_waiting_when_the_consumer_closes_ends_with_consumer_closed(
+    cluster: Cluster,
+) -> None:
+    """Review 26 M2: a poll another task was in went on after close(): it sent new fetches on
+    channels it opened again, and ended with a bare CancelledError."""
+    await cluster.create_topic("closing", partitions=3)
+    consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=200)
+    consumer.assign([("closing", p) for p in range(3)])
+    polling = asyncio.create_task(consumer.poll(3000))
+    await eventually(lambda: consumer._fetching.in_flight, 10)
+    await consumer.close()
+    with pytest.raises(ConsumerClosed):
+        await asyncio.wait_for(polling, 10)
+    assert not consumer._fetching.in_flight and not consumer.metadata._channels
+
+
+async def test_a_consumer_moves_off_a_metadata_service_that_stopped_hearing_the_controller(
+    cluster: Cluster,
+) -> None:
+    """Review 26 M3: the first metadata service named answers but has not heard from the
+    controller since t-0's leader died; the consumer asked it first at every refresh and
+    got nothing for good. A refresh a failure asked for that changes nothing moves on to
+    the next service."""
+    await cluster.create_topic("stale", partitions=1)  # led by broker 1
+    stale = MetadataServer("127.0.0.1:0")
+    await stale.start()
+    fresh, cluster.metadata = cluster.metadata, stale
+    await cluster.publish()  # the stale service's only view
+    cluster.metadata = fresh
+    try:
+        consumer = Consumer(
+            [stale.address, fresh.address], auto_offset_reset="earliest", fetch_max_wait_ms=100
+        )
+        async with consumer:
+            consumer.assign([("stale", 0)])
+            await consumer.poll(500)
+            await cluster.brokers[1].stop(0)
+            del cluster.controller.brokers[1]
+            await cluster.controller.elect("stale", 0, leader=2, isr=[2, 3])
+            await cluster.publish()
+            async with Producer(cluster.bootstrap) as producer:
+                await producer.send_and_wait("stale", b"after", partition=0)
+            got: list[Any] = []
+            async with asyncio.timeout(20):
+                while not got:
+                    got += await consumer.poll(500)
+        assert [r.value for r in got] == [b"after"]
+    finally:
+        await stale.stop(0)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
+
+import pytest
 
 from tests.client.cluster import Cluster
+from tidewater.client.errors import ConsumerClosed
 from tidewater.client.sync import Consumer, Producer
+from tidewater.errors import InvalidConfig
 
 
 async def test_blocking_producer_and_consumer_round_trip(cluster: Cluster) -> None:
@@ -53,3 +59,44 @@ def test_a_closed_facade_leaves_no_file_descriptor_open() -> None:
     for _ in range(20):
         Consumer(["127.0.0.1:1"]).close()
     assert len(os.listdir("/proc/self/fd")) <= before + 2
+
+
+async def test_a_blocking_poll_in_another_thread_ends_when_the_consumer_closes(
+    cluster: Cluster,
+) -> None:
+    """Review 26 M2: close() stopped the loop under a poll another thread was in, which then
+    waited for good. It ends with ConsumerClosed; so does any call after close(), and a
+    second close() does nothing."""
+
+    def run() -> tuple[bool, BaseException | None]:
+        consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest")
+        consumer.assign([("nosuchtopic", 0)])
+        raised: list[BaseException] = []
+
+        def poll() -> None:
+            try:
+                consumer.poll(5000)
+            except BaseException as e:
+                raised.append(e)
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        time.sleep(0.3)  # the poll is waiting (if not yet, it starts closed: same outcome)
+        consumer.close()
+        poller.join(10)
+        consumer.close()
+        with pytest.raises(ConsumerClosed):
+            consumer.poll(100)
+        return poller.is_alive(), raised[0] if raised else None
+
+    alive, raised = await asyncio.to_thread(run)
+    assert not alive
+    assert isinstance(raised, ConsumerClosed), raised
+
+
+def test_a_facade_whose_client_refuses_its_config_leaves_no_thread() -> None:
+    before = threading.active_count()
+    for _ in range(3):
+        with pytest.raises(InvalidConfig):
+            Consumer(["127.0.0.1:1"], auto_offset_reset="sometimes")
+    assert threading.active_count() == before

@@ -58,6 +58,7 @@ class Consumer:
         fetch_min_bytes: int = 1,
         fetch_max_wait_ms: int = 500,
         fetch_max_bytes: int = 50 * 1024 * 1024,
+        max_partition_fetch_bytes: int = 1024 * 1024,
         request_timeout_ms: int = 30000,
         retry_backoff_ms: int = 100,
         metadata_max_age_ms: int = 300_000,
@@ -70,12 +71,20 @@ class Consumer:
             )
         if fetch_min_bytes < 0 or fetch_max_wait_ms < 0 or fetch_max_bytes < 1:
             raise InvalidConfig("fetch sizes and waits must not be negative")
+        if max_partition_fetch_bytes < 1:
+            raise InvalidConfig(
+                f"max_partition_fetch_bytes must be >= 1, got {max_partition_fetch_bytes}"
+            )
         if metadata_max_age_ms < 0:
             raise InvalidConfig(f"metadata_max_age_ms must be >= 0, got {metadata_max_age_ms}")
         self.auto_offset_reset = auto_offset_reset
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_max_bytes = fetch_max_bytes
+        # Each partition's share of a fetch (Kafka's max.partition.fetch.bytes; at least one
+        # batch whatever its size), so one with a backlog does not take a leader's whole
+        # fetch_max_bytes from the others (review 26 M1).
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
         self.request_timeout_s = request_timeout_ms / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.metadata = ClusterMetadata(
@@ -213,6 +222,9 @@ class Consumer:
         self._raise_error()
         kinds = (self._resetting, self._validating, self._fetching)
         while True:
+            # close() from another task ends a poll waiting on its requests, the metadata or
+            # a backoff (review 26 M2: it sent new requests, on channels it opened again).
+            self._check_open()
             self._send_requests()
             pending = [call.answer for kind in kinds for call in kind.in_flight.values()]
             if not pending:
@@ -616,6 +628,7 @@ class Consumer:
                     # positions with OffsetForLeaderEpoch instead).
                     last_fetched_epoch=-1,
                     log_start_offset=-1,
+                    partition_max_bytes=self.max_partition_fetch_bytes,
                     # The id the position was taken under: a broker holding another topic of
                     # this name answers UNKNOWN_TOPIC_ID, never the other topic's records.
                     topic_id=self._topic_ids.get(tp, b""),
@@ -678,6 +691,9 @@ class Consumer:
             if records:  # the position's epoch: that of the last record's batch
                 position = FetchPosition(offset, records[-1].leader_epoch, position.current_leader)
                 self._move(tp, position)
+                # Last in the next fetches (Kafka's movePartitionToEnd): the broker fills a
+                # fetch in request order, and the first partitions would take it every time.
+                self._positions[tp] = self._positions.pop(tp)
         return fetched
 
     def _fetch_out_of_range(self, tp: TopicPartition, offset: int, reason: str) -> None:

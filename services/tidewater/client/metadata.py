@@ -119,7 +119,13 @@ class ClusterMetadata:
         await asyncio.sleep(delay)
         # On failure the next stale answer asks again.
         with contextlib.suppress(MetadataUnavailable):
+            before = dict(self.partitions)
             await self._fetch(sorted(self._wanted))
+            if self.partitions == before and len(self.addresses) > 1:
+                # A broker said the view is stale and this service's answer changed nothing:
+                # it may have stopped hearing from the controller; the next refresh asks
+                # another (review 26 M3: a stale one was asked first for good).
+                self._current = (self._current + 1) % len(self.addresses)
 
     def _keep_fresh(self) -> None:
         """Start the background refresh by age, with the first use of the cache."""

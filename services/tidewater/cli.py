@@ -21,7 +21,7 @@ from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed
 from tidewater.telemetry import tracing
 from tidewater.tools import bench, consume, produce, topics
-from tidewater.tools.options import UsageError, at_least, key_value
+from tidewater.tools.options import INTERRUPTED_EXIT, UsageError, at_least, key_value
 from tidewater.tracereport import ReportError
 
 # A usage error: a missing or unknown flag, or a flag value the command cannot take.
@@ -45,10 +45,28 @@ def min_insync_replicas(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def etcd_endpoints(text: str) -> str:
+    """An argparse type: comma-separated host:port entries (review 27 L2: a traceback)."""
+    endpoints = [entry.strip() for entry in text.split(",") if entry.strip()]
+    for endpoint in endpoints:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"expected host:port entries, got {endpoint!r}")
+    if not endpoints:
+        raise argparse.ArgumentTypeError("expected at least one host:port")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     """The whole command line (deploy/'s tests hold the systemd units' ExecStart to it)."""
     tidewater = _Parser(prog="tidewater", description=__doc__)
-    tidewater.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    tidewater.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+        default="INFO",
+        help="logging level (default INFO)",
+    )
     commands = tidewater.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     # The services take their flags as written (allow_abbrev=False): a flag in a unit file or
@@ -88,12 +106,20 @@ def parser() -> argparse.ArgumentParser:
         "that is 0.0.0.0)",
     )
     controller.add_argument(
-        "--etcd", default="127.0.0.1:2379", help="etcd endpoints, comma-separated host:port"
+        "--etcd",
+        type=etcd_endpoints,
+        default="127.0.0.1:2379",
+        help="etcd endpoints, comma-separated host:port",
     )
     controller.add_argument("--cluster", default="default", help="cluster name (etcd prefix)")
-    controller.add_argument("--lease-ttl", type=int, default=5, help="election lease TTL, s")
     controller.add_argument(
-        "--broker-session-timeout-ms", type=int, default=6000, help="broker.session.timeout.ms"
+        "--lease-ttl", type=at_least(1), default=5, help="election lease TTL, s"
+    )
+    controller.add_argument(
+        "--broker-session-timeout-ms",
+        type=at_least(1),
+        default=6000,
+        help="broker.session.timeout.ms",
     )
     controller.add_argument(
         "--leader-imbalance-check-interval-s",
@@ -124,7 +150,7 @@ def parser() -> argparse.ArgumentParser:
     for service in (broker, controller, metadata):
         service.add_argument(
             "--metrics-port",
-            type=int,
+            type=at_least(0, 65535),
             help="serve Prometheus metrics on http://HOST:PORT/metrics, HOST as the service "
             "listens (0: any free port; default: no metrics)",
         )
@@ -240,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tidewater: {e.code().name}: {_one_line(e.details() or '')}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED_EXIT
     finally:
         tracing.shutdown()
     raise AssertionError(args.command)

@@ -447,6 +447,16 @@ BENCH_PRODUCE = ["bench", "produce", "--topic", "t", "--num-records", "10", "--r
         (["topics", "list", "--bootstrap", "localhost"], "HOST:PORT, got 'localhost'"),
         (["topics", "alter-configs", "--topic", "t"], "needs --set KEY=VALUE or --delete KEY"),
         (["cluster", "up", "--brokers", "0"], "argument --brokers"),
+        # Review 27 L1-L3, L6: tracebacks, or accepted and harmful.
+        (["metadata", "--metrics-port", "99999"], "argument --metrics-port"),
+        (["controller", "--controller-id", "1", "--etcd", "nohost"], "argument --etcd"),
+        (["controller", "--controller-id", "1", "--etcd", ","], "argument --etcd"),
+        (["controller", "--controller-id", "1", "--lease-ttl", "0"], "argument --lease-ttl"),
+        (
+            ["controller", "--controller-id", "1", "--broker-session-timeout-ms", "0"],
+            "argument --broker-session-timeout-ms",
+        ),
+        (["--log-level", "bogus", "topics", "list"], "argument --log-level"),
     ],
 )
 def test_invalid_flag_values_are_usage_errors(args: list[str], expected: str) -> None:
@@ -511,3 +521,58 @@ def test_no_cluster_and_unanswering_metadata_addresses_fail_within_the_deadline(
         ):
             stderr = fails(*command, "--bootstrap", address, "--request-timeout-ms", "1000")
             assert f"no metadata service answered within 1s: {address}: DEADLINE" in stderr
+
+
+def test_a_second_supervisor_on_one_data_dir_is_refused(tmp_path: Path) -> None:
+    """Review 27 M2: two `cluster up` at once on one data dir both started; the one that
+    failed deleted the other's cluster.json, which then ran untracked."""
+    from tidewater.local.cluster import ClusterError, _hold_data_dir
+
+    held = _hold_data_dir(tmp_path)
+    try:
+        with pytest.raises(ClusterError, match="another `tidewater cluster up`"):
+            _hold_data_dir(tmp_path)
+    finally:
+        os.close(held)
+
+
+def test_ctrl_c_while_a_detached_cluster_starts_stops_it(tmp_path: Path) -> None:
+    """Review 27 M1: Ctrl-C reached `cluster up --detach`, not its supervisor in a session of
+    its own: the command exited 130 and the cluster came up in the background all the same."""
+    data_dir = tmp_path / "c"
+    command = ["cluster", "up", "--detach", "--data-dir", str(data_dir)]
+    starting = subprocess.Popen(
+        [sys.executable, "-m", "tidewater", *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (data_dir / "cluster.json").exists():  # the supervisor is starting them
+            assert time.monotonic() < deadline and starting.poll() is None
+            time.sleep(0.05)
+        starting.send_signal(signal.SIGINT)
+        assert starting.wait(COMMAND_TIMEOUT_S) == 130
+        deadline = time.monotonic() + 60
+        while running_from(data_dir):
+            assert time.monotonic() < deadline, f"still running: {running_from(data_dir)}"
+            time.sleep(0.1)
+    finally:
+        starting.kill()
+        kill_recorded(data_dir)
+        for pid in running_from(data_dir):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running_from(data_dir: Path) -> list[int]:
+    """The processes whose command line names `data_dir` (the supervisor, etcd, brokers)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                command = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if str(data_dir).encode() in command:
+                found.append(int(proc.name))
+    return found

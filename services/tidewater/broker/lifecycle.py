@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 from tidewater.broker import background
@@ -66,6 +67,8 @@ class BrokerLifecycle:
         # broker stops with it (run_broker).
         self.refusal: InvalidConfig | None = None
         self.refused = asyncio.Event()
+        # When the controller stopped answering, while it does not.
+        self._unavailable_since: float | None = None
 
     async def run(self) -> None:
         await background.every(self._interval_s, self._round, "broker-heartbeat", at_once=True)
@@ -78,7 +81,18 @@ class BrokerLifecycle:
                 await self._register()
             await self._heartbeat()
         except ControllerUnavailable as e:
-            log.info("controller unavailable: %s", e)
+            # Once per outage at WARNING, as the controller logs etcd's (review 27 L5: two
+            # INFO lines a second for as long as it lasted).
+            if self._unavailable_since is None:
+                self._unavailable_since = time.monotonic()
+                log.warning("controller unavailable: %s", e)
+            else:
+                log.debug("controller unavailable: %s", e)
+            return
+        if self._unavailable_since is not None:
+            down_s = time.monotonic() - self._unavailable_since
+            self._unavailable_since = None
+            log.warning("controller answers again (after %.1f s)", down_s)
 
     async def _register(self) -> None:
         response = await self._controller.call(

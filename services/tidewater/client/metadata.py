@@ -148,7 +148,7 @@ class ClusterMetadata:
         return await self._fetch(topics)
 
     async def _fetch(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
-        errors: list[tuple[str, grpc.StatusCode]] = []
+        errors: list[tuple[str, grpc.StatusCode, str]] = []
         for _ in range(len(self.addresses)):
             address = self.addresses[self._current]
             stub = metadata_pb2_grpc.MetadataServiceStub(self._channel(address))
@@ -158,7 +158,7 @@ class ClusterMetadata:
                     timeout=self.request_timeout_s,
                 )
             except grpc.aio.AioRpcError as e:
-                errors.append((address, e.code()))
+                errors.append((address, e.code(), e.details() or ""))
                 self._current = (self._current + 1) % len(self.addresses)
                 continue
             self._last_refresh = self._last_view = time.monotonic()
@@ -167,11 +167,12 @@ class ClusterMetadata:
         self._last_refresh = time.monotonic()
         # "within Ns" only when the deadline is what ran out: a refused connection fails at
         # once, and saying it took the deadline would mislead.
-        timed_out = all(code == grpc.StatusCode.DEADLINE_EXCEEDED for _, code in errors)
+        timed_out = all(code == grpc.StatusCode.DEADLINE_EXCEEDED for _, code, _ in errors)
         within = f" within {self.request_timeout_s:g}s" if timed_out else ""
         raise MetadataUnavailable(
             f"no metadata service answered{within}: "
-            + ", ".join(f"{address}: {code.name}" for address, code in errors)
+            # With the service's reason: one without a view yet says so (review 27 L4).
+            + ", ".join(_failure(address, code, details) for address, code, details in errors)
         )
 
     def _apply(self, response: metadata_pb2.GetMetadataResponse) -> None:
@@ -260,3 +261,12 @@ class ClusterMetadata:
         for channel in self._channels.values():
             await channel.close()
         self._channels.clear()
+
+
+def _failure(address: str, code: grpc.StatusCode, details: str) -> str:
+    """How one metadata address failed; gRPC's own texts for a refused connection or a
+    deadline say nothing the code does not."""
+    said = details if details and code != grpc.StatusCode.DEADLINE_EXCEEDED else ""
+    if said.startswith(("failed to connect", "Deadline Exceeded")):
+        said = ""
+    return f"{address}: {code.name}" + (f" ({said})" if said else "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -333,7 +334,9 @@ class LocalCluster:
                 if proc_role == role:
                     proc.stop(STOP_TIMEOUT_S)
         self.etcd.stop(STOP_TIMEOUT_S)
-        (self.data_dir / CLUSTER_FILE).unlink(missing_ok=True)
+        state = ClusterFile.read(self.data_dir)
+        if state is not None and state.supervisor_pid == os.getpid():
+            state.path.unlink(missing_ok=True)
 
 
 # -- health --------------------------------------------------------------------------------
@@ -474,7 +477,24 @@ def cluster_up(
     return _up_foreground(data_dir, brokers, ready_file, trace)
 
 
+def _hold_data_dir(data_dir: Path) -> int:
+    """An exclusive lock on the data dir for this supervisor's life (its descriptor, kept
+    open): review 27 M2, two `cluster up` at once on one dir both started, and the one that
+    failed deleted the other's cluster.json on its way out, leaving it running untracked."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(data_dir / "cluster.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise ClusterError(
+            f"another `tidewater cluster up` is starting or running a cluster from {data_dir}"
+        ) from None
+    return descriptor
+
+
 def _up_foreground(data_dir: Path, brokers: int, ready_file: Path | None, trace: bool) -> int:
+    _hold_data_dir(data_dir)
     cluster = LocalCluster(data_dir, brokers, trace)
     _stop_on(KeyboardInterrupt)
     try:
@@ -506,13 +526,14 @@ def _up_foreground(data_dir: Path, brokers: int, ready_file: Path | None, trace:
 
 
 def _stop_on(exception: type[BaseException] | None) -> None:
-    """SIGTERM and SIGINT raise `exception` (None: ignore them)."""
+    """SIGTERM, SIGINT and SIGHUP (its terminal closed: review 27 M3, the processes ran on
+    untracked) raise `exception` (None: ignore them)."""
 
     def handle(signum: int, frame: object) -> None:
         assert exception is not None
         raise exception
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, handle if exception is not None else signal.SIG_IGN)
 
 
@@ -535,9 +556,18 @@ def _up_detached(data_dir: Path, brokers: int, trace: bool) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    if not _wait_for(
-        lambda: ready_file.exists() or supervisor.poll() is not None, START_TIMEOUT_S + 30
-    ):
+    try:
+        started = _wait_for(
+            lambda: ready_file.exists() or supervisor.poll() is not None, START_TIMEOUT_S + 30
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C reaches this process, not the supervisor in its session: it stops what it
+        # started (review 27 M1: the cluster came up in the background all the same).
+        supervisor.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            supervisor.wait(STOP_TIMEOUT_S * 4)
+        raise
+    if not started:
         supervisor.terminate()
     if not ready_file.exists():
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -14,15 +14,23 @@ from pathlib import Path
 from tidewater.client import Admin, Consumer, Producer
 from tidewater.local.cluster import ClusterFile, describe
 from tidewater.stats import percentile
+from tidewater.tools.options import INTERRUPTED_EXIT
 
 TOPIC = "demo"
 PARTITIONS = 3
 
 
 def _cli(*args: str, quiet: bool = False) -> None:
-    """`quiet`: its output not shown (errors are: they go to stderr)."""
+    """`quiet`: its output not shown (errors are: they go to stderr). Ctrl-C, which the
+    command got too and acted on (`cluster up` stops what it started), is the demo's."""
     stdout = subprocess.DEVNULL if quiet else None
-    subprocess.run([sys.executable, "-m", "tidewater", *args], check=True, stdout=stdout)
+    command = [sys.executable, "-m", "tidewater", *args]
+    try:
+        subprocess.run(command, check=True, stdout=stdout)
+    except subprocess.CalledProcessError as e:
+        if e.returncode == INTERRUPTED_EXIT:
+            raise KeyboardInterrupt from None  # review 27 M1: a traceback
+        raise
 
 
 async def run_demo(records: int, data_dir: Path | None) -> int:

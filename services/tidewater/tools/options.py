@@ -20,6 +20,8 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 BOOTSTRAP_ENV = "TIDEWATER_BOOTSTRAP"
 DEFAULT_REQUEST_TIMEOUT_MS = 10_000
+# The exit status of a command Ctrl-C stopped (the shells' 128 + SIGINT).
+INTERRUPTED_EXIT = 130
 
 
 class NoCluster(ClientError):
@@ -38,16 +40,18 @@ def key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum, else a usage error naming the flag."""
+def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum (and <= maximum), else a usage error naming
+    the flag."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            wanted = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"expected an integer {wanted}, got {text!r}")
         return value
 
     return parse

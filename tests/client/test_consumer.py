@@ -785,3 +785,29 @@ async def test_a_consumer_moves_off_a_metadata_service_that_stopped_hearing_the_
         assert [r.value for r in got] == [b"after"]
     finally:
         await stale.stop(0)
+
+
+async def test_lag_knows_no_high_watermark_of_a_topic_recreated_or_a_partition_reassigned() -> None:
+    """Review 26 L3: lag() went on with the deleted topic's HW (against the new topic's
+    position from 0) until the first fetch came back, and with an unassigned partition's HW
+    once it was assigned again."""
+    consumer = Consumer(["127.0.0.1:1"])
+    tp = ("t", 0)
+    try:
+        consumer.assign([tp])
+        consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"old-id")
+        consumer._check_topic_id(tp)
+        consumer._positions[tp] = FetchPosition(3)
+        consumer._high_watermarks[tp] = 10
+        assert consumer.lag(tp) == 7
+        consumer.metadata.topics["t"] = TopicInfo(ErrorCode.NONE, "", 1, b"new-id")
+        consumer._check_topic_id(tp)
+        consumer._positions[tp] = FetchPosition(0)
+        assert consumer.lag(tp) is None
+        consumer._high_watermarks[tp] = 10
+        consumer.assign([])
+        consumer.assign([tp])
+        consumer._positions[tp] = FetchPosition(0)
+        assert consumer.lag(tp) is None
+    finally:
+        await consumer.close()

@@ -151,6 +151,10 @@ class Consumer:
         self._topic_ids = {tp: i for tp, i in self._topic_ids.items() if tp in wanted}
         self._retry_at = {tp: t for tp, t in self._retry_at.items() if tp in wanted}
         self._sought = {tp: call for tp, call in self._sought.items() if tp in wanted}
+        # An unassigned partition's HW is no longer followed: lag() knows none until a fetch.
+        self._high_watermarks = {
+            tp: hw for tp, hw in self._high_watermarks.items() if tp in self._positions
+        }
         self.metadata.add_topics(topic for topic, _ in wanted)
 
     def assignment(self) -> list[TopicPartition]:
@@ -323,6 +327,8 @@ class Consumer:
             )
             self._set_position(tp, None)
         self._topic_ids[tp] = topic_id
+        # The old topic's: lag() knows none for the new one until a fetch (review 26 L3).
+        self._high_watermarks.pop(tp, None)
 
     async def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         while True:

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 from tidewater.client import Admin, Consumer, Producer
+from tidewater.errors import TidewaterError
 from tidewater.local.cluster import ClusterFile, describe
 from tidewater.stats import percentile
 from tidewater.tools.options import INTERRUPTED_EXIT
+from tidewater.v1.errors_pb2 import ErrorCode
 
 TOPIC = "demo"
 PARTITIONS = 3
@@ -45,28 +47,45 @@ async def run_demo(records: int, data_dir: Path | None) -> int:
             bootstrap = [m.address for m in state.find("metadata")]
             controllers = [m.address for m in state.find("controller")]
             async with Admin(controllers, bootstrap) as admin:
-                await admin.create_topic(
-                    TOPIC,
-                    partitions=PARTITIONS,
-                    replication_factor=3,
-                    configs={"min.insync.replicas": "2"},
-                )
-            print(f"created topic {TOPIC}: {PARTITIONS} partitions, replication factor 3")
-            await _produce(bootstrap, records)
-            await _consume(bootstrap, records)
+                topic = await _create_topic(admin)
+            print(f"created topic {topic}: {PARTITIONS} partitions, replication factor 3")
+            await _produce(bootstrap, topic, records)
+            await _consume(bootstrap, topic, records)
         finally:
             _cli("cluster", "down", "--data-dir", str(root))
     return 0
 
 
-async def _produce(bootstrap: list[str], total: int) -> None:
+async def _create_topic(admin: Admin) -> str:
+    """`demo`, or in a data dir kept from an earlier run, `demo-2`, `demo-3`, ... (review 27
+    L7: the second run failed on TOPIC_ALREADY_EXISTS)."""
+    for n in range(1, 1000):
+        topic = TOPIC if n == 1 else f"{TOPIC}-{n}"
+        try:
+            await admin.create_topic(
+                topic,
+                partitions=PARTITIONS,
+                replication_factor=3,
+                configs={"min.insync.replicas": "2"},
+            )
+        except TidewaterError as e:
+            if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                raise
+            continue
+        return topic
+    raise TidewaterError(
+        f"topics {TOPIC} to {TOPIC}-999 exist already", ErrorCode.TOPIC_ALREADY_EXISTS
+    )
+
+
+async def _produce(bootstrap: list[str], topic: str, total: int) -> None:
     latencies: list[float] = []
     started = time.perf_counter()
     async with Producer(bootstrap, acks=-1, linger_ms=5, compression="zstd") as producer:
         futures = []
         for i in range(total):
             sent = time.perf_counter()
-            future = await producer.send(TOPIC, f"record {i}".encode(), key=str(i).encode())
+            future = await producer.send(topic, f"record {i}".encode(), key=str(i).encode())
             future.add_done_callback(
                 lambda _, sent=sent: latencies.append(time.perf_counter() - sent)
             )
@@ -91,11 +110,11 @@ async def _produce(bootstrap: list[str], total: int) -> None:
     )
 
 
-async def _consume(bootstrap: list[str], total: int) -> None:
+async def _consume(bootstrap: list[str], topic: str, total: int) -> None:
     values: set[bytes] = set()
     started = time.perf_counter()
     async with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
-        consumer.assign([(TOPIC, p) for p in range(PARTITIONS)])
+        consumer.assign([(topic, p) for p in range(PARTITIONS)])
         deadline = time.monotonic() + 60
         while len(values) < total and time.monotonic() < deadline:
             values.update(r.value for r in await consumer.poll(500) if r.value is not None)

@@ -354,6 +354,23 @@ def test_a_partition_that_never_had_a_leader_starts_as_a_new_one_once_a_replica_
     assert (change.after.leader_epoch, change.unclean) == (1, False)
 
 
+def test_a_partition_that_never_led_stays_so_through_a_reassignment() -> None:
+    """Review 24 #6: reassigned while leaderless, its leader epoch moved off 0 and it was no
+    longer taken for never led: offline for good without unclean election."""
+    m = model(fenced=(1, 2, 3))
+    m.brokers[4] = BrokerState(4, "127.0.0.1", 9004, "", "x", epoch=4, fenced=True)
+    m.topics["n"] = TopicState("n", {}, {0: (1, 2)})
+    (created,) = changes_for_unrecorded_partitions(m, EPOCH)
+    m.partitions[("n", 0)] = created.after
+    step = start_reassignment(m, ("n", 0), (3, 4), EPOCH)
+    assert step.change.after.leader_epoch == 0
+    m.partitions[("n", 0)] = step.change.after
+    m.topics["n"].assignment[0] = step.replicas
+    m.brokers[4].fenced = False
+    (change,) = [c for c in changes_for_offline_partitions(m, EPOCH) if c.tp == ("n", 0)]
+    assert (change.after.leader, change.after.leader_epoch, change.unclean) == (4, 1, False)
+
+
 def test_new_partitions_start_with_the_first_usable_replica_leading() -> None:
     changes = initial_partition_records({0: (3, 1, 2), 1: (1, 2, 3)}, "n", {1, 2}, EPOCH)
     assert [(c.after.leader, c.after.isr, c.before) for c in changes] == [

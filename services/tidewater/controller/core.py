@@ -459,7 +459,11 @@ def start_reassignment(
                 f"committed record, would remain a replica of {list(replicas)}",
                 ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
             )
-        after, unclean = kept.with_(leader_epoch=record.leader_epoch + 1), False
+        # A partition that never led stays so (its epoch 0 says it, for its election once a
+        # replica is usable: review 24 #6); every other change moves the epoch.
+        never_led = record.leader_epoch == 0 and not holders
+        after = kept if never_led else kept.with_(leader_epoch=record.leader_epoch + 1)
+        unclean = False
     else:
         try:
             result = offline_partition_leader(

@@ -576,3 +576,23 @@ def running_from(data_dir: Path) -> list[int]:
             if str(data_dir).encode() in command:
                 found.append(int(proc.name))
     return found
+
+
+def test_a_cluster_recorded_but_not_running_is_said_so(tmp_path: Path) -> None:
+    """Review 27 L8: after a reboot, client commands said no metadata service answered at
+    the recorded address, and `cluster down` said it stopped 2 processes that were gone."""
+    from tidewater.local.cluster import ClusterFile, Member
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    pid = int(gone.stdout)  # exited: no process has it now (pids are not reused this soon)
+    members = (Member("metadata", 1, "127.0.0.1:2", pid), Member("broker", 1, "127.0.0.1:3", pid))
+    ClusterFile(tmp_path, pid, members).write()
+    listed = tidewater("topics", "list", "--data-dir", str(tmp_path))
+    assert listed.returncode == 1
+    assert f"the local cluster recorded in {tmp_path} is not running" in listed.stderr
+    down = tidewater("cluster", "down", "--data-dir", str(tmp_path))
+    assert down.returncode == 0
+    assert "was not running; its record is removed" in down.stdout
+    assert not (tmp_path / "cluster.json").exists()

@@ -411,10 +411,13 @@ async def wait_healthy(
 
 def _running_cluster(data_dir: Path) -> ClusterFile | None:
     state = ClusterFile.read(data_dir)
-    if state is None:
-        return None
+    return state if state is not None and is_running(state) else None
+
+
+def is_running(state: ClusterFile) -> bool:
+    """Whether any process the cluster file names still runs."""
     pids = [state.supervisor_pid, *(m.pid for m in state.members)]
-    return state if any(pid_alive(p) and _is_ours(p) for p in pids) else None
+    return any(pid_alive(p) and _is_ours(p) for p in pids)
 
 
 def _is_ours(pid: int) -> bool:
@@ -597,6 +600,10 @@ def cluster_down(data_dir: Path) -> int:
     state = ClusterFile.read(data_dir)
     if state is None:
         print(f"no cluster recorded in {data_dir}")
+        return 0
+    if not is_running(state):
+        state.path.unlink(missing_ok=True)
+        print(f"the cluster recorded in {data_dir} was not running; its record is removed")
         return 0
     # The supervisor stops its children in order; whatever outlives it is stopped here.
     if pid_alive(state.supervisor_pid) and _is_ours(state.supervisor_pid):

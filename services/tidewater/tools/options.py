@@ -86,7 +86,7 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
 
 def bootstrap(args: argparse.Namespace) -> list[str]:
     """The metadata service addresses to use, by the rules in this module's docstring."""
-    from tidewater.local.cluster import ClusterFile, default_data_dir
+    from tidewater.local.cluster import ClusterFile, default_data_dir, is_running
 
     if args.bootstrap:
         return args.bootstrap
@@ -99,6 +99,13 @@ def bootstrap(args: argparse.Namespace) -> list[str]:
         raise NoCluster(
             f"no cluster to talk to: pass --bootstrap HOST:PORT, set {BOOTSTRAP_ENV}, or "
             f"start a local one with `tidewater cluster up` (none recorded in {data_dir})"
+        )
+    if not is_running(state):
+        # A machine restarted, say: its addresses would only fail as unreachable (review 27
+        # L8).
+        raise NoCluster(
+            f"the local cluster recorded in {data_dir} is not running: `tidewater cluster up "
+            f"--data-dir {data_dir}` starts it again (or pass --bootstrap HOST:PORT)"
         )
     return [m.address for m in state.find("metadata")]
 

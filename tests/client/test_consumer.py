@@ -811,3 +811,32 @@ async def test_lag_knows_no_high_watermark_of_a_topic_recreated_or_a_partition_r
         assert consumer.lag(tp) is None
     finally:
         await consumer.close()
+
+
+async def test_a_partition_moved_off_a_silent_leader_is_fetched_from_the_new_one_at_once(
+    cluster: Cluster,
+) -> None:
+    """Review 26 L4: a fetch to the old leader, which went silent (its host swallows
+    everything), held the partition: none went to the new leader until the old one's call
+    timed out (request_timeout_ms). A request stale for the partition (its position moved to
+    the new leader) holds it no more, as Kafka's consumer waits only on the current leader."""
+    await cluster.create_topic("moving", partitions=1)  # led by broker 1
+    async with TcpProxy(cluster.brokers[1].address) as proxy:
+        cluster.advertised[1] = proxy.address  # for clients: replicas talk directly
+        await cluster.publish()
+        async with Consumer(
+            cluster.bootstrap,
+            auto_offset_reset="earliest",
+            request_timeout_ms=LONG_POLL_MS,
+            fetch_max_wait_ms=LONG_POLL_MS,
+        ) as consumer:
+            consumer.assign([("moving", 0)])
+            async with asyncio.timeout(DEADLINE_S):  # the position found, a long poll out
+                while not consumer._fetching.in_flight:
+                    await consumer.poll(100)
+            proxy.set_mode(LinkMode.BLACKHOLE)
+            await cluster.move_leader("moving", 0, leader=2)
+            async with Producer(cluster.bootstrap, enable_idempotence=False) as producer:
+                await producer.send_and_wait("moving", b"on 2", partition=0)
+            consumer.metadata.request_refresh()
+            assert await poll_until(consumer, 1) == [(0, b"on 2")]

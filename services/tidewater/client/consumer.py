@@ -241,8 +241,11 @@ class Consumer:
                     return fetched
                 await self.metadata.refreshed(min(remaining, self.retry_backoff_s))
                 continue
+            # A refresh under way wakes it too: a partition whose leader moved is asked of
+            # the new one at once, not once the old one answers (review 26 L4).
+            refreshing = self.metadata.refreshing
             await asyncio.wait(
-                pending,
+                pending if refreshing is None else [*pending, refreshing],
                 timeout=max(deadline - loop.time(), 0),
                 return_when=asyncio.FIRST_COMPLETED,
             )
@@ -746,9 +749,17 @@ class _PerLeader(Generic[_Sent, _Answer]):
 
     def send(self, leaders: dict[TopicPartition, str], partitions: list[TopicPartition]) -> None:
         """One request to each leader of `partitions` (`leaders`: their addresses) that has
-        none in flight, of those not in one already (a leader that moved under a partition
-        has it back only once the request to the old one is answered)."""
-        busy = {tp for call in self.in_flight.values() for tp in call.sent}
+        none in flight, of those not in one already. A request whose answer is stale for a
+        partition (its position moved since: to a new leader, say) does not hold it: its new
+        leader gets it at once, where before it waited for the old one's answer, up to
+        request_timeout_ms when that host went silent (review 26 L4); the stale answer is
+        left out for it (answered())."""
+        busy = {
+            tp
+            for call in self.in_flight.values()
+            for tp in call.sent
+            if call.generations.get(tp) == self.generation(tp)
+        }
         by_leader: dict[str, list[TopicPartition]] = {}
         for tp in partitions:
             address = leaders[tp]

@@ -106,6 +106,12 @@ class ClusterMetadata:
         delay = max(0.0, self._last_refresh + self.retry_backoff_s - time.monotonic())
         self._refreshing = asyncio.ensure_future(self._delayed_fetch(delay))
 
+    @property
+    def refreshing(self) -> asyncio.Future[object] | None:
+        """The refresh under way, if any."""
+        refreshing = self._refreshing
+        return refreshing if refreshing is not None and not refreshing.done() else None
+
     async def refreshed(self, timeout_s: float) -> None:
         """Wait until the refresh under way ends, for at most `timeout_s` (all of it when
         none is under way); its failure is not raised."""

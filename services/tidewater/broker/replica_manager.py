@@ -321,7 +321,7 @@ class ReplicaManager:
 
     async def stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         async with self._control_lock:
-            return self._stop_replica(request)
+            return await self._stop_replica(request)
 
     def _stop_partitions(self, tps: list[TopicPartition]) -> None:
         """Stop replicating and serving these partitions (their logs stay)."""
@@ -333,25 +333,25 @@ class ReplicaManager:
                 # Leadership is gone: waiting produces and fetches answer now.
                 self._partition_changed(tp)
 
-    def _stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
+    async def _stop_replica(self, request: pb.StopReplicaRequest) -> pb.StopReplicaResponse:
         try:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
             return pb.StopReplicaResponse(error_code=e.code, error_message=e.message)
         self.controller_epoch = request.controller_epoch
         response = pb.StopReplicaResponse()
-        deleted = False
+        deleting = []
         for sp in request.partitions:
             tp = (sp.topic, sp.partition)
             self._stop_partitions([tp])
             if sp.delete_partition and self.log_manager.get_log(*tp) is not None:
-                self.log_manager.delete_log(*tp)
+                deleting.append(tp)
                 self._checkpointed_hws.pop(tp, None)
-                deleted = True
             response.partition_errors.append(
                 common_pb2.PartitionError(topic=sp.topic, partition=sp.partition)
             )
-        if deleted:
+        if deleting:
+            await self.log_manager.delete_logs(deleting)
             # Likewise its HW: a new log of the partition starts at min(checkpoint, LEO).
             self.checkpoint_high_watermarks()
         return response

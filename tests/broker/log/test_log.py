@@ -1595,11 +1595,12 @@ def test_leader_epochs_past_the_recovered_end_are_forgotten(
     assert reopened.leader_epoch_cache.epoch_entries == [EpochEntry(1, 0)]
 
 
-def test_delete_removes_the_directory(
+def test_a_log_renamed_for_deletion_is_out_of_the_way(
     open_log: OpenLog, make_batch: MakeBatch, log_dir: Path
 ) -> None:
     log = open_log()
     fill(log, make_batch, 2)
-    log.delete()
+    renamed = log.rename_for_deletion()
     assert not log_dir.exists()
-    assert list(log_dir.parent.iterdir()) == []
+    assert list(log_dir.parent.iterdir()) == [renamed]
+    assert renamed.name.startswith(f"{log_dir.name}.") and renamed.name.endswith("-delete")

@@ -16,6 +16,7 @@ from unittest.mock import patch
 import pytest
 
 from tests.broker.log.clock import Clock
+from tidewater.broker.log import manager as manager_mod
 from tidewater.broker.log.checkpoints import EpochEntry, LeaderEpochCheckpoint, OffsetCheckpoint
 from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.log import FlushJob, Log
@@ -60,15 +61,13 @@ def append(manager: LogManager, make_batch: MakeBatch, topic: str, partition: in
         )
 
 
-def test_new_partitions_go_to_the_emptiest_log_dir(
+async def test_new_partitions_go_to_the_emptiest_log_dir(
     managers: Callable[..., LogManager], dirs: list[Path]
 ) -> None:
     manager = managers()
     placed = [manager.get_or_create_log("t", p, SMALL).dir.parent for p in range(6)]
     assert placed.count(dirs[0]) == placed.count(dirs[1]) == 3
-    manager.delete_log("t", 0)
-    manager.delete_log("t", 2)
-    manager.delete_log("t", 4)
+    await manager.delete_logs([("t", 0), ("t", 2), ("t", 4)])
     fresh = {manager.get_or_create_log("u", p, SMALL).dir.parent for p in range(3)}
     assert fresh == {placed[0]}
     assert manager.get_or_create_log("t", 1, SMALL) is manager.get_log("t", 1)
@@ -233,6 +232,7 @@ CRASHING_BROKER = """
 import os, sys
 from pathlib import Path
 from tidewater.broker.log.config import LogConfig
+from tidewater.broker.log import manager as manager_mod
 from tidewater.broker.log.log import FlushJob, Log
 from tidewater.broker.log.manager import LogManager
 from tidewater.records.batch import Record, build_batch
@@ -375,39 +375,70 @@ def test_corrupt_recovery_checkpoint_means_full_recovery(
     assert restarted.get_log("t", 0).log_end_offset == 20
 
 
-def test_delete_log_removes_it_for_good(
+async def test_delete_log_removes_it_for_good(
     managers: Callable[..., LogManager], make_batch: MakeBatch, dirs: list[Path]
 ) -> None:
     manager = managers()
     append(manager, make_batch, "t", 0, 3)
     append(manager, make_batch, "t", 1, 3)
     partition_dir = manager.get_log("t", 0).dir
-    manager.delete_log("t", 0)
+    await manager.delete_logs([("t", 0)])
     assert not partition_dir.exists()
+    assert not list(partition_dir.parent.glob("t-0*"))
     assert manager.get_log("t", 0) is None
     with pytest.raises(UnknownTopicOrPartition):
-        manager.delete_log("t", 0)
+        await manager.delete_logs([("t", 0)])
     manager.shutdown()
     restarted = managers()
     assert restarted.get_log("t", 0) is None
     assert restarted.get_log("t", 1).log_end_offset == 6
 
 
-def test_a_deleted_logs_recovery_point_leaves_the_checkpoint_at_once(
-    managers: Callable[..., LogManager], make_batch: MakeBatch
+async def test_a_deleted_logs_recovery_point_leaves_the_checkpoint_before_its_files(
+    managers: Callable[..., LogManager], make_batch: MakeBatch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Kafka's asyncDelete checkpoints right away: a crash before the next periodic
     checkpoint must not hand the deleted log's recovery point to a new log of the partition
-    (its unsynced records below that point would be trusted without a CRC check)."""
+    (its unsynced records below that point would be trusted without a CRC check). Before the
+    files go, too (review 28 #1: a crash while a large log was removed kept it)."""
     manager = managers()
     append(manager, make_batch, "t", 0, 10)
     append(manager, make_batch, "t", 1, 3)
     manager.get_log("t", 0).flush()
     manager.checkpoint_recovery_points()
     log_dir = manager.get_log("t", 0).dir.parent
-    assert OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()[("t", 0)] == 20
-    manager.delete_log("t", 0)
+    checkpoint = OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT)
+    assert checkpoint.read()[("t", 0)] == 20
+    seen_while_removing: list[bool] = []
+    monkeypatch.setattr(
+        manager_mod,
+        "_remove_tree",
+        lambda path: seen_while_removing.append(("t", 0) in checkpoint.read()),
+    )
+    await manager.delete_logs([("t", 0)])
+    assert seen_while_removing == [False]
+    assert ("t", 0) not in checkpoint.read()
+
+
+def test_a_start_drops_the_checkpointed_offsets_of_logs_no_longer_there(
+    managers: Callable[..., LogManager], make_batch: MakeBatch
+) -> None:
+    """Review 28 #1: a crash after a log was renamed for deletion (or stray) and before
+    the checkpoints were rewritten kept its recovery point and log start there, for a new log
+    of the partition to inherit: its first records hidden, its unsynced ones trusted. The
+    start rewrites the checkpoints of what it did not load."""
+    manager = managers()
+    append(manager, make_batch, "t", 0, 10)
+    manager.get_log("t", 0).flush()
+    manager.checkpoint_recovery_points()
+    lg = manager.get_log("t", 0)
+    log_dir = lg.dir.parent
+    lg.rename_for_deletion()  # and a crash
+    manager.shutdown()
+    assert ("t", 0) in OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()
+    restarted = managers()
     assert ("t", 0) not in OffsetCheckpoint(log_dir / RECOVERY_POINT_CHECKPOINT).read()
+    assert restarted.get_or_create_log("t", 0, SMALL).log_start_offset == 0
 
 
 def test_start_finishes_interrupted_deletions_and_skips_strangers(
@@ -624,3 +655,31 @@ async def test_the_background_tasks_delete_a_stray_log_when_its_delay_is_over(
         with contextlib.suppress(asyncio.CancelledError):
             await background
         manager.shutdown()
+
+
+async def test_deleting_many_logs_lets_the_event_loop_run_between_them(
+    managers: Callable[..., LogManager],
+) -> None:
+    """Review 28 #2: a StopReplica deleting a topic of thousands of partitions held the event
+    loop (rename, fsyncs, checkpoint rewrites and the files' removal, each log in turn) past
+    the broker's session timeout. It yields between logs, rewrites each dir's checkpoints
+    once, and removes the files on a worker thread."""
+    manager = managers()
+    tps = [("t", p) for p in range(20)]
+    for tp in tps:
+        manager.get_or_create_log(*tp, SMALL)
+    turns = 0
+
+    async def ticking() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(ticking())
+    await asyncio.sleep(0)
+    started = turns
+    await manager.delete_logs(tps)
+    ticker.cancel()
+    assert turns - started >= len(tps)
+    assert manager.local_logs() == set()

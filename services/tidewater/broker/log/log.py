@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -843,10 +842,11 @@ class Log:
             segment.close()
 
     @reports_io_failures
-    def delete(self) -> None:
-        """Remove the log from disk: renamed away first, so a crash midway leaves a directory
-        that the next start removes rather than a half-deleted log."""
-        shutil.rmtree(self._close_and_rename(DELETE_DIR_SUFFIX))
+    @reports_io_failures
+    def rename_for_deletion(self) -> Path:
+        """Close the log and rename its directory `<topic>-<partition>.<id>-delete`, which the
+        next start removes rather than load a half-deleted log; the caller removes it."""
+        return self._close_and_rename(DELETE_DIR_SUFFIX)
 
     @reports_io_failures
     def rename_stray(self) -> Path:

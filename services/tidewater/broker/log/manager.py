@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, KeysView, Mapping
+from collections.abc import Callable, Iterable, KeysView, Mapping
 from pathlib import Path
 
 from tidewater.broker import background
@@ -191,6 +191,11 @@ class LogManager:
             # could be a deleted topic's, and without its id would be taken for the new one.
             loaded.topic_id = read_partition_metadata(child)
         log.info("%s: loaded %d logs", log_dir, len(self._partitions_in[log_dir]))
+        named = set(recovery_points) | set(log_starts)
+        if named - self._partitions_in[log_dir]:
+            # Offsets of logs deleted, or renamed stray, before a crash let the checkpoints
+            # be rewritten: a new log of the partition would inherit them (review 28 #1).
+            self._checkpoint_offsets(log_dir)
 
     def _add(self, tp: TopicPartition, lg: Log) -> None:
         lg.flush_in_background = self._flush_in_background
@@ -232,16 +237,28 @@ class LogManager:
         lg.topic_id = topic_id
         log.info("log %s has topic id %s", lg.name, topic_id_text(topic_id))
 
-    def delete_log(self, topic: str, partition: int) -> None:
-        doomed = self._require(topic, partition)
-        doomed.delete()
-        del self._logs[(topic, partition)]
-        self._partitions_in[doomed.dir.parent].discard((topic, partition))
-        # At once, as Kafka's asyncDelete: a recovery point or log start left in the
-        # checkpoints would apply, after a crash, to a new log of the partition, skipping its
-        # recovery or hiding its first records.
-        self._checkpoint_offsets(doomed.dir.parent)
-        log.info("deleted log %s-%d", topic, partition)
+    async def delete_logs(self, partitions: Iterable[TopicPartition]) -> None:
+        """Delete these logs (StopReplica with delete): each renamed out of the way (a crash
+        then leaves a directory the next start removes), their log dirs' checkpoints
+        rewritten at once, as Kafka's asyncDelete (a recovery point or log start left there
+        would apply, after a crash, to a new log of the partition, skipping its recovery or
+        hiding its first records), and only then the files removed, on a worker thread.
+        Yields between logs, and checkpoints each dir once: a topic of thousands of
+        partitions held the event loop past the broker's session (review 28 #2), and the
+        removal before the checkpoint left a crash window as long as it took (review 28 #1)."""
+        doomed: list[tuple[TopicPartition, Path]] = []
+        for topic, partition in partitions:
+            await asyncio.sleep(0)
+            lg = self._require(topic, partition)
+            doomed.append(((topic, partition), lg.rename_for_deletion()))
+            del self._logs[(topic, partition)]
+            self._partitions_in[lg.dir.parent].discard((topic, partition))
+        for log_dir in {path.parent for _, path in doomed}:
+            self._checkpoint_offsets(log_dir)
+        for (topic, partition), path in doomed:
+            with guarded(self.dir_failures, path.parent):
+                await asyncio.to_thread(_remove_tree, path)
+            log.info("deleted log %s-%d", topic, partition)
 
     def local_logs(self) -> KeysView[TopicPartition]:
         return self._logs.keys()

@@ -333,19 +333,25 @@ class Controller:
                 in_grace=self.in_grace,
             )
             broker.fenced = True
-            await self.commit_and_send(changes)
-        # Offline now: the metadata services show it so, where it led or followed nothing.
-        self.sender.update_metadata([])
+            self._announce_brokers(await self.commit_and_send(changes))
 
     async def begin_shutdown(self, broker: BrokerState) -> None:
         """Kafka's controlled shutdown: the broker leaves the ISRs and its leaderships move
         to other ISR members, while it serves until it stops (and shows live in metadata,
         marked in_controlled_shutdown: leaders let it into no ISR)."""
         broker.shutting_down = True
-        await self.commit_and_send(
-            changes_for_controlled_shutdown(self.model, broker.broker_id, self.epoch)
+        self._announce_brokers(
+            await self.commit_and_send(
+                changes_for_controlled_shutdown(self.model, broker.broker_id, self.epoch)
+            )
         )
-        self.sender.update_metadata([])
+
+    def _announce_brokers(self, committed: list[PartitionChange]) -> None:
+        """A broker's liveness changed: every broker and metadata service learns it, where
+        no change committed for it carried the new list (one where it led or followed
+        nothing: it would have shown live, or usable, for good)."""
+        if not committed:
+            self.sender.update_metadata([])
 
     async def unfence(self, broker: BrokerState) -> None:
         log.info("broker %d is alive (epoch %d)", broker.broker_id, broker.epoch)

@@ -136,7 +136,7 @@ def check_timestamps(
     # 24 #4: the batch was refused).
     if (lowest != NO_TIMESTAMP and lowest < earliest) or header.max_timestamp > latest:
         raise InvalidTimestamp(
-            f"record timestamps {first + deltas.lowest}..{header.max_timestamp} are not all "
+            f"record timestamps {lowest}..{header.max_timestamp} are not all "
             f"within [{earliest}, {latest}]: at most message.timestamp.before.max.ms "
             f"({bounds.before_max_ms}) before the broker's clock ({bounds.now_ms}) and "
             f"message.timestamp.after.max.ms ({bounds.after_max_ms}) after it"

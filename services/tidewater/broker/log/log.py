@@ -842,7 +842,6 @@ class Log:
             segment.close()
 
     @reports_io_failures
-    @reports_io_failures
     def rename_for_deletion(self) -> Path:
         """Close the log and rename its directory `<topic>-<partition>.<id>-delete`, which the
         next start removes rather than load a half-deleted log; the caller removes it."""

@@ -21,7 +21,13 @@ from tidewater.errors import InvalidConfig, TidewaterError
 from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed
 from tidewater.telemetry import tracing
 from tidewater.tools import bench, consume, produce, topics
-from tidewater.tools.options import INTERRUPTED_EXIT, UsageError, at_least, key_value
+from tidewater.tools.options import (
+    INTERRUPTED_EXIT,
+    UsageError,
+    at_least,
+    key_value,
+    parse_addresses,
+)
 from tidewater.tracereport import ReportError
 
 # A usage error: a missing or unknown flag, or a flag value the command cannot take.
@@ -47,11 +53,10 @@ def min_insync_replicas(text: str) -> int:
 
 def etcd_endpoints(text: str) -> str:
     """An argparse type: comma-separated host:port entries (review 27 L2: a traceback)."""
-    endpoints = [entry.strip() for entry in text.split(",") if entry.strip()]
-    for endpoint in endpoints:
-        host, sep, port = endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise argparse.ArgumentTypeError(f"expected host:port entries, got {endpoint!r}")
+    try:
+        endpoints = parse_addresses(text, "an etcd endpoint")
+    except InvalidConfig as e:
+        raise argparse.ArgumentTypeError(e.message) from None
     if not endpoints:
         raise argparse.ArgumentTypeError("expected at least one host:port")
     return text

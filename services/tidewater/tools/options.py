@@ -110,12 +110,13 @@ def bootstrap(args: argparse.Namespace) -> list[str]:
     return [m.address for m in state.find("metadata")]
 
 
-def parse_addresses(text: str) -> list[str]:
+def parse_addresses(text: str, what: str = "bootstrap address") -> list[str]:
+    """Comma-separated HOST:PORT entries; InvalidConfig names `what` a bad one is."""
     addresses = [a.strip() for a in text.split(",") if a.strip()]
     for address in addresses:
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidConfig(f"bootstrap address must be HOST:PORT, got {address!r}")
+            raise InvalidConfig(f"{what} must be HOST:PORT, got {address!r}")
     return addresses
 
 

@@ -18,7 +18,7 @@ from tidewater.broker.controller_client import ControllerUnavailable
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.client.errors import ClientError
 from tidewater.errors import InvalidConfig, TidewaterError
-from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed
+from tidewater.rpc.address import LISTEN_FAILED_EXIT, ListenFailed, parse_addresses
 from tidewater.telemetry import tracing
 from tidewater.tools import bench, consume, produce, topics
 from tidewater.tools.options import (
@@ -26,7 +26,6 @@ from tidewater.tools.options import (
     UsageError,
     at_least,
     key_value,
-    parse_addresses,
 )
 from tidewater.tracereport import ReportError
 

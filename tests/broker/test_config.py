@@ -49,6 +49,14 @@ def test_toml_file_with_kafka_names_and_overrides(tmp_path: Path) -> None:
             {"broker.id": 1, "log.dirs": "/a", "fetch.max.bytes": 128 << 20},
             "fetch.max.bytes must be from 1024 to",
         ),
+        (
+            {"broker.id": 1, "log.dirs": "/a", "controllers": "127.0.0.1:9093,127.0.0.1:70000"},
+            "controllers must be HOST:PORT, got '127.0.0.1:70000'",
+        ),
+        (
+            {"broker.id": 1, "log.dirs": "/a", "controllers": ["127.0.0.1:0"]},
+            "controllers must be HOST:PORT, got '127.0.0.1:0'",
+        ),
     ],
 )
 def test_bad_broker_config(props: dict[str, object], message: str) -> None:

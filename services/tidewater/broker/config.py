@@ -21,7 +21,7 @@ from typing import Any
 
 from tidewater.broker.log.manager import FILE_DELETE_DELAY_MS
 from tidewater.errors import InvalidConfig
-from tidewater.rpc.address import HostPort, listen_and_advertised, published
+from tidewater.rpc.address import HostPort, listen_and_advertised, parse_addresses, published
 from tidewater.rpc.server import MAX_MESSAGE_BYTES
 
 # Broker-level defaults for topic configs, under Kafka's broker names → the topic config name.
@@ -157,7 +157,7 @@ class BrokerConfig:
             port=bind.port,
             topic_defaults=topic_defaults,
             **integers,
-            controllers=_addresses(remaining.pop("controllers", ())),
+            controllers=_controllers(remaining.pop("controllers", ())),
             rack=str(remaining.pop("broker.rack", "")),
             advertised=advertised,
         )
@@ -191,12 +191,7 @@ def load_properties(path: Path | None, overrides: Mapping[str, Any]) -> dict[str
     return props
 
 
-def _addresses(raw: Any) -> tuple[str, ...]:
-    """ "h:p,h:p" or a list → ("h:p", ...); InvalidConfig on anything else."""
-    items = raw.split(",") if isinstance(raw, str) else list(raw)
-    addresses = tuple(str(item).strip() for item in items if str(item).strip())
-    for address in addresses:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise InvalidConfig(f"controllers must be host:port entries, got {address!r}")
-    return addresses
+def _controllers(raw: Any) -> tuple[str, ...]:
+    """ "h:p,h:p" (the flag) or a TOML list → ("h:p", ...)."""
+    text = raw if isinstance(raw, str) else ",".join(str(item) for item in raw)
+    return tuple(parse_addresses(text, "controllers"))

@@ -62,6 +62,17 @@ def parse_listener(text: str, setting: str) -> HostPort:
     return HostPort(host, int(port))
 
 
+def parse_addresses(text: str, what: str = "bootstrap address") -> list[str]:
+    """Comma-separated HOST:PORT entries, addresses to dial; InvalidConfig names `what` a bad
+    one is."""
+    addresses = [a.strip() for a in text.split(",") if a.strip()]
+    for address in addresses:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidConfig(f"{what} must be HOST:PORT, got {address!r}")
+    return addresses
+
+
 def listen_and_advertised(
     listen: str, advertised: str, listen_setting: str, advertised_setting: str
 ) -> tuple[HostPort, HostPort | None]:

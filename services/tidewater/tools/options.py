@@ -16,6 +16,7 @@ from pathlib import Path
 from tidewater.client.errors import ClientError, error_for
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.errors import InvalidConfig
+from tidewater.rpc.address import parse_addresses
 from tidewater.v1.errors_pb2 import ErrorCode
 
 BOOTSTRAP_ENV = "TIDEWATER_BOOTSTRAP"
@@ -108,16 +109,6 @@ def bootstrap(args: argparse.Namespace) -> list[str]:
             f"--data-dir {data_dir}` starts it again (or pass --bootstrap HOST:PORT)"
         )
     return [m.address for m in state.find("metadata")]
-
-
-def parse_addresses(text: str, what: str = "bootstrap address") -> list[str]:
-    """Comma-separated HOST:PORT entries; InvalidConfig names `what` a bad one is."""
-    addresses = [a.strip() for a in text.split(",") if a.strip()]
-    for address in addresses:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidConfig(f"{what} must be HOST:PORT, got {address!r}")
-    return addresses
 
 
 def bootstrap_arg(text: str) -> list[str]:

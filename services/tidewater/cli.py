@@ -141,6 +141,12 @@ def parser() -> argparse.ArgumentParser:
         help="min.insync.replicas of topics without their own, for eligible leader replicas "
         "(default %(default)s, the brokers' default): set it to the brokers' value",
     )
+    controller.add_argument(
+        "--default-replication-factor",
+        type=at_least(1),
+        help="default.replication.factor of topics created without one (default: 3, or the "
+        "number of brokers that ever registered where fewer)",
+    )
     controller.add_argument("--ready-file", type=Path, help="write the bound address here")
 
     metadata = commands.add_parser("metadata", help="run a metadata service", allow_abbrev=False)
@@ -237,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.metrics_port,
                     args.advertised_address,
                     args.min_insync_replicas,
+                    args.default_replication_factor,
                 )
             )
             return 0

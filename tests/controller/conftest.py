@@ -69,6 +69,7 @@ async def run_controller() -> AsyncIterator[RunController]:
         port: int = 1,
         min_insync_replicas: int = 1,
         metadata_addresses: Sequence[str] = (),
+        default_replication_factor: int | None = None,
     ) -> tuple[Controller, asyncio.Task[None]]:
         controller = Controller(
             ControllerConfig(
@@ -80,6 +81,7 @@ async def run_controller() -> AsyncIterator[RunController]:
                 session_check_interval_ms=50,
                 min_insync_replicas=min_insync_replicas,
                 metadata_addresses=tuple(metadata_addresses),
+                default_replication_factor=default_replication_factor,
             ),
             store,
             monotonic_ms,

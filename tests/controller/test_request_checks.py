@@ -125,3 +125,80 @@ async def test_a_second_process_with_a_live_brokers_id_is_refused_until_its_sess
     await controller.fence(controller.model.brokers[1], "its session expired")
     after_expiry = await register("d")
     assert after_expiry.error_code == ErrorCode.NONE, after_expiry.error_message
+
+
+async def create_default(service: ControllerService, name: str) -> cpb.CreatableTopicResult:
+    """CreateTopics of `name`, one partition, no replication factor: the default's."""
+    response = await service.CreateTopics(
+        cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(name=name, num_partitions=1)]),
+        None,  # type: ignore[arg-type]
+    )
+    return response.topics[0]
+
+
+async def test_the_default_replication_factor_is_refused_rather_than_shrunk_while_a_broker_is_down(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """A topic created without a replication factor while one of three brokers was down got
+    two replicas for good. Kafka's placer refuses default.replication.factor with
+    INVALID_REPLICATION_FACTOR; an explicit smaller factor still works."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(1, 0, (1, 2, 3), 1)
+    )
+    await controller.fence(controller.model.brokers[3], "a test")
+    refused = await create_default(service, "d")
+    assert refused.error_code == ErrorCode.INVALID_REPLICATION_FACTOR, refused.error_message
+    assert "replication factor 3" in refused.error_message
+    assert "d" not in controller.model.topics
+    response = await service.CreateTopics(
+        cpb.CreateTopicsRequest(
+            topics=[cpb.CreatableTopic(name="two", num_partitions=1, replication_factor=2)]
+        ),
+        None,  # type: ignore[arg-type]
+    )
+    assert response.topics[0].error_code == ErrorCode.NONE, response.topics[0].error_message
+    assert len(controller.model.topics["two"].assignment[0]) == 2
+
+
+async def test_a_new_controller_in_its_grace_period_places_the_default_factor_on_unheard_brokers(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Right after a failover a broker not heard from yet may well be alive: the topic gets
+    its three replicas (as an explicit assignment may name that broker), led and in the ISR
+    where heard from; the third joins when it fetches."""
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3))
+    controller, _ = await run_controller(await connect_store(), 60_000)
+    for broker_id in (1, 2):
+        await heartbeat(controller, broker_id)
+    assert controller.in_grace
+    created = await create_default(ControllerService(controller), "d")
+    assert created.error_code == ErrorCode.NONE, created.error_message
+    assert sorted(controller.model.topics["d"].assignment[0]) == [1, 2, 3]
+    record = controller.model.partitions[("d", 0)]
+    assert record.leader in (1, 2) and sorted(record.isr) == [1, 2]
+
+
+async def test_an_unset_default_replication_factor_is_at_most_the_brokers_ever_registered(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Unset, it is 3, or the number of brokers that ever registered where fewer: a one-broker
+    cluster needs no setting."""
+    await seed(connect_store, brokers=(1,), replicas=(1,))
+    controller, _ = await run_controller(await connect_store(), 60_000)
+    await heartbeat(controller, 1)
+    assert (await create_default(ControllerService(controller), "one")).error_code == ErrorCode.NONE
+    assert controller.model.topics["one"].assignment[0] == (1,)
+
+
+async def test_a_set_default_replication_factor_is_taken(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """--default-replication-factor (Kafka's default.replication.factor)."""
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3))
+    controller, _ = await run_controller(
+        await connect_store(), 60_000, default_replication_factor=2
+    )
+    for broker_id in (1, 2, 3):
+        await heartbeat(controller, broker_id)
+    assert (await create_default(ControllerService(controller), "two")).error_code == ErrorCode.NONE
+    assert len(controller.model.topics["two"].assignment[0]) == 2

@@ -69,6 +69,10 @@ class ControllerConfig:
     # name), for the ELR rules. It may differ from the brokers' default: their leaders also
     # hold the HW while the ELR committed with the ISR is not empty.
     min_insync_replicas: int = 1
+    # default.replication.factor: a topic created without one gets this many replicas, or
+    # CreateTopics INVALID_REPLICATION_FACTOR (None: 3, fewer where fewer brokers ever
+    # registered, so that a one-broker cluster needs no setting).
+    default_replication_factor: int | None = None
 
 
 class NotActive(TidewaterError):

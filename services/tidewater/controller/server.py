@@ -38,6 +38,7 @@ async def run_controller(
     metrics_port: int | None = None,
     advertised_address: str = "",
     min_insync_replicas: int = 1,
+    default_replication_factor: int | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT; campaign in the background all along. The advertised
     address (default: the bound one) is what the controller writes to etcd when active."""
@@ -58,6 +59,7 @@ async def run_controller(
             leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
             metadata_addresses=metadata_addresses,
             min_insync_replicas=min_insync_replicas,
+            default_replication_factor=default_replication_factor,
         ),
         store,
         monotonic_ms,

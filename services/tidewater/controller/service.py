@@ -374,7 +374,6 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             )
         configs = dict(topic.configs)
         TopicConfig.from_properties(configs)  # InvalidConfig names the bad key
-        usable = sorted(model.usable_brokers())
         if topic.assignments:
             assignment = validate_explicit_assignment(
                 {a.partition: tuple(a.broker_ids) for a in topic.assignments},
@@ -383,11 +382,11 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             )
         else:
             assignment = assign_replicas(
-                [(b, model.brokers[b].rack or None) for b in usable],
+                self._placeable_brokers(),
                 topic.num_partitions if topic.num_partitions > 0 else DEFAULT_PARTITIONS,
                 topic.replication_factor
                 if topic.replication_factor > 0
-                else min(DEFAULT_REPLICATION_FACTOR, len(usable)),
+                else self._default_replication_factor(),
             )
         state = TopicState(topic.name, configs, assignment)
         if validate_only:
@@ -395,7 +394,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         await self._c.store.put_topic(self._c.epoch, topic.name, state.to_json())
         model.topics[topic.name] = state
         await self._c.commit_and_send(
-            initial_partition_records(assignment, topic.name, set(usable), self._c.epoch)
+            initial_partition_records(assignment, topic.name, model.usable_brokers(), self._c.epoch)
         )
         log.info(
             "created topic %s (id %s): %d partitions, RF %d",
@@ -528,10 +527,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 replication_factor=len(state.assignment[0]),
             )
         else:
-            usable = sorted(model.usable_brokers())
-            added = add_partitions(
-                [(b, model.brokers[b].rack or None) for b in usable], state.assignment, topic.count
-            )
+            added = add_partitions(self._placeable_brokers(), state.assignment, topic.count)
         if validate_only:
             return
         updated = replace(state, assignment={**state.assignment, **added})
@@ -540,6 +536,20 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         await self._c.commit_and_send(
             initial_partition_records(added, state.name, model.usable_brokers(), self._c.epoch)
         )
+
+    def _placeable_brokers(self) -> list[tuple[int, str | None]]:
+        """(broker, rack) for new replicas placed by the controller: those an explicit
+        assignment may name, so that a new controller's grace period does not shrink a topic
+        to the brokers it heard from first."""
+        brokers = self._c.model.brokers
+        return [(b, brokers[b].rack or None) for b in sorted(self._may_lead_new_partitions())]
+
+    def _default_replication_factor(self) -> int:
+        """default.replication.factor; unset, 3 or the number of brokers ever registered
+        where fewer. Brokers that are down still count (Kafka's placer refuses the factor
+        rather than create a topic with fewer replicas than asked)."""
+        configured = self._c.config.default_replication_factor
+        return configured or min(DEFAULT_REPLICATION_FACTOR, max(1, len(self._c.model.brokers)))
 
     def _may_lead_new_partitions(self) -> set[int]:
         """Brokers an explicit assignment needs one of per partition: the usable ones, and in

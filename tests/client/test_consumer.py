@@ -4,6 +4,7 @@ the poll that sent it, as in Kafka's consumer."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import Any
 
@@ -128,11 +129,68 @@ async def test_a_partition_error_comes_after_the_records_of_the_same_answer() ->
         ]
     )
     try:
-        fetched = consumer._apply({good: FetchPosition(0), bad: FetchPosition(0)}, answer)
+        consumer._apply({good: FetchPosition(0), bad: FetchPosition(0)}, answer)
+        fetched = consumer._hand_out()
         assert [r.value for r in fetched[good]] == [b"v"]
         assert (consumer.position(good), consumer.position(bad)) == (1, 0)
         with pytest.raises(CorruptMessage, match="t-1: crc"):
             await consumer.poll(0)
+    finally:
+        await consumer.close()
+
+
+async def test_a_poll_returns_at_most_max_poll_records_and_the_next_polls_the_rest(
+    cluster: Cluster,
+) -> None:
+    """Kafka's max.poll.records: the records one fetch brought beyond it are returned by the
+    next polls, in order, and the position moves only past those returned (before, a poll
+    returned all its fetches brought, and the position was past records not yet seen)."""
+    await cluster.create_topic("capped")
+    async with Producer(cluster.bootstrap, linger_ms=50) as producer:
+        for i in range(10):
+            await producer.send("capped", b"%d" % i, partition=0)
+        await producer.flush()
+    async with Consumer(
+        cluster.bootstrap, auto_offset_reset="earliest", max_poll_records=3
+    ) as consumer:
+        tp = ("capped", 0)
+        consumer.assign([tp])
+        polls: list[list[bytes | None]] = []
+        positions = []
+        async with asyncio.timeout(DEADLINE_S):
+            while sum(map(len, polls)) < 10:
+                records = await consumer.poll(LONG_POLL_MS)
+                assert 0 < len(records) <= 3
+                polls.append([r.value for r in records])
+                positions.append(consumer.position(tp))
+        assert [v for values in polls for v in values] == [b"%d" % i for i in range(10)]
+        assert positions == list(itertools.accumulate(map(len, polls)))
+
+
+async def test_records_buffered_for_a_later_poll_are_dropped_by_a_seek() -> None:
+    consumer = Consumer(["127.0.0.1:1"], max_poll_records=2)
+    tp = ("t", 0)
+    consumer.assign([tp])
+    consumer.seek(tp, 0)
+    values = [b"a", b"b", b"c", b"d", b"e"]
+    answer = pb.FetchResponse(
+        partitions=[
+            pb.FetchPartitionResponse(
+                topic="t",
+                partition=0,
+                high_watermark=5,
+                record_batches=build_batch([Record(value=v) for v in values]),
+            )
+        ]
+    )
+    try:
+        consumer._apply({tp: FetchPosition(0)}, answer)
+        assert [r.value for r in consumer._hand_out()[tp]] == [b"a", b"b"]
+        assert consumer.position(tp) == 2
+        assert [r.value for r in consumer._hand_out()[tp]] == [b"c", b"d"]
+        consumer.seek(tp, 1)
+        assert consumer._hand_out() == {}
+        assert consumer.position(tp) == 1
     finally:
         await consumer.close()
 
@@ -182,7 +240,8 @@ async def test_a_batch_that_cannot_be_decoded_costs_no_other_records() -> None:
         ]
     )
     try:
-        fetched = consumer._apply({first: FetchPosition(0), second: FetchPosition(0)}, answer)
+        consumer._apply({first: FetchPosition(0), second: FetchPosition(0)}, answer)
+        fetched = consumer._hand_out()
         assert [r.value for r in fetched[second]] == [b"a", b"b"]
         assert [r.value for r in fetched[first]] == [b"x", b"y"]
         assert (consumer.position(first), consumer.position(second)) == (2, 2)
@@ -208,7 +267,8 @@ async def test_the_position_takes_the_leader_epoch_of_the_last_records_batch() -
         ]
     )
     try:
-        fetched = consumer._apply({tp: FetchPosition(1)}, answer)
+        consumer._apply({tp: FetchPosition(1)}, answer)
+        fetched = consumer._hand_out()
         assert [r.value for r in fetched[tp]] == [b"b", b"c"]
         assert consumer._positions[tp] == FetchPosition(3, 4)
     finally:

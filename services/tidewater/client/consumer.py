@@ -59,6 +59,7 @@ class Consumer:
         fetch_max_wait_ms: int = 500,
         fetch_max_bytes: int = 50 * 1024 * 1024,
         max_partition_fetch_bytes: int = 1024 * 1024,
+        max_poll_records: int = 500,
         request_timeout_ms: int = 30000,
         retry_backoff_ms: int = 100,
         metadata_max_age_ms: int = 300_000,
@@ -75,6 +76,8 @@ class Consumer:
             raise InvalidConfig(
                 f"max_partition_fetch_bytes must be >= 1, got {max_partition_fetch_bytes}"
             )
+        if max_poll_records < 1:
+            raise InvalidConfig(f"max_poll_records must be >= 1, got {max_poll_records}")
         if metadata_max_age_ms < 0:
             raise InvalidConfig(f"metadata_max_age_ms must be >= 0, got {metadata_max_age_ms}")
         self.auto_offset_reset = auto_offset_reset
@@ -85,6 +88,7 @@ class Consumer:
         # batch whatever its size), so one with a backlog does not take a leader's whole
         # fetch_max_bytes from the others (review 26 M1).
         self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.max_poll_records = max_poll_records
         self.request_timeout_s = request_timeout_ms / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.metadata = ClusterMetadata(
@@ -112,6 +116,11 @@ class Consumer:
         # Positions found out of range, by partition, for the warning of their reset.
         self._out_of_range: dict[TopicPartition, int] = {}
         self._high_watermarks: dict[TopicPartition, int] = {}
+        # Records fetched and not yet handed out, from each partition's position on (Kafka's
+        # completed fetches): a poll returns at most max_poll_records, and the position moves
+        # only past those it returns. A partition with some is not fetched again; any other
+        # change of its position drops them (_move).
+        self._buffered: dict[TopicPartition, list[ConsumerRecord]] = {}
         # The topic id each position was taken under: a topic deleted and created again
         # under its name (a new id) has another log, where the position means nothing.
         self._topic_ids: dict[TopicPartition, bytes] = {}
@@ -151,6 +160,7 @@ class Consumer:
         self._topic_ids = {tp: i for tp, i in self._topic_ids.items() if tp in wanted}
         self._retry_at = {tp: t for tp, t in self._retry_at.items() if tp in wanted}
         self._sought = {tp: call for tp, call in self._sought.items() if tp in wanted}
+        self._buffered = {tp: b for tp, b in self._buffered.items() if tp in self._positions}
         # An unassigned partition's HW is no longer followed: lag() knows none until a fetch.
         self._high_watermarks = {
             tp: hw for tp, hw in self._high_watermarks.items() if tp in self._positions
@@ -195,9 +205,10 @@ class Consumer:
         return max(high_watermark - position, 0)
 
     async def poll(self, timeout_ms: int = 1000) -> list[ConsumerRecord]:
-        """Records of the assigned partitions: those of every fetch answered by now, once one
-        brought records or timeout_ms passed (each leader long-polls fetch_max_wait_ms for
-        fetch_min_bytes)."""
+        """Records of the assigned partitions, at most max_poll_records: those of every fetch
+        answered by now, once one brought records or timeout_ms passed (each leader
+        long-polls fetch_max_wait_ms for fetch_min_bytes). Records fetched beyond that are
+        returned by the next polls, which do not wait for them."""
         fetched = await self.poll_partitions(timeout_ms)
         return [record for records in fetched.values() for record in records]
 
@@ -222,14 +233,19 @@ class Consumer:
     async def _poll(self, timeout_ms: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
-        fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
-        self._raise_error()
         kinds = (self._resetting, self._validating, self._fetching)
         while True:
             # close() from another task ends a poll waiting on its requests, the metadata or
             # a backoff (review 26 M2: it sent new requests, on channels it opened again).
             self._check_open()
             self._send_requests()
+            # Records fetched before are returned at once; the fetches just sent for the
+            # other partitions bring theirs meanwhile (as Kafka's pipelined fetches).
+            fetched = self._hand_out()
+            if fetched:
+                return fetched
+            # A partition's error, once the records fetched before it are handed out.
+            self._raise_error()
             pending = [call.answer for kind in kinds for call in kind.in_flight.values()]
             if not pending:
                 # Nothing to wait for yet: leaders unknown (the metadata on its way) or every
@@ -252,15 +268,42 @@ class Consumer:
             failed = False
             for kind in kinds:
                 for sent, answer in kind.answered():
-                    fetched.update(kind.apply(sent, answer) or {})
+                    kind.apply(sent, answer)
                     failed |= answer is None or any(r.error_code for r in answer.partitions)
-            if any(fetched.values()):
+            fetched = self._hand_out()
+            if fetched:
                 return fetched
             self._raise_error()
             if loop.time() >= deadline:
                 return fetched
             if failed:  # before asking again
                 await asyncio.sleep(min(deadline - loop.time(), self.retry_backoff_s))
+
+    def _hand_out(self) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Up to max_poll_records of the buffered records, partition by partition, each
+        partition's position moved past those it gives."""
+        handed: dict[TopicPartition, list[ConsumerRecord]] = {}
+        room = self.max_poll_records
+        for tp in list(self._buffered):
+            if room == 0:
+                break
+            if tp in self._awaiting_validation:  # its leader changed: fetched again
+                del self._buffered[tp]
+                continue
+            records = self._buffered[tp]
+            handed[tp], rest = records[:room], records[room:]
+            room -= len(handed[tp])
+            last = handed[tp][-1]
+            current = self._positions[tp]
+            leader = current.current_leader if current is not None else None
+            self._move(tp, FetchPosition(last.offset + 1, last.leader_epoch, leader))
+            if rest:
+                self._buffered[tp] = rest
+            else:
+                # Last in the next fetches (Kafka's movePartitionToEnd): the broker fills a
+                # fetch in request order, and the first partitions would take it every time.
+                self._positions[tp] = self._positions.pop(tp)
+        return handed
 
     def _raise_error(self) -> None:
         error, self._error = self._error, None
@@ -285,7 +328,9 @@ class Consumer:
             [
                 tp
                 for tp in leaders
-                if self._positions[tp] is not None and tp not in self._awaiting_validation
+                if self._positions[tp] is not None
+                and tp not in self._awaiting_validation
+                and tp not in self._buffered
             ],
         )
 
@@ -372,9 +417,10 @@ class Consumer:
 
     def _move(self, tp: TopicPartition, position: FetchPosition | None) -> None:
         """Every change of a position, under a new generation: answers to requests sent
-        before it are stale."""
+        before it are stale, and records buffered from the old position are dropped."""
         self._positions[tp] = position
         self._generations[tp] = next(self._changes)
+        self._buffered.pop(tp, None)
 
     def _set_position(
         self, tp: TopicPartition, position: FetchPosition | None, topic_id: bytes = b""
@@ -659,12 +705,11 @@ class Consumer:
 
     def _apply(
         self, sent: dict[TopicPartition, FetchPosition], response: pb.FetchResponse | None
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """The records of an answer to a fetch from the positions `sent`, positions moved
-        past them. A partition sought elsewhere, unassigned, or moved to another leader since
-        the fetch was sent gets nothing; a partition's error, or a batch of it that cannot be
-        decoded, is kept in `_error`, so records of the others are not lost."""
-        fetched: dict[TopicPartition, list[ConsumerRecord]] = {}
+    ) -> None:
+        """The records of an answer to a fetch from the positions `sent`, buffered for
+        polls to hand out. A partition sought elsewhere, unassigned, or moved to another
+        leader since the fetch was sent gets nothing; a partition's error, or a batch of it
+        that cannot be decoded, is kept in `_error`, so records of the others are not lost."""
         for result in response.partitions if response is not None else ():
             tp = (result.topic, result.partition)
             position = sent.get(tp)
@@ -683,7 +728,7 @@ class Consumer:
                 self.metadata.request_refresh()
                 continue
             self._high_watermarks[tp] = result.high_watermark
-            records = fetched[tp] = []
+            records: list[ConsumerRecord] = []
             offset = position.offset
             try:
                 for record in decode_batches(result.record_batches):
@@ -697,13 +742,8 @@ class Consumer:
                 # past it); the other partitions' records are still handed over.
                 message = f"{tp[0]}-{tp[1]} at offset {offset}: {e.message}"
                 self._error = self._error or type(e)(message, e.code)
-            if records:  # the position's epoch: that of the last record's batch
-                position = FetchPosition(offset, records[-1].leader_epoch, position.current_leader)
-                self._move(tp, position)
-                # Last in the next fetches (Kafka's movePartitionToEnd): the broker fills a
-                # fetch in request order, and the first partitions would take it every time.
-                self._positions[tp] = self._positions.pop(tp)
-        return fetched
+            if records:
+                self._buffered[tp] = records
 
     def _fetch_out_of_range(self, tp: TopicPartition, offset: int, reason: str) -> None:
         """Reset by auto_offset_reset at the next poll (which logs it), or raised with 'none'
@@ -738,11 +778,8 @@ class _PerLeader(Generic[_Sent, _Answer]):
     """One kind of request: at most one in flight per leader, a partition in one at a time."""
 
     make: Callable[[str, list[TopicPartition]], _InFlight[_Sent, _Answer]]
-    # What a poll does with an answer: the records it brought, if any.
-    apply: Callable[
-        [dict[TopicPartition, _Sent], _Answer | None],
-        dict[TopicPartition, list[ConsumerRecord]] | None,
-    ]
+    # What a poll does with an answer (a fetch's records are buffered for it to hand out).
+    apply: Callable[[dict[TopicPartition, _Sent], _Answer | None], None]
     # The generation of a partition's position now (Consumer._generation).
     generation: Callable[[TopicPartition], int | None]
     in_flight: dict[str, _InFlight[_Sent, _Answer]] = field(default_factory=dict)  # by leader

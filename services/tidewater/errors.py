@@ -162,6 +162,10 @@ class InvalidReplicaAssignment(TidewaterError):
     code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
 
 
+class PolicyViolation(TidewaterError):
+    code = ErrorCode.POLICY_VIOLATION
+
+
 class BrokerNotAvailable(TidewaterError):
     code = ErrorCode.BROKER_NOT_AVAILABLE
 

@@ -54,6 +54,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INCONSISTENT_TOPIC_ID: _ClassVar[ErrorCode]
     INVALID_REPLICA_ASSIGNMENT: _ClassVar[ErrorCode]
     DUPLICATE_BROKER_REGISTRATION: _ClassVar[ErrorCode]
+    POLICY_VIOLATION: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
@@ -102,3 +103,4 @@ UNKNOWN_TOPIC_ID: ErrorCode
 INCONSISTENT_TOPIC_ID: ErrorCode
 INVALID_REPLICA_ASSIGNMENT: ErrorCode
 DUPLICATE_BROKER_REGISTRATION: ErrorCode
+POLICY_VIOLATION: ErrorCode

@@ -34,6 +34,7 @@ from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import (
     InvalidRequest,
     NotController,
+    PolicyViolation,
     StoreUnavailable,
     TidewaterError,
     UnknownTopicOrPartition,
@@ -71,14 +72,33 @@ Item = TypeVar("Item")
 Result = TypeVar("Result", bound=ItemResult)
 
 
+def _check_partitions_per_request(count: int) -> TidewaterError | None:
+    """Kafka's limit of partitions created by one CreateTopics or CreatePartitions: the whole
+    request is refused (review 29 #3: a topic too large for one etcd write made the controller
+    resign, and the client's retries made it resign again)."""
+    if count <= MAX_PARTITIONS_PER_REQUEST:
+        return None
+    return PolicyViolation(
+        f"Excessively large number of partitions per request: {count}, at most "
+        f"{MAX_PARTITIONS_PER_REQUEST} (create the rest in further requests)"
+    )
+
+
 async def answer_each(
-    items: Sequence[tuple[Item, Result]], apply: Callable[[Item, Result], Awaitable[None]]
+    items: Sequence[tuple[Item, Result]],
+    apply: Callable[[Item, Result], Awaitable[None]],
+    refused: TidewaterError | None = None,
 ) -> None:
-    """Apply each item in turn, its refusal answered in its own result. An etcd failure
+    """Apply each item in turn, its refusal answered in its own result (`refused`: every
+    item's, the request refused whole before any is applied). An etcd failure
     (StoreUnavailable, NotController) is not one item's: it ends the request, and is raised on
     so that the controller resigns (Controller.submit) and its successor reloads what etcd
     holds. The answer stays true: items before it keep their NONE (committed and announced);
     the one it hit (perhaps applied, perhaps not) and those never tried carry its code."""
+    if refused is not None:
+        for _, result in items:
+            result.error_code, result.error_message = refused.code, refused.message
+        return
     for i, (item, result) in enumerate(items):
         try:
             await apply(item, result)
@@ -354,7 +374,12 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             topics = [(t, response.topics.add(name=t.name)) for t in request.topics]
-            await answer_each(topics, create)
+            asked = sum(
+                len(t.assignments)
+                or (t.num_partitions if t.num_partitions > 0 else DEFAULT_PARTITIONS)
+                for t in request.topics
+            )
+            await answer_each(topics, create, _check_partitions_per_request(asked))
 
         return await self._answer(response, event)
 
@@ -504,7 +529,13 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             topics = [(t, response.topics.add(topic=t.name)) for t in request.topics]
-            await answer_each(topics, create)
+            existing = self._c.model.topics
+            asked = sum(
+                max(t.count - len(existing[t.name].assignment), 0)
+                for t in request.topics
+                if t.name in existing
+            )
+            await answer_each(topics, create, _check_partitions_per_request(asked))
 
         return await self._answer(response, event)
 
@@ -666,4 +697,5 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
 PRODUCER_ID_BLOCK = 1000
 DEFAULT_PARTITIONS = 1
+MAX_PARTITIONS_PER_REQUEST = 10_000
 DEFAULT_REPLICATION_FACTOR = 3

@@ -29,7 +29,7 @@ import aetcd
 from aetcd.rtypes import Get
 from aetcd.utils import prefix_range_end
 
-from tidewater.errors import NotController, StoreUnavailable
+from tidewater.errors import NotController, PolicyViolation, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ PartitionUpdate = tuple[str, int, int | None, Json]
 MAX_TXN_OPS = 128
 # One compare of a partition txn is the controller epoch.
 PARTITIONS_PER_TXN = MAX_TXN_OPS - 1
+# The largest topic record written, well under etcd's --max-request-bytes default (1.5 MiB,
+# the whole txn): etcd refusing a larger one would read as etcd failing, and the controller
+# would resign (review 29 #3). ~50,000 partitions of three replicas.
+MAX_TOPIC_RECORD_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 5.0
 # Pause before retrying a campaign or a keepalive after etcd did not answer.
 RETRY_DELAY_S = 0.2
@@ -381,7 +385,13 @@ class ControllerStore:
         return _revision(responses[0])
 
     def _topic_put(self, name: str, config: Json) -> Any:
-        return self._ops.put(self._key(f"topics/{name}"), _encode(config))
+        value = _encode(config)
+        if len(value) > MAX_TOPIC_RECORD_BYTES:
+            raise PolicyViolation(
+                f"topic {name!r}: its assignment takes {len(value)} bytes, more than the "
+                f"{MAX_TOPIC_RECORD_BYTES} bytes the controller writes to etcd in one topic record"
+            )
+        return self._ops.put(self._key(f"topics/{name}"), value)
 
     async def delete_topic(self, epoch: int, name: str, deletion: Json) -> bool:
         """Delete a topic and all its partitions, and record its pending deletion, in one txn;

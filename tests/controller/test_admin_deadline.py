@@ -157,3 +157,85 @@ async def test_a_metadata_service_that_never_answers_ends_at_the_api_timeout(
     with pytest.raises(ControllerUnavailable, match="default_api_timeout_s"):
         await asyncio.wait_for(admin.delete_topics(["a"]), 30)
     await admin.close()
+
+
+class Electing:
+    """Controllers in a failover: `active` answers (after `answers_after` calls in all, while
+    the election is under way), the others answer NOT_CONTROLLER naming nobody, and those
+    `dead` do not answer at all."""
+
+    def __init__(self, active: str, answers_after: int = 0) -> None:
+        self.active = active
+        self.answers_after = answers_after
+        self.dead: set[str] = set()
+        self.asked: list[str] = []
+
+    def stub(self, address: str) -> Any:
+        electing = self
+
+        class Stub:
+            async def DescribeCluster(
+                self, request: cpb.DescribeClusterRequest, timeout: float
+            ) -> Any:
+                electing.asked.append(address)
+                if address in electing.dead:
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata()
+                    )
+                response = cpb.DescribeClusterResponse()
+                if len(electing.asked) <= electing.answers_after or address != electing.active:
+                    response.error_code = ErrorCode.NOT_CONTROLLER
+                    response.controller.controller_id = -1
+                else:
+                    response.controller.controller_id = int(address[1])
+                return response
+
+        return Stub()
+
+
+async def test_a_call_during_a_failover_is_retried_until_a_controller_is_elected() -> None:
+    """Review 29 #2: while no controller was active the call went once around the known
+    addresses, in milliseconds, and failed; Kafka's AdminClient retries until
+    default.api.timeout.ms."""
+    controllers = Electing("c2:1", answers_after=20)
+    admin = Admin(CONTROLLERS, default_api_timeout_s=30, retry_backoff_s=0.01)
+    admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
+    described = await asyncio.wait_for(admin.describe_cluster(), 30)
+    assert described.controller.controller_id == 2
+    assert len(controllers.asked) > 20
+    await admin.close()
+
+
+class Naming:
+    """A metadata service naming `controller[0]` as the active controller."""
+
+    def __init__(self, controller: list[str]) -> None:
+        self.controller = controller
+
+    def __call__(self, channel: object) -> Naming:
+        return self
+
+    async def GetMetadata(self, request: metadata_pb2.GetMetadataRequest, timeout: float) -> Any:
+        response = metadata_pb2.GetMetadataResponse()
+        host, _, port = self.controller[0].partition(":")
+        response.controller.controller_id = int(host[1])
+        response.controller.endpoint.host, response.controller.endpoint.port = host, int(port)
+        return response
+
+
+async def test_an_admin_from_bootstrap_asks_again_where_the_controller_is_once_it_died(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 29 #2: the metadata services were asked once, and every call after the
+    controller they named had died failed at once, though they named the new one."""
+    named = ["c1:1"]
+    monkeypatch.setattr(metadata.metadata_pb2_grpc, "MetadataServiceStub", Naming(named))
+    controllers = Electing("c1:1")
+    admin = Admin([], bootstrap=["m:1"], default_api_timeout_s=30, retry_backoff_s=0.01)
+    admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
+    assert (await admin.describe_cluster()).controller.controller_id == 1
+    controllers.dead.add("c1:1")
+    controllers.active = named[0] = "c2:1"
+    described = await asyncio.wait_for(admin.describe_cluster(), 30)
+    assert described.controller.controller_id == 2
+    await admin.close()

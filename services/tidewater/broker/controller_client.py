@@ -39,6 +39,12 @@ class ControllerClient:
     def configured(self) -> bool:
         return bool(self.addresses)
 
+    def prefer(self, address: str) -> None:
+        """Try `address` first from now on (one the cluster named the active controller)."""
+        if address not in self.addresses:
+            self.addresses.append(address)
+        self._active = self.addresses.index(address)
+
     async def call(
         self,
         method: str,
@@ -74,10 +80,7 @@ class ControllerClient:
             last_error = f"{address}: not the active controller"
             endpoint = response.controller.endpoint
             if response.controller.controller_id >= 0 and endpoint.host:
-                active = f"{endpoint.host}:{endpoint.port}"
-                if active not in self.addresses:
-                    self.addresses.append(active)
-                self._active = self.addresses.index(active)
+                self.prefer(f"{endpoint.host}:{endpoint.port}")
             else:
                 self._active = (self._active + 1) % len(self.addresses)
             if partial(response):

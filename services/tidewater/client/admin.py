@@ -10,8 +10,10 @@ retry_backoff, to whichever controller is active then, with only the items that 
 answered: those answered before the failure keep their answers, so an item committed is never
 sent twice. An item whose write was ambiguous (perhaps applied) may be answered
 TOPIC_ALREADY_EXISTS (or INVALID_PARTITIONS, UNKNOWN_TOPIC_OR_PARTITION) by the retry, as in
-Kafka. When no controller answers by the deadline, ControllerUnavailable carries the answers
-already gathered (`answers`)."""
+Kafka. While no controller answers as active (a failover under way, or the one known died),
+every call is retried after retry_backoff, a bootstrapped client asking the metadata services
+again where the active controller is. When no controller answers by the deadline,
+ControllerUnavailable carries the answers already gathered (`answers`)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,24 +87,56 @@ class Admin:
             await self._metadata.close()
 
     async def _call(self, method: str, request: object) -> object:
+        """A request answered whole: sent again while the controller cuts it short (RETRY),
+        as the module's docstring says."""
         deadline = self._deadline()
-        if not self._controller.configured:
-            await self._find_controller(deadline)
-        response = await self._controller.call(method, request, self._timeout_s, deadline)
-        _raise_if(response.error_code, response.error_message)
-        return response
+        while True:
+            response = await self._ask_controller(method, request, deadline)
+            if response.error_code not in RETRY or time.monotonic() >= deadline:
+                _raise_if(response.error_code, response.error_message)
+                return response
+            await self._backoff(deadline)
+
+    async def _ask_controller(
+        self,
+        method: str,
+        request: Any,
+        deadline: float,
+        partial: Callable[[Any], bool] = lambda response: False,
+    ) -> Any:
+        """The active controller's answer (ControllerClient.call), asked again after
+        retry_backoff while none answers as active, until the deadline (Kafka's AdminClient
+        retries until default.api.timeout.ms; review 29 #2: one round over the known
+        addresses, in milliseconds, while a failover was under way). Given metadata
+        services, it asks them again before each retry where the active controller is now:
+        the one it found first may have died."""
+        asked = False
+        while True:
+            if self._metadata is not None and (asked or not self._controller.configured):
+                try:
+                    await self._find_controller(deadline)
+                except ControllerUnavailable:
+                    if time.monotonic() + self._retry_backoff_s >= deadline:
+                        raise
+            if self._controller.configured:
+                try:
+                    return await self._controller.call(
+                        method, request, self._timeout_s, deadline, partial
+                    )
+                except ControllerUnavailable:
+                    if time.monotonic() + self._retry_backoff_s >= deadline:
+                        raise
+            await self._backoff(deadline)
+            asked = True
 
     async def _call_each(self, method: str, request: Any, items: str, results: str) -> list[Any]:
         """An RPC the controller answers per item (`results` of the response, one for each of
         `items` of the request, in order), retried as the module's docstring says. The
         results, one per item."""
         deadline = self._deadline()
-        if not self._controller.configured:
-            await self._find_controller(deadline)
         every = list(getattr(request, items))
         answers: list[Any] = [None] * len(every)
         pending = list(range(len(every)))
-        retrying = False
 
         def partial(response: Any) -> bool:
             # A controller that stepped down part-way answers NOT_CONTROLLER with the items
@@ -115,21 +149,15 @@ class Admin:
             del getattr(attempt, items)[:]
             getattr(attempt, items).extend(every[i] for i in pending)
             try:
-                response = await self._controller.call(
-                    method, attempt, self._timeout_s, deadline, partial
-                )
+                response = await self._ask_controller(method, attempt, deadline, partial)
             except ControllerUnavailable as e:
-                # The controller that resigned answers NOT_CONTROLLER until one is elected.
-                if not retrying or time.monotonic() >= deadline:
-                    answered = len(every) - len(pending)
-                    if not answered:
-                        raise
-                    raise ControllerUnavailable(
-                        f"{e} ({answered} of {len(every)} items answered before: see answers)",
-                        answers,
-                    ) from e
-                await self._backoff(deadline)
-                continue
+                answered = len(every) - len(pending)
+                if not answered:
+                    raise
+                raise ControllerUnavailable(
+                    f"{e} ({answered} of {len(every)} items answered before: see answers)",
+                    answers,
+                ) from e
             for i, result in zip(pending, getattr(response, results), strict=False):
                 answers[i] = result
             # The item etcd failed (or in flight when the controller stepped down) and those
@@ -322,7 +350,7 @@ class Admin:
             raise ControllerUnavailable(
                 "the metadata service knows no active controller yet; try again in a moment"
             )
-        self._controller.addresses.append(self._metadata.controller)
+        self._controller.prefer(self._metadata.controller)
 
 
 def _raise_if(code: int, message: str) -> None:

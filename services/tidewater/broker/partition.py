@@ -135,7 +135,14 @@ class HostedPartition:
                 self._snapshot_if_rolled(active_segment)
                 self.state.after_leader_append(now_ms)
 
-            info = await self.log.append_batch_off_loop(batch, leader_epoch, appended)
+            try:
+                info = await self.log.append_batch_off_loop(batch, leader_epoch, appended)
+            except asyncio.CancelledError:
+                # The batch lands all the same (its client went): the turn is kept until it
+                # has, or the next batch (this one's retry) would be checked for duplicates
+                # against a producer state without it, and appended twice (review 31 #1).
+                await self.log.wait_written()
+                raise
             return info, leader_epoch
 
     async def append_as_follower(self, batches: bytes | bytearray | memoryview) -> AppendInfo:

@@ -373,6 +373,17 @@ class Log:
 
         pending.appended.add_done_callback(written)
 
+    async def wait_written(self) -> None:
+        """Until the write under way (if any) is in the log, whether or not this task is
+        cancelled meanwhile: its caller holds what must not be let go before (the caller
+        raises its cancellation after)."""
+        pending = self._pending_write
+        if pending is None:
+            return
+        while not pending.appended.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([pending.appended])
+
     def _take_in_write(self, pending: _PendingWrite) -> None:
         if self._pending_write is pending:
             self.take_in_pending_write()

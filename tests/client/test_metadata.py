@@ -22,9 +22,10 @@ TP = ("orders", 0)
 
 
 def answer(
-    leader: int, leader_epoch: int, topic_id: bytes = OLD_ID
+    leader: int, leader_epoch: int, topic_id: bytes = OLD_ID, partition_epoch: int = 0
 ) -> metadata_pb2.GetMetadataResponse:
-    """Brokers 1-3; "orders" with one partition led by `leader`."""
+    """Brokers 1-3; "orders" with one partition led by `leader` (its state at etcd revision
+    `partition_epoch`; 0: unknown, from a version without it)."""
     response = metadata_pb2.GetMetadataResponse()
     for b in (1, 2, 3):
         response.brokers.add(
@@ -32,7 +33,12 @@ def answer(
         )
     topic = response.topics.add(topic="orders", topic_id=topic_id)
     topic.partitions.add(
-        partition=0, leader=leader, leader_epoch=leader_epoch, replicas=[1, 2, 3], isr=[1, 2, 3]
+        partition=0,
+        leader=leader,
+        leader_epoch=leader_epoch,
+        replicas=[1, 2, 3],
+        isr=[1, 2, 3],
+        partition_epoch=partition_epoch,
     )
     return response
 
@@ -91,6 +97,25 @@ async def test_a_lagging_service_does_not_take_the_cache_back_to_the_deleted_top
     metadata._apply(answer(leader=1, leader_epoch=7))
     assert metadata.topics["orders"].topic_id == NEW_ID
     assert leader(metadata) == (2, 0)
+
+
+async def test_a_lagging_answer_seen_after_the_new_topics_does_not_retire_the_new_id(
+    metadata: ClusterMetadata,
+) -> None:
+    """Review 29 #1: a client whose first answer named the new topic (id B) took a lagging
+    service's later answer naming the deleted one (A) for the newer, retired B, and skipped
+    every answer naming it from then on: its requests named A, brokers answered
+    UNKNOWN_TOPIC_ID, for good. The partition epochs (etcd revisions, which only grow) tell
+    which life of the topic an answer is of."""
+    metadata._apply(answer(leader=2, leader_epoch=0, topic_id=NEW_ID, partition_epoch=40))
+    metadata._apply(answer(leader=1, leader_epoch=7, topic_id=OLD_ID, partition_epoch=30))
+    assert metadata.topics["orders"].topic_id == NEW_ID
+    assert leader(metadata) == (2, 0)
+    metadata._apply(answer(leader=3, leader_epoch=1, topic_id=NEW_ID, partition_epoch=41))
+    assert leader(metadata) == (3, 1)
+    # The old id is the retired one: named again, it is skipped.
+    metadata._apply(answer(leader=1, leader_epoch=8, topic_id=OLD_ID, partition_epoch=50))
+    assert metadata.topics["orders"].topic_id == NEW_ID
 
 
 async def test_a_topic_that_no_longer_exists_leaves_no_leader_behind(

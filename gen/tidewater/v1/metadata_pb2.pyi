@@ -40,7 +40,7 @@ class TopicMetadata(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionMetadata, _Mapping]]] = ..., topic_id: _Optional[bytes] = ...) -> None: ...
 
 class PartitionMetadata(_message.Message):
-    __slots__ = ("partition", "error_code", "error_message", "leader", "leader_epoch", "replicas", "isr", "offline_replicas", "eligible_leader_replicas", "last_known_elr")
+    __slots__ = ("partition", "error_code", "error_message", "leader", "leader_epoch", "replicas", "isr", "offline_replicas", "eligible_leader_replicas", "last_known_elr", "partition_epoch")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class PartitionMetadata(_message.Message):
     OFFLINE_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LAST_KNOWN_ELR_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_EPOCH_FIELD_NUMBER: _ClassVar[int]
     partition: int
     error_code: _errors_pb2.ErrorCode
     error_message: str
@@ -61,4 +62,5 @@ class PartitionMetadata(_message.Message):
     offline_replicas: _containers.RepeatedScalarFieldContainer[int]
     eligible_leader_replicas: _containers.RepeatedScalarFieldContainer[int]
     last_known_elr: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., offline_replicas: _Optional[_Iterable[int]] = ..., eligible_leader_replicas: _Optional[_Iterable[int]] = ..., last_known_elr: _Optional[_Iterable[int]] = ...) -> None: ...
+    partition_epoch: int
+    def __init__(self, partition: _Optional[int] = ..., error_code: _Optional[_Union[_errors_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., leader: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., isr: _Optional[_Iterable[int]] = ..., offline_replicas: _Optional[_Iterable[int]] = ..., eligible_leader_replicas: _Optional[_Iterable[int]] = ..., last_known_elr: _Optional[_Iterable[int]] = ..., partition_epoch: _Optional[int] = ...) -> None: ...

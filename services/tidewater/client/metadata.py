@@ -36,6 +36,8 @@ class PartitionInfo:
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
     error_code: int
+    # The state's version in the controller's store: it only grows, across lives of a topic.
+    partition_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +73,10 @@ class ClusterMetadata:
         self.partitions: dict[TopicPartition, PartitionInfo] = {}
         self.topics: dict[str, TopicInfo] = {}
         # Ids of topics deleted and created again under their name: never used again, so an
-        # answer naming one comes from a metadata service that lags.
+        # answer naming one comes from a metadata service that lags. Of two ids, the older is
+        # the one whose partition epochs are smaller (review 29 #1: the one seen second was
+        # taken for the newer, so a lagging answer seen after the new topic's put the client
+        # back on the deleted topic for good).
         self._retired_ids: set[bytes] = set()
         # The active controller's address as the metadata service last heard of it.
         self.controller: str | None = None
@@ -194,6 +199,9 @@ class ClusterMetadata:
             known_topic = self.topics.get(topic.topic)
             known_id = known_topic.topic_id if known_topic is not None else b""
             if known_id and topic.topic_id and known_id != topic.topic_id:
+                if self._older_life(topic):
+                    self._retired_ids.add(topic.topic_id)
+                    continue
                 self._retired_ids.add(known_id)
                 self._forget_partitions(topic.topic)
             elif topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
@@ -213,8 +221,24 @@ class ClusterMetadata:
                 if known is not None and p.leader_epoch < known.leader_epoch:
                     continue
                 self.partitions[tp] = PartitionInfo(
-                    p.leader, p.leader_epoch, tuple(p.replicas), tuple(p.isr), p.error_code
+                    p.leader,
+                    p.leader_epoch,
+                    tuple(p.replicas),
+                    tuple(p.isr),
+                    p.error_code,
+                    p.partition_epoch,
                 )
+
+    def _older_life(self, topic: metadata_pb2.TopicMetadata) -> bool:
+        """Whether `topic`, under another id than the cached one, is of an earlier life of
+        the topic: its partitions' states are older than those cached (unknown from a
+        version without partition epochs: taken as the newer, as before)."""
+        answered = max((p.partition_epoch for p in topic.partitions), default=0)
+        cached = max(
+            (info.partition_epoch for tp, info in self.partitions.items() if tp[0] == topic.topic),
+            default=0,
+        )
+        return 0 < answered < cached
 
     def _forget_partitions(self, topic: str) -> None:
         """The topic is gone, or is another topic now: its leader epochs no longer apply."""
@@ -230,8 +254,8 @@ class ClusterMetadata:
         """A broker named a newer leader (current_leader in its answer): use it at once."""
         known = self.partitions.get(tp)
         if known is not None and leader >= 0 and leader_epoch > known.leader_epoch:
-            self.partitions[tp] = PartitionInfo(
-                leader, leader_epoch, known.replicas, known.isr, ErrorCode.NONE
+            self.partitions[tp] = replace(
+                known, leader=leader, leader_epoch=leader_epoch, error_code=ErrorCode.NONE
             )
 
     def topic_id(self, topic: str) -> bytes:

@@ -132,6 +132,7 @@ class MetadataCache:
             offline_replicas=offline,
             eligible_leader_replicas=state.eligible_leader_replicas,
             last_known_elr=state.last_known_elr,
+            partition_epoch=state.partition_epoch,
         )
         if state.leader not in self._brokers:
             # As Kafka: a leader that is not live is no leader to a client.

@@ -24,6 +24,9 @@ async def test_admin_creates_grows_describes_and_deletes(
         with pytest.raises(TidewaterError) as info:
             await admin.create_topic("too-big", partitions=1, replication_factor=9)
         assert info.value.code == ErrorCode.INVALID_REPLICATION_FACTOR
+        # No replication factor: the controllers' default (3 brokers registered: 3).
+        await admin.create_topic("defaulted")
+        assert [len(p["isr"]) for p in (await cluster.partitions("defaulted")).values()] == [3]
         await admin.create_partitions("admin-made", 4)
         assert sorted(await cluster.partitions("admin-made")) == [0, 1, 2, 3]
         described = await admin.describe_cluster()

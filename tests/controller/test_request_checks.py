@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from tests.controller.in_process import ConnectStore, RunController, heartbeat, seed
-from tidewater.controller.controller import Controller
+from tidewater.controller.controller import Controller, ControllerConfig
 from tidewater.controller.model import PartitionRecord, TopicState
+from tidewater.controller.server import monotonic_ms
 from tidewater.controller.service import ControllerService
-from tidewater.errors import PolicyViolation
+from tidewater.errors import PolicyViolation, StoreUnavailable
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -249,3 +250,86 @@ async def test_a_topic_record_larger_than_etcd_takes_is_refused_before_it_is_sen
     huge = TopicState("big", {}, {p: (1, 2, 3) for p in range(100_000)}).to_json()
     with pytest.raises(PolicyViolation, match="more than the 1048576 bytes"):
         await store.put_topic(1, "big", huge)
+
+
+async def test_an_unknown_election_type_is_refused_not_taken_for_unclean(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 32 #2: any election_type but PREFERRED ran an unclean election, which may
+    elect a replica out of the ISR and lose acknowledged records."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(-1, 3, (2,), 1)
+    )
+    before = controller.model.partitions[("t", 0)]
+    for election_type in (7, -3):
+        elect = cpb.ElectLeadersRequest(election_type=election_type, partitions=[T0])  # type: ignore[arg-type]
+        response = await service.ElectLeaders(elect, None)  # type: ignore[arg-type]
+        assert response.error_code == ErrorCode.INVALID_REQUEST, response.error_message
+        assert "election_type" in response.error_message
+    assert controller.model.partitions[("t", 0)] == before
+
+
+async def test_a_standby_that_cannot_read_etcd_answers_not_controller_naming_nobody(
+    connect_store: ConnectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 32 #7: the standby's read of who is active raised out of the handler: gRPC
+    UNKNOWN, not a named error, after etcd's timeout."""
+    store = await connect_store()
+    standby = Controller(
+        ControllerConfig(controller_id=2, host="127.0.0.1", port=1), store, monotonic_ms
+    )
+
+    async def unavailable() -> None:
+        raise StoreUnavailable("etcd range: a test")
+
+    monkeypatch.setattr(store, "active_controller", unavailable)
+    response = await ControllerService(standby).DescribeCluster(
+        cpb.DescribeClusterRequest(),
+        None,  # type: ignore[arg-type]
+    )
+    assert response.error_code == ErrorCode.NOT_CONTROLLER
+    assert response.controller.controller_id == -1
+
+
+async def test_create_topics_refuses_what_its_protocol_says_it_refuses(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 32 #6: negative counts took the defaults (a topic of one partition and three
+    replicas), assignments with counts were taken, and a name given twice created the first
+    entry; failed results said 0 partitions, not -1."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(1, 0, (1, 2, 3), 1)
+    )
+    on_1 = [cpb.CreatableReplicaAssignment(partition=0, broker_ids=[1])]
+    cases = [
+        (cpb.CreatableTopic(name="neg", num_partitions=-3), ErrorCode.INVALID_PARTITIONS),
+        (
+            cpb.CreatableTopic(name="rf", replication_factor=-1),
+            ErrorCode.INVALID_REPLICATION_FACTOR,
+        ),
+        (
+            cpb.CreatableTopic(name="both", num_partitions=1, assignments=on_1),
+            ErrorCode.INVALID_REQUEST,
+        ),
+        (cpb.CreatableTopic(name="twice", num_partitions=1), ErrorCode.INVALID_REQUEST),
+        (cpb.CreatableTopic(name="twice", num_partitions=2), ErrorCode.INVALID_REQUEST),
+        (cpb.CreatableTopic(name="fine", num_partitions=1), ErrorCode.NONE),
+    ]
+    response = await service.CreateTopics(
+        cpb.CreateTopicsRequest(topics=[topic for topic, _ in cases]),
+        None,  # type: ignore[arg-type]
+    )
+    assert [(r.name, r.error_code) for r in response.topics] == [
+        (topic.name, code) for topic, code in cases
+    ]
+    for result in response.topics[:-1]:
+        assert result.error_message
+        assert (result.num_partitions, result.replication_factor) == (-1, -1)
+    assert set(controller.model.topics) == {"t", "fine"}
+
+    deleted = await service.DeleteTopics(
+        cpb.DeleteTopicsRequest(topic_names=["fine", "fine"]),
+        None,  # type: ignore[arg-type]
+    )
+    assert [r.error_code for r in deleted.topics] == [ErrorCode.INVALID_REQUEST] * 2
+    assert "fine" in controller.model.topics

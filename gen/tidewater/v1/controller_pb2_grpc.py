@@ -33,8 +33,9 @@ class ControllerServiceStub:
     a standby answers every RPC with NOT_CONTROLLER and names the active controller there (or
     -1 while none is known: retry another controller address after a backoff). As with
     BrokerService, outcomes come back as ErrorCodes in the response, never as gRPC statuses.
-    Admin RPCs answer once the change is committed to the controller's store; those with a
-    timeout_ms can wait longer, until the change has taken effect on the brokers.
+    Admin RPCs answer once the change is committed to the controller's store, as KRaft's
+    controller does; their timeout_ms fields keep Kafka's request shape and are not read (the
+    CLI waits for new leaders through the metadata service).
     """
 
     def __init__(self, channel):
@@ -123,8 +124,9 @@ class ControllerServiceServicer:
     a standby answers every RPC with NOT_CONTROLLER and names the active controller there (or
     -1 while none is known: retry another controller address after a backoff). As with
     BrokerService, outcomes come back as ErrorCodes in the response, never as gRPC statuses.
-    Admin RPCs answer once the change is committed to the controller's store; those with a
-    timeout_ms can wait longer, until the change has taken effect on the brokers.
+    Admin RPCs answer once the change is committed to the controller's store, as KRaft's
+    controller does; their timeout_ms fields keep Kafka's request shape and are not read (the
+    CLI waits for new leaders through the metadata service).
     """
 
     def RegisterBroker(self, request, context):
@@ -329,8 +331,9 @@ class ControllerService:
     a standby answers every RPC with NOT_CONTROLLER and names the active controller there (or
     -1 while none is known: retry another controller address after a backoff). As with
     BrokerService, outcomes come back as ErrorCodes in the response, never as gRPC statuses.
-    Admin RPCs answer once the change is committed to the controller's store; those with a
-    timeout_ms can wait longer, until the change has taken effect on the brokers.
+    Admin RPCs answer once the change is committed to the controller's store, as KRaft's
+    controller does; their timeout_ms fields keep Kafka's request shape and are not read (the
+    CLI waits for new leaders through the metadata service).
     """
 
     @staticmethod

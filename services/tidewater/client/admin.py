@@ -189,25 +189,26 @@ class Admin:
         self,
         name: str,
         partitions: int = 1,
-        replication_factor: int = 3,
+        replication_factor: int | None = None,
         configs: Mapping[str, str] | None = None,
         assignments: Sequence[Sequence[int]] = (),
         validate_only: bool = False,
     ) -> uuid.UUID | None:
-        """Create a topic: `partitions` of `replication_factor` replicas, placed by the
-        controller (rack aware), or explicit `assignments` (replicas of partition 0, 1, ...).
-        Returns its topic id (None with `validate_only`)."""
+        """Create a topic: `partitions` of `replication_factor` replicas (None: the
+        controllers' --default-replication-factor, as Kafka's default.replication.factor),
+        placed by the controller (rack aware), or explicit `assignments` (replicas of
+        partition 0, 1, ...). Returns its topic id (None with `validate_only`)."""
         # On the wire 0 means "the controller's default": here it is a mistake.
         if not assignments and partitions < 1:
             raise InvalidPartitions(f"a topic needs at least 1 partition, got {partitions}")
-        if not assignments and replication_factor < 1:
+        if not assignments and replication_factor is not None and replication_factor < 1:
             raise InvalidReplicationFactor(
                 f"replication factor must be at least 1, got {replication_factor}"
             )
         topic = cpb.CreatableTopic(
             name=name,
             num_partitions=0 if assignments else partitions,
-            replication_factor=0 if assignments else replication_factor,
+            replication_factor=0 if assignments else replication_factor or 0,
             configs=dict(configs or {}),
         )
         for partition, replicas in enumerate(assignments):

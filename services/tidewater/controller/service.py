@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Protocol, TypeVar
@@ -32,6 +33,8 @@ from tidewater.controller.core import (
 )
 from tidewater.controller.model import BrokerState, TopicState
 from tidewater.errors import (
+    InvalidPartitions,
+    InvalidReplicationFactor,
     InvalidRequest,
     NotController,
     PolicyViolation,
@@ -88,9 +91,11 @@ async def answer_each(
     items: Sequence[tuple[Item, Result]],
     apply: Callable[[Item, Result], Awaitable[None]],
     refused: TidewaterError | None = None,
+    name: Callable[[Item], object] | None = None,
 ) -> None:
     """Apply each item in turn, its refusal answered in its own result (`refused`: every
-    item's, the request refused whole before any is applied). An etcd failure
+    item's, the request refused whole before any is applied; an item whose `name` another
+    item of the request has too is refused, INVALID_REQUEST, as in Kafka). An etcd failure
     (StoreUnavailable, NotController) is not one item's: it ends the request, and is raised on
     so that the controller resigns (Controller.submit) and its successor reloads what etcd
     holds. The answer stays true: items before it keep their NONE (committed and announced);
@@ -99,8 +104,11 @@ async def answer_each(
         for _, result in items:
             result.error_code, result.error_message = refused.code, refused.message
         return
+    named = Counter(name(item) for item, _ in items) if name is not None else Counter()
     for i, (item, result) in enumerate(items):
         try:
+            if name is not None and named[name(item)] > 1:
+                raise InvalidRequest(f"{name(item)!r} is named more than once in the request")
             await apply(item, result)
         except (StoreUnavailable, NotController) as e:
             _cut_short(items[i:], e.code, e.message)
@@ -145,7 +153,12 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             info.endpoint.host = self._c.config.host
             info.endpoint.port = self._c.config.port
             return
-        active = await self._c.store.active_controller()
+        try:
+            active = await self._c.store.active_controller()
+        except StoreUnavailable:
+            # Review 32 #7: a standby that cannot read etcd answered gRPC UNKNOWN: it knows
+            # of no active controller (the client asks another).
+            active = None
         info.controller_id = active[0] if active else -1
         if active:
             host, _, port = active[1].rpartition(":")
@@ -373,13 +386,19 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 result.topic_id = created.topic_id.bytes
 
         async def event() -> None:
-            topics = [(t, response.topics.add(name=t.name)) for t in request.topics]
+            topics = [
+                # -1 unless created
+                (t, response.topics.add(name=t.name, num_partitions=-1, replication_factor=-1))
+                for t in request.topics
+            ]
             asked = sum(
                 len(t.assignments)
                 or (t.num_partitions if t.num_partitions > 0 else DEFAULT_PARTITIONS)
                 for t in request.topics
             )
-            await answer_each(topics, create, _check_partitions_per_request(asked))
+            await answer_each(
+                topics, create, _check_partitions_per_request(asked), lambda t: t.name
+            )
 
         return await self._answer(response, event)
 
@@ -396,6 +415,22 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 f"topic {topic.name!r} was deleted and brokers {waiting} have not yet deleted "
                 "its logs",
                 ErrorCode.TOPIC_DELETION_IN_PROGRESS,
+            )
+        if topic.assignments and (topic.num_partitions or topic.replication_factor):
+            raise InvalidRequest(
+                f"topic {topic.name!r}: give assignments, or num_partitions and "
+                "replication_factor, not both"
+            )
+        # Review 32 #6: negative counts took the defaults.
+        if topic.num_partitions < 0:
+            raise InvalidPartitions(
+                f"number of partitions must be at least 1 (0: the default), got "
+                f"{topic.num_partitions}"
+            )
+        if topic.replication_factor < 0:
+            raise InvalidReplicationFactor(
+                f"replication factor must be at least 1 (0: the default), got "
+                f"{topic.replication_factor}"
             )
         configs = dict(topic.configs)
         TopicConfig.from_properties(configs)  # InvalidConfig names the bad key
@@ -442,7 +477,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             names = [(n, response.topics.add(topic=n)) for n in request.topic_names]
-            await answer_each(names, delete)
+            await answer_each(names, delete, name=lambda n: n)
 
         return await self._answer(response, event)
 
@@ -477,11 +512,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.IncrementalAlterConfigsResponse:
         response = cpb.IncrementalAlterConfigsResponse()
 
-        names = [t.topic for t in request.topics]
-
         async def alter(topic: cpb.AlterConfigsTopic, result: ItemResult) -> None:
-            if names.count(topic.topic) > 1:
-                raise InvalidRequest(f"topic {topic.topic!r} is given more than once")
             state = self._c.model.topics.get(topic.topic)
             if state is None:
                 raise UnknownTopicOrPartition(f"topic {topic.topic!r} does not exist")
@@ -492,7 +523,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
 
         async def event() -> None:
             topics = [(t, response.topics.add(topic=t.topic)) for t in request.topics]
-            await answer_each(topics, alter)
+            await answer_each(topics, alter, name=lambda t: t.topic)
 
         return await self._answer(response, event)
 
@@ -535,7 +566,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 for t in request.topics
                 if t.name in existing
             )
-            await answer_each(topics, create, _check_partitions_per_request(asked))
+            await answer_each(
+                topics, create, _check_partitions_per_request(asked), lambda t: t.name
+            )
 
         return await self._answer(response, event)
 
@@ -597,6 +630,12 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         response = cpb.ElectLeadersResponse()
 
         async def event() -> None:
+            if request.election_type not in (
+                cpb.ELECTION_TYPE_PREFERRED,
+                cpb.ELECTION_TYPE_UNCLEAN,
+            ):
+                # Review 32 #2: any other value ran an unclean election.
+                raise InvalidRequest(f"unknown election_type {request.election_type}")
             model = self._c.model
             # Each partition once (review 23 #3: a repeat put its key twice in one etcd txn,
             # which etcd refuses, and the controller resigned).
@@ -648,7 +687,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 (p, response.partitions.add(topic=p.topic, partition=p.partition))
                 for p in request.partitions
             ]
-            await answer_each(partitions, reassign)
+            await answer_each(partitions, reassign, name=lambda p: f"{p.topic}-{p.partition}")
 
         return await self._answer(response, event)
 

@@ -34,7 +34,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     create = actions.add_parser("create", help="create a topic (waits until it has leaders)")
     create.add_argument("--topic", required=True)
     create.add_argument("--partitions", type=at_least(1), default=1, help="default 1")
-    create.add_argument("--replication-factor", type=at_least(1), default=3, help="default 3")
+    create.add_argument(
+        "--replication-factor",
+        type=at_least(1),
+        help="default: the controllers' --default-replication-factor (3, or fewer where fewer "
+        "brokers ever registered)",
+    )
     create.add_argument(
         "--config",
         type=key_value,

@@ -152,6 +152,21 @@ async def test_plain_records_for_clients_without_batches(leader: Any) -> None:
     )
 
 
+async def test_plain_records_whose_timestamps_leave_int64_are_invalid_timestamp(
+    leader: Any,
+) -> None:
+    """Review 32 #5: their deltas did not fit the encoding, and the encoder's ValueError
+    answered UNKNOWN_SERVER_ERROR (with a traceback in the broker's log)."""
+    records = [common_pb2.Record(value=b"a", timestamp_ms=t) for t in (-(2**63), 2**63 - 1)]
+    response = await leader.service.Produce(
+        pb.ProduceRequest(
+            acks=1, partitions=[pb.PartitionProduceData(topic=TOPIC, partition=0, records=records)]
+        )
+    )
+    assert response.partitions[0].error_code == ErrorCode.INVALID_TIMESTAMP
+    assert "too far apart" in response.partitions[0].error_message
+
+
 async def test_long_poll_fetch_wakes_on_new_data(leader: Any) -> None:
     waiting = asyncio.ensure_future(leader.service.Fetch(fetch_request(0, max_wait_ms=30_000)))
     await asyncio.sleep(0.05)

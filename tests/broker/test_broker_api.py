@@ -386,6 +386,18 @@ async def test_list_offsets(leader: Any) -> None:
     assert (await offset(pb.OFFSET_SPEC_TIMESTAMP, 9999))[0] == -1
 
 
+async def test_list_offsets_from_a_replica_id_that_is_no_replica_is_refused(leader: Any) -> None:
+    """Review 32 #4: a client that left replica_id at proto3's default (0) was answered as a
+    replica, the LEO as LATEST: past the HW, an offset not committed."""
+    request = list_offsets(TOPIC, 0, pb.OFFSET_SPEC_LATEST)
+    request.replica_id = 0
+    result = (await leader.service.ListOffsets(request)).partitions[0]
+    assert result.error_code == ErrorCode.INVALID_REQUEST
+    assert "a consumer sends -1" in result.error_message
+    request.replica_id = 1  # the leader's own id: a replica (debugging tools)
+    assert (await leader.service.ListOffsets(request)).partitions[0].error_code == ErrorCode.NONE
+
+
 async def test_offset_for_leader_epoch(leader: Any) -> None:
     await produce_ok(leader, batch_of([b"a", b"b"]))
     await make_leader(leader.channel, TOPIC, 0, leader=1, leader_epoch=3, replicas=[1])

@@ -999,6 +999,13 @@ class ReplicaManager:
         replica_id: int,
         result: pb.ListOffsetsPartitionResponse,
     ) -> None:
+        if replica_id != CONSUMER_REPLICA_ID and replica_id not in partition.state.replicas:
+            # Review 32 #4: a client that left replica_id at proto3's 0 read the LEO, past
+            # what is committed, as LATEST.
+            raise InvalidRequest(
+                f"replica_id {replica_id} is not a replica of {partition.state.name} "
+                f"(replicas {list(partition.state.replicas)}): a consumer sends -1"
+            )
         # A consumer never learns of offsets beyond the HW: they are not committed yet.
         visible_end = (
             partition.state.high_watermark

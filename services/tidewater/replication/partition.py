@@ -413,7 +413,7 @@ class Partition:
         if replica is None:
             raise NotLeaderOrFollower(
                 f"broker {fetch.replica_id} is not a replica of {self.name} "
-                f"(replicas {list(self.replicas)})"
+                f"(replicas {list(self.replicas)}; a consumer sends replica_id -1)"
             )
         replica.wake(self.key)
         leader_end_offset = self.log.log_end_offset

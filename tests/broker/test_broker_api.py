@@ -1507,3 +1507,20 @@ async def test_a_fetch_at_a_segments_tail_is_answered_though_short_of_min_bytes(
     response = await asyncio.wait_for(client.service.Fetch(request), 20)
     values = [r.value for r in decode_batches(response.partitions[0].record_batches)]
     assert values and values[0] == b"c" * 400
+
+
+async def test_a_fetch_whose_partition_limit_cuts_the_read_meets_min_bytes_at_that_limit(
+    leader: Any,
+) -> None:
+    """Review 30 #1: whole batches fall short of a partition's limit, so a min_bytes of
+    partition_max_bytes (the consumer's default 1 MiB) was never met, and the fetch waited
+    its max_wait with far more readable. As Kafka's DelayedFetch, a partition with more to
+    read than its limit let in counts as that limit."""
+    for _ in range(40):
+        await produce_ok(leader, batch_of([b"x" * 1000] * 10))  # ~10 KB a batch
+    request = fetch_request(0, max_wait_ms=120_000)
+    request.min_bytes = request.partitions[0].partition_max_bytes = 100_000
+    response = await asyncio.wait_for(leader.service.Fetch(request), 30)
+    served = response.partitions[0].record_batches
+    assert 0 < len(served) <= 100_000
+    assert len(list(decode_batches(served))) < 400

@@ -110,6 +110,15 @@ def read_offset_and_length(buf: bytes | bytearray | memoryview, pos: int = 0) ->
     return _OFFSET_AND_LENGTH.unpack_from(buf, pos)
 
 
+def next_offset_after(batches: bytes | bytearray | memoryview) -> int:
+    """The offset after the last of whole `batches` (not empty): its header alone is read."""
+    pos = last = 0
+    while pos < len(batches):
+        last = pos
+        pos += LOG_OVERHEAD + read_offset_and_length(batches, pos)[1]
+    return read_header(batches, last).next_offset
+
+
 def patch_base_offset_and_epoch(
     buf: bytearray | memoryview, pos: int, base_offset: int, partition_leader_epoch: int
 ) -> None:

@@ -5,14 +5,19 @@ that alone: a topic a metadata service does not know keeps its epochs."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import uuid
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from tidewater.client import metadata as metadata_module
 from tidewater.client.errors import MetadataUnavailable
 from tidewater.client.metadata import ClusterMetadata
+from tidewater.local.wait import eventually
 from tidewater.v1 import common_pb2, metadata_pb2
 from tidewater.v1.errors_pb2 import ErrorCode
 
@@ -159,3 +164,102 @@ async def test_a_refused_connection_is_not_reported_as_the_deadline_running_out(
     finally:
         await metadata.close()
     assert str(raised.value) == f"no metadata service answered: {address}: UNAVAILABLE"
+
+
+class HeldService:
+    """A metadata service whose answers wait for `release`; `asked` holds each request's
+    topics. It knows every topic asked for (one partition, led by broker 1)."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+        self.release = asyncio.Event()
+
+    def __call__(self, channel: object) -> HeldService:
+        return self
+
+    async def GetMetadata(
+        self, request: metadata_pb2.GetMetadataRequest, timeout: float
+    ) -> metadata_pb2.GetMetadataResponse:
+        self.asked.append(list(request.topics))
+        await self.release.wait()
+        response = metadata_pb2.GetMetadataResponse()
+        response.brokers.add(broker_id=1, endpoint=common_pb2.Endpoint(host="b", port=1))
+        for name in request.topics:
+            topic = response.topics.add(topic=name, topic_id=name.encode().ljust(16, b"_"))
+            topic.partitions.add(partition=0, leader=1, leader_epoch=0, replicas=[1], isr=[1])
+        return response
+
+
+async def test_a_refresh_for_a_new_topic_does_not_settle_for_a_fetch_that_did_not_ask_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 29 #5: a refresh of topic b while one asked for a only was under way waited for
+    that one and returned without b (the consumer's seek then raised LEADER_NOT_AVAILABLE,
+    the producer lost a retry backoff)."""
+    service = HeldService()
+    monkeypatch.setattr(metadata_module.metadata_pb2_grpc, "MetadataServiceStub", service)
+    cache = ClusterMetadata(["127.0.0.1:1"])
+    try:
+        first = asyncio.ensure_future(cache.refresh(["a"]))
+        await eventually(lambda: service.asked == [["a"]], 10)
+        second = asyncio.ensure_future(cache.refresh(["b"]))
+        service.release.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert service.asked == [["a"], ["a", "b"]]
+        assert cache.leader(("b", 0)) is not None
+    finally:
+        await cache.close()
+
+
+class ByAddress:
+    """Metadata services by address: `lagging:1` has not heard of topic t yet, `fresh:1`
+    has. `asked` holds the address of each request."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def channel(self, address: str, options: object) -> Any:
+        return SimpleNamespace(address=address, close=self._close)
+
+    async def _close(self) -> None:
+        pass
+
+    def __call__(self, channel: Any) -> Any:
+        service = self
+
+        class Stub:
+            async def GetMetadata(
+                self, request: metadata_pb2.GetMetadataRequest, timeout: float
+            ) -> metadata_pb2.GetMetadataResponse:
+                service.asked.append(channel.address)
+                response = metadata_pb2.GetMetadataResponse()
+                response.brokers.add(broker_id=1, endpoint=common_pb2.Endpoint(host="b", port=1))
+                topic = response.topics.add(topic="t")
+                if channel.address == "lagging:1":
+                    topic.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    topic.topic_id = b"t" * 16
+                    topic.partitions.add(partition=0, leader=1, replicas=[1], isr=[1])
+                return response
+
+        return Stub()
+
+
+async def test_a_refresh_that_leaves_its_topic_unknown_asks_another_service_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 29 #4: only a broker's "stale" hint moved the client to another metadata
+    service; a producer waiting for a topic just created asked the lagging one for all of
+    max_block_ms, though the other knew it."""
+    services = ByAddress()
+    monkeypatch.setattr(metadata_module.metadata_pb2_grpc, "MetadataServiceStub", services)
+    monkeypatch.setattr(metadata_module.tracing, "insecure_channel", services.channel)
+    cache = ClusterMetadata(["lagging:1", "fresh:1"])
+    try:
+        await cache.refresh(["t"])
+        assert cache.leader(("t", 0)) is None
+        await cache.refresh(["t"])
+        assert cache.leader(("t", 0)) is not None
+        assert services.asked == ["lagging:1", "fresh:1"]
+    finally:
+        await cache.close()

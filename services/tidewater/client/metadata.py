@@ -81,6 +81,8 @@ class ClusterMetadata:
         # The active controller's address as the metadata service last heard of it.
         self.controller: str | None = None
         self._wanted: set[str] = set()
+        # The topics the latest refresh asked for.
+        self._asked: frozenset[str] = frozenset()
         self._current = 0
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._refreshing: asyncio.Task[None] | None = None
@@ -96,11 +98,25 @@ class ClusterMetadata:
     async def refresh(self, topics: Iterable[str] = ()) -> None:
         """Fetch the view of `topics` (plus every topic asked for before) now; concurrent
         callers share one request. MetadataUnavailable when no address answers."""
+        topics = list(topics)
         self._wanted.update(topics)
         self._keep_fresh()
-        if self._refreshing is None or self._refreshing.done():
-            self._refreshing = asyncio.ensure_future(self._fetch(sorted(self._wanted)))
-        await asyncio.shield(self._refreshing)
+        while True:
+            refreshing = self._refreshing
+            if refreshing is None or refreshing.done():
+                self._refreshing = asyncio.ensure_future(self._fetch_wanted())
+                await asyncio.shield(self._refreshing)
+                if len(self.addresses) > 1 and any(map(self._lacks_leaders, topics)):
+                    # The service may lag (not heard from the controller of late): the next
+                    # refresh asks another (review 29 #4: the same one was asked for good).
+                    self._current = (self._current + 1) % len(self.addresses)
+                return
+            # Review 29 #5: a fetch under way asked before these topics were wanted need not
+            # answer for them: another follows it.
+            covered = not self._asked or self._asked >= self._wanted  # none: every topic
+            await asyncio.shield(refreshing)
+            if covered:
+                return
 
     def request_refresh(self) -> None:
         """A response said the view is stale: refresh in the background, at most once per
@@ -131,7 +147,7 @@ class ClusterMetadata:
         # On failure the next stale answer asks again.
         with contextlib.suppress(MetadataUnavailable):
             before = dict(self.partitions)
-            await self._fetch(sorted(self._wanted))
+            await self._fetch_wanted()
             if self.partitions == before and len(self.addresses) > 1:
                 # A broker said the view is stale and this service's answer changed nothing:
                 # it may have stopped hearing from the controller; the next refresh asks
@@ -153,6 +169,17 @@ class ClusterMetadata:
                 continue
             with contextlib.suppress(MetadataUnavailable):  # asked again after the backoff
                 await self.refresh()
+
+    def _lacks_leaders(self, topic: str) -> bool:
+        """Whether the view knows no such topic, or a partition of it without a leader."""
+        info = self.topics.get(topic)
+        if info is None or info.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+            return True
+        return any(p.leader < 0 for tp, p in self.partitions.items() if tp[0] == topic)
+
+    async def _fetch_wanted(self) -> None:
+        self._asked = frozenset(self._wanted)
+        await self._fetch(sorted(self._asked))
 
     async def describe(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
         """The metadata service's answer for `topics` (all when empty), as it is."""

@@ -12,7 +12,12 @@ from tests.client.cluster import Cluster
 from tidewater.client.consumer import Consumer
 from tidewater.client.errors import BufferExhausted, MetadataUnavailable, SenderFailed
 from tidewater.client.producer import Producer
-from tidewater.errors import InvalidConfig, MessageTooLarge, UnknownTopicOrPartition
+from tidewater.errors import (
+    InvalidConfig,
+    InvalidTopic,
+    MessageTooLarge,
+    UnknownTopicOrPartition,
+)
 
 NO_IDEMPOTENCE = {"enable_idempotence": False}
 DEADLINE_S = 30
@@ -90,6 +95,15 @@ async def test_unknown_topic_is_a_clear_error(cluster: Cluster) -> None:
     async with Producer(cluster.bootstrap, max_block_ms=300, **NO_IDEMPOTENCE) as producer:
         with pytest.raises(UnknownTopicOrPartition, match="nope"):
             await producer.send("nope", b"x")
+
+
+async def test_an_invalid_topic_name_fails_the_send_at_once(cluster: Cluster) -> None:
+    """Review 29 #7: INVALID_TOPIC from the metadata service was retried until max_block_ms
+    (the test's 600 s would not have ended here), and the name stayed in every refresh."""
+    async with Producer(cluster.bootstrap, max_block_ms=600_000, **NO_IDEMPOTENCE) as producer:
+        with pytest.raises(InvalidTopic, match="bad!"):
+            await asyncio.wait_for(producer.send("bad!", b"x"), DEADLINE_S)
+        assert "bad!" not in producer.metadata._wanted
 
 
 async def test_a_record_that_is_not_bytes_is_refused_by_send_and_the_producer_goes_on(

@@ -378,6 +378,7 @@ def error_topics(cluster: list[str]) -> list[str]:
         (["produce", "--topic", "nope"], "x\n", "UNKNOWN_TOPIC_OR_PARTITION: topic 'nope'"),
         (["consume", "--topic", "nope"], "", "UNKNOWN_TOPIC_OR_PARTITION: topic 'nope'"),
         (["topics", "describe", "--topic", "nope"], "", "UNKNOWN_TOPIC_OR_PARTITION"),
+        (["topics", "describe", "--topic", "bad!"], "", "INVALID_TOPIC: topic name 'bad!'"),
         (["topics", "delete", "--topic", "nope"], "", "UNKNOWN_TOPIC_OR_PARTITION"),
         (["consume", "--topic", "cli-errors", "--partition", "5"], "", "not partition 5"),
         (["produce", "--topic", "cli-errors"], "x" * 2_000_000, "MESSAGE_TOO_LARGE"),

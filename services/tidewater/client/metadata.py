@@ -95,6 +95,11 @@ class ClusterMetadata:
         """Keep `topics` in every refresh from now on."""
         self._wanted.update(topics)
 
+    def forget_topic(self, topic: str) -> None:
+        """Ask for `topic` no more (a name it refused: INVALID_TOPIC)."""
+        self._wanted.discard(topic)
+        self.topics.pop(topic, None)
+
     async def refresh(self, topics: Iterable[str] = ()) -> None:
         """Fetch the view of `topics` (plus every topic asked for before) now; concurrent
         callers share one request. MetadataUnavailable when no address answers."""

@@ -419,6 +419,11 @@ class Producer:
             info = self.metadata.topics.get(topic)
             if info is not None and info.error_code == NO_ERROR and info.num_partitions:
                 break
+            if info is not None and info.error_code not in RETRIABLE | {NO_ERROR}:
+                # INVALID_TOPIC: no wait makes it exist (review 29 #7: the send waited
+                # max_block_ms, and the name stayed in every refresh for good).
+                self.metadata.forget_topic(topic)
+                raise error_for(info.error_code, info.error_message or f"topic {topic!r}")
             if time.monotonic() + self.config.retry_backoff_s > deadline:
                 reason = info.error_message if info is not None else "not in metadata"
                 code = info.error_code if info is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

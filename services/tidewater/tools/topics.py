@@ -10,6 +10,7 @@ import time
 import uuid
 
 from tidewater.client.admin import Admin
+from tidewater.client.errors import error_for
 from tidewater.errors import RequestTimedOut, UnknownTopicOrPartition
 from tidewater.tools.options import (
     UsageError,
@@ -111,6 +112,8 @@ async def run(args: argparse.Namespace) -> int:
             for topic in topics:
                 if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     raise UnknownTopicOrPartition(f"topic {topic.topic!r} does not exist")
+                if topic.error_code != ErrorCode.NONE:  # INVALID_TOPIC (review 29 #7)
+                    raise error_for(topic.error_code, topic.error_message)
             configs = await _configs(admin, [t.topic for t in topics])
             print(
                 json.dumps(describe_json(topics, configs), indent=2)

@@ -1524,3 +1524,51 @@ async def test_a_fetch_whose_partition_limit_cuts_the_read_meets_min_bytes_at_th
     served = response.partitions[0].record_batches
     assert 0 < len(served) <= 100_000
     assert len(list(decode_batches(served))) < 400
+
+
+async def test_a_request_that_does_not_decode_is_invalid_argument(leader: Any) -> None:
+    """Review 32 #8: every RPC answered UNKNOWN "Unexpected DecodeError" (a traceback in the
+    broker's log each time)."""
+    raw = leader.channel.unary_unary(
+        "/tidewater.v1.BrokerService/Produce",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await raw(b"\x08\xff", timeout=10)  # field 1 (acks) cut off mid-varint
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not decode" in (info.value.details() or "")
+
+
+async def test_a_stream_answers_what_it_read_before_a_request_that_does_not_decode(
+    leader: Any,
+) -> None:
+    """Review 32 #8: the undecodable message ended the ProduceStream at once, cancelling the
+    requests read before it: an acks=all batch was committed with its answer lost."""
+    stream = leader.channel.stream_stream(
+        "/tidewater.v1.BrokerService/ProduceStream",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.ProduceResponse.FromString,
+    )
+
+    async def requests() -> Any:
+        good = produce_request(batch_of([b"kept"]), acks=-1)
+        good.correlation_id = 7
+        yield good.SerializeToString()
+        yield b"\x08\xff"
+
+    call = stream(requests(), timeout=30)
+    answers = [answer async for answer in _until_status(call)]
+    assert [(a.correlation_id, a.partitions[0].error_code) for a in answers] == [
+        (7, ErrorCode.NONE)
+    ]
+    assert await call.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def _until_status(call: Any) -> Any:
+    """A stream call's answers, stopping (not raising) at the status it ends with."""
+    try:
+        async for answer in call:
+            yield answer
+    except grpc.aio.AioRpcError:
+        return

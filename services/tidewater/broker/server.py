@@ -19,6 +19,7 @@ from tidewater.broker.replica_manager import ReplicaManager
 from tidewater.broker.service import BrokerControl, BrokerService, add_broker_service
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.rpc.allocator import tune_for_large_messages
+from tidewater.rpc.handlers import add_service
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import broker_pb2, broker_pb2_grpc
 
@@ -60,8 +61,10 @@ class BrokerServer:
         ]
         self.host = ServiceHost(names)
         add_broker_service(BrokerService(self.replica_manager), self.host.server)
-        broker_pb2_grpc.add_BrokerControlServicer_to_server(
-            BrokerControl(self.replica_manager), self.host.server
+        add_service(
+            broker_pb2_grpc.add_BrokerControlServicer_to_server,
+            BrokerControl(self.replica_manager),
+            self.host.server,
         )
         self._tasks: list[asyncio.Task[None]] = []
 

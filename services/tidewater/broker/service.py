@@ -10,6 +10,7 @@ from opentelemetry.trace import SpanContext
 
 from tidewater.broker.fetch_answer import FetchAnswer
 from tidewater.broker.replica_manager import ReplicaManager, fetch_failed, produce_failed
+from tidewater.rpc.handlers import Handlers, add_service
 from tidewater.rpc.lifted import Lifted, Lifter
 from tidewater.rpc.streams import pipelined
 from tidewater.telemetry import tracing
@@ -87,21 +88,6 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return await self._rm.producer_ids.init_producer_id(request)
 
 
-class _Registration:
-    """Stands in for the server while generated code registers a service's handlers."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass
-
-    def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
-    ) -> None:
-        self.handlers = handlers
-
-
 # Produce requests as gRPC hands them to BrokerService: batches lifted out of large ones.
 PRODUCE_LIFTER = Lifter(pb.ProduceRequest, "partitions", "record_batch")
 
@@ -110,17 +96,19 @@ def add_broker_service(servicer: BrokerService, server: grpc.aio.Server) -> None
     """Registers BrokerService as the generated code would, except that Fetch and FetchStream
     answer FetchAnswers, which gRPC sends with their records spliced in (fetch_answer), and
     Produce and ProduceStream take requests with their batches lifted out (rpc.lifted)."""
-    registration = _Registration()
-    broker_pb2_grpc.add_BrokerServiceServicer_to_server(servicer, registration)
-    handlers = registration.handlers
-    # Generated handlers are namedtuples.
-    for method in ("Fetch", "FetchStream"):
-        handlers[method] = handlers[method]._replace(response_serializer=FetchAnswer.serialize)  # type: ignore[attr-defined]
-    for method in ("Produce", "ProduceStream"):
-        handlers[method] = handlers[method]._replace(request_deserializer=PRODUCE_LIFTER.parse)  # type: ignore[attr-defined]
-    service = pb.DESCRIPTOR.services_by_name["BrokerService"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    server.add_registered_method_handlers(service, handlers)
+
+    def adjust(handlers: Handlers) -> None:
+        # Generated handlers are namedtuples.
+        for method in ("Fetch", "FetchStream"):
+            handlers[method] = handlers[method]._replace(  # type: ignore[attr-defined]
+                response_serializer=FetchAnswer.serialize
+            )
+        for method in ("Produce", "ProduceStream"):
+            handlers[method] = handlers[method]._replace(  # type: ignore[attr-defined]
+                request_deserializer=PRODUCE_LIFTER.parse
+            )
+
+    add_service(broker_pb2_grpc.add_BrokerServiceServicer_to_server, servicer, server, adjust)
 
 
 class BrokerControl(broker_pb2_grpc.BrokerControlServicer):

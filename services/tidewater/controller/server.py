@@ -12,6 +12,7 @@ from tidewater.controller.controller import Controller, ControllerConfig
 from tidewater.controller.service import ControllerService
 from tidewater.controller.store import ControllerStore
 from tidewater.rpc.address import listen_and_advertised, published
+from tidewater.rpc.handlers import add_service
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import controller_pb2, controller_pb2_grpc
 
@@ -64,8 +65,10 @@ async def run_controller(
         store,
         monotonic_ms,
     )
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(
-        ControllerService(controller), host.server
+    add_service(
+        controller_pb2_grpc.add_ControllerServiceServicer_to_server,
+        ControllerService(controller),
+        host.server,
     )
     metrics = None
     if metrics_port is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from tidewater.controller.service import PRODUCER_ID_BLOCK
+from tidewater.rpc.handlers import add_service
 from tidewater.rpc.server import CHANNEL_OPTIONS, ServiceHost
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import broker_pb2_grpc, common_pb2, controller_pb2, controller_pb2_grpc
@@ -130,7 +131,9 @@ class StandinController(controller_pb2_grpc.ControllerServiceServicer):
         self.host = ServiceHost(
             [controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name]
         )
-        controller_pb2_grpc.add_ControllerServiceServicer_to_server(self, self.host.server)
+        add_service(
+            controller_pb2_grpc.add_ControllerServiceServicer_to_server, self, self.host.server
+        )
         port = self.host.bind("127.0.0.1", 0)
         await self.host.start()
         await self.host.set_serving()

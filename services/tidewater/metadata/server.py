@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from tidewater.metadata.cache import MetadataCache
 from tidewater.metadata.service import MetadataControl, MetadataService
 from tidewater.rpc.address import parse_listener
+from tidewater.rpc.handlers import add_service
 from tidewater.rpc.server import ServiceHost, announce, wait_for_stop_signal
 from tidewater.v1 import metadata_pb2, metadata_pb2_grpc
 
@@ -34,11 +35,15 @@ class MetadataServer:
             for name in ("MetadataService", "MetadataControl")
         ]
         self.host = ServiceHost(names)
-        metadata_pb2_grpc.add_MetadataServiceServicer_to_server(
-            MetadataService(self.cache), self.host.server
+        add_service(
+            metadata_pb2_grpc.add_MetadataServiceServicer_to_server,
+            MetadataService(self.cache),
+            self.host.server,
         )
-        metadata_pb2_grpc.add_MetadataControlServicer_to_server(
-            MetadataControl(self.cache, self.host.set_serving), self.host.server
+        add_service(
+            metadata_pb2_grpc.add_MetadataControlServicer_to_server,
+            MetadataControl(self.cache, self.host.set_serving),
+            self.host.server,
         )
 
     @property

@@ -10,7 +10,9 @@ from typing import NamedTuple
 
 import pytest
 
+from tidewater.client.errors import error_for
 from tidewater.devtools.protogen import PROTO_ROOT, proto_files
+from tidewater.errors import RETRIABLE, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
 
 DECLARATION = re.compile(r"^\s*(service|rpc|message|enum)\s+(\w+)")
@@ -84,3 +86,23 @@ def test_readme_explains_every_error_code() -> None:
     assert sorted(rows, key=lambda row: int(row[1])) == [
         (name, str(number)) for name, number in sorted(ErrorCode.items(), key=lambda kv: kv[1])
     ]
+
+
+def test_the_retriable_codes_are_the_readmes() -> None:
+    """Review 32 #11: the SDK's set and the README's retry column disagreed on ten codes."""
+    readme = (PROTO_ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| \d+ \|[^|]*\| ([^|]*) \|", readme, flags=re.MULTILINE)
+    assert rows
+    yes = {ErrorCode.Value(name) for name, retriable in rows if retriable.strip().startswith("yes")}
+    assert yes == RETRIABLE
+
+
+def test_every_error_code_has_its_exception_class() -> None:
+    """What a client catches by name (`except TopicAlreadyExists`), as Kafka's exceptions;
+    review 32 #11: ten codes came as the base class."""
+    for name, code in ErrorCode.items():
+        if code in (ErrorCode.NONE, ErrorCode.UNKNOWN_SERVER_ERROR):
+            continue
+        error = error_for(code, "a test")
+        assert type(error) is not TidewaterError, name
+        assert (error.code, error.retriable) == (code, code in RETRIABLE)

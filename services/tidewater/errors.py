@@ -9,6 +9,34 @@ from tidewater.v1.errors_pb2 import ErrorCode
 # several times per request.
 NO_ERROR: int = ErrorCode.NONE
 
+# The codes whose request may succeed when sent again, maybe elsewhere or later: the
+# "retriable" column of protos/README.md (a test holds them together).
+RETRIABLE = frozenset(
+    {
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.NOT_CONTROLLER,
+        ErrorCode.NO_REPLICA_ONLINE,
+        ErrorCode.STATE_CHANGE_FAILED,
+        ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+        ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE,
+        ErrorCode.STORAGE_ERROR,
+        ErrorCode.TOPIC_DELETION_IN_PROGRESS,
+        ErrorCode.PRODUCER_ID_ALLOCATION_FAILED,
+        ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+        ErrorCode.INVALID_FETCH_SESSION_EPOCH,
+        ErrorCode.UNKNOWN_TOPIC_ID,
+        ErrorCode.INCONSISTENT_TOPIC_ID,
+        ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+    }
+)
+
 
 class TidewaterError(Exception):
     """An error with a name in the protocol. Subclasses fix the code; the message explains."""
@@ -23,6 +51,11 @@ class TidewaterError(Exception):
     @property
     def code_name(self) -> str:
         return ErrorCode.Name(self.code)
+
+    @property
+    def retriable(self) -> bool:
+        """Whether the same request may succeed when sent again (Kafka's RetriableException)."""
+        return self.code in RETRIABLE
 
     @property
     def message(self) -> str:
@@ -203,3 +236,39 @@ class InvalidProducerEpoch(TidewaterError):
 
 class ProducerIdAllocationFailed(TidewaterError):
     code = ErrorCode.PRODUCER_ID_ALLOCATION_FAILED
+
+
+class LeaderNotAvailable(TidewaterError):
+    code = ErrorCode.LEADER_NOT_AVAILABLE
+
+
+class ReplicaNotAvailable(TidewaterError):
+    code = ErrorCode.REPLICA_NOT_AVAILABLE
+
+
+class TopicAlreadyExists(TidewaterError):
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class TopicDeletionInProgress(TidewaterError):
+    code = ErrorCode.TOPIC_DELETION_IN_PROGRESS
+
+
+class InvalidUpdateVersion(TidewaterError):
+    code = ErrorCode.INVALID_UPDATE_VERSION
+
+
+class IneligibleReplica(TidewaterError):
+    code = ErrorCode.INELIGIBLE_REPLICA
+
+
+class EligibleLeadersNotAvailable(TidewaterError):
+    code = ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+class NoReassignmentInProgress(TidewaterError):
+    code = ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+
+
+class DuplicateBrokerRegistration(TidewaterError):
+    code = ErrorCode.DUPLICATE_BROKER_REGISTRATION

@@ -26,9 +26,9 @@ from tidewater.broker.producer_state import (
     snapshot_path,
 )
 from tidewater.broker.topic_config import TopicConfig
-from tidewater.client.errors import RETRIABLE
 from tidewater.client.sequences import ProducerSequences
 from tidewater.errors import (
+    RETRIABLE,
     InvalidProducerEpoch,
     InvalidRequest,
     OutOfOrderSequence,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidewater.client.errors import RETRIABLE
 from tidewater.client.sequences import ProducerSequences
+from tidewater.errors import RETRIABLE
 from tidewater.records.header import MAX_PRODUCER_EPOCH, SEQUENCE_MAX
 from tidewater.v1.errors_pb2 import ErrorCode
 

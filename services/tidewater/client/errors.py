@@ -77,22 +77,6 @@ class LogTruncation(OffsetOutOfRange):
 _CLIENT_SIDE = (DeliveryTimeout, LogTruncation)
 
 
-# Per the protocol guide: the same request may succeed when sent again, maybe elsewhere.
-RETRIABLE = frozenset(
-    {
-        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-        ErrorCode.NOT_LEADER_OR_FOLLOWER,
-        ErrorCode.LEADER_NOT_AVAILABLE,
-        ErrorCode.NOT_ENOUGH_REPLICAS,
-        ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-        ErrorCode.REQUEST_TIMED_OUT,
-        ErrorCode.FENCED_LEADER_EPOCH,
-        ErrorCode.UNKNOWN_LEADER_EPOCH,
-        ErrorCode.STORAGE_ERROR,
-        ErrorCode.PRODUCER_ID_ALLOCATION_FAILED,
-        ErrorCode.UNKNOWN_TOPIC_ID,
-    }
-)
 # Errors that mean the client's view of the leaders is stale.
 REFRESH_METADATA = frozenset(
     {

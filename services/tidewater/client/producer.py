@@ -26,7 +26,6 @@ from tidewater.client.accumulator import (
 )
 from tidewater.client.errors import (
     REFRESH_METADATA,
-    RETRIABLE,
     BufferExhausted,
     ClientError,
     DeliveryTimeout,
@@ -41,6 +40,7 @@ from tidewater.client.sequences import REFUSED_BEFORE_APPEND, SEQUENCE_REFUSALS,
 from tidewater.client.spans import BatchTrace
 from tidewater.errors import (
     NO_ERROR,
+    RETRIABLE,
     InvalidConfig,
     MessageTooLarge,
     TidewaterError,

@@ -14,6 +14,7 @@ from grpc._cython import cygrpc
 
 from tidewater.broker.config import BrokerConfig
 from tidewater.broker.log import log as log_module
+from tidewater.broker.log.dir_failure import OnFailure, halt
 from tidewater.broker.server import BrokerServer
 from tidewater.local.process import ManagedProcess, broker_process
 from tidewater.local.wait import eventually
@@ -109,7 +110,9 @@ async def start_broker(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
     servers: list[BrokerServer] = []
     channels: list[grpc.aio.Channel] = []
 
-    async def start(broker_id: int = 1, **props: object) -> tuple[BrokerServer, BrokerClient]:
+    async def start(
+        broker_id: int = 1, on_log_dir_failure: OnFailure = halt, **props: object
+    ) -> tuple[BrokerServer, BrokerClient]:
         config = BrokerConfig.from_properties(
             {
                 "broker.id": broker_id,
@@ -118,7 +121,7 @@ async def start_broker(tmp_path: Path) -> AsyncIterator[Callable[..., object]]:
                 **props,
             }
         )
-        server = BrokerServer(config)
+        server = BrokerServer(config, on_log_dir_failure=on_log_dir_failure)
         await server.start()
         servers.append(server)
         channel = grpc.aio.insecure_channel(server.address, options=CHANNEL_OPTIONS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import struct
 import threading
@@ -18,6 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.broker.logged import Logged
 from tidewater.broker import replica_manager
+from tidewater.broker.log import segment as segment_module
 from tidewater.broker.log.checkpoints import OffsetCheckpoint
 from tidewater.errors import TidewaterError
 from tidewater.local.fetch import consumer_fetch, list_offsets
@@ -1572,3 +1574,21 @@ async def _until_status(call: Any) -> Any:
             yield answer
     except grpc.aio.AioRpcError:
         return
+
+
+async def test_a_produce_whose_write_fails_answers_storage_error(
+    start_broker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, off_loop_writes: None
+) -> None:
+    """The code a client sees when the leader's disk fails under its batch (the broker then
+    stops: here its failure handler only records it)."""
+    failed: list[object] = []
+    _, client = await start_broker(1, on_log_dir_failure=lambda d, e: failed.append(d))
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+
+    def no_space(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segment_module.LogSegment, "write", no_space)
+    response = await client.service.Produce(produce_request(batch_of([b"lost"])))
+    assert response.partitions[0].error_code == ErrorCode.STORAGE_ERROR
+    assert failed

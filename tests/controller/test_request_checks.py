@@ -333,3 +333,22 @@ async def test_create_topics_refuses_what_its_protocol_says_it_refuses(
     )
     assert [r.error_code for r in deleted.topics] == [ErrorCode.INVALID_REQUEST] * 2
     assert "fine" in controller.model.topics
+
+
+async def test_the_answers_of_a_cancel_without_reassignment_and_a_preferred_leader_out_of_sync(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 32 #10: two codes a client can see that no test showed one seeing."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(2, 3, (2, 3), 1)
+    )
+    cancel = cpb.AlterPartitionReassignmentsRequest(
+        partitions=[cpb.ReassignablePartition(topic="t", partition=0, cancel=True)]
+    )
+    cancelled = await service.AlterPartitionReassignments(cancel, None)  # type: ignore[arg-type]
+    assert cancelled.partitions[0].error_code == ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+    # Broker 1, the preferred leader, is out of the ISR.
+    elect = cpb.ElectLeadersRequest(election_type=cpb.ELECTION_TYPE_PREFERRED, partitions=[T0])
+    elected = await service.ElectLeaders(elect, None)  # type: ignore[arg-type]
+    assert elected.partitions[0].error_code == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+    assert controller.model.partitions[("t", 0)].leader == 2

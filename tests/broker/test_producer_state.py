@@ -674,3 +674,27 @@ def follower(
 
 def snapshots(directory: Path) -> list[int]:
     return sorted(int(p.name.removesuffix(SNAPSHOT_SUFFIX)) for p in directory.glob("*.snapshot"))
+
+
+async def test_retention_past_every_snapshot_leaves_one_at_the_log_end(tmp_path: Path) -> None:
+    """Review 31 #2: retention rolled an idle log at its end and deleted every segment, with
+    no snapshot there; after a kill -9 the reopened log loaded an older snapshot (or none)
+    and replayed nothing: the producer's next batch was refused as out of sequence or from
+    an unknown producer. As Kafka snapshots at every roll, the state is snapshotted at the
+    log end once the log starts past every snapshot."""
+    config = TopicConfig(log=LogConfig(retention_ms=0))
+    log = Log.open(tmp_path / "t-0", config.log, 0, lambda: 1_000)
+    state = Partition("t", 0, 1, log, replication_config(config, 30_000), 0)
+    state.make_leader(LeaderAndIsr(1, 1, (1,), (1,), 1), 1_000)
+    hosted = HostedPartition(state, log, config, lambda: 1_000)
+    for sequence in range(3):
+        await hosted.append_as_leader(bytearray(raw_batch(sequence)), -1, 1_000)
+    assert log.delete_retention_segments(10_000, state.high_watermark) > 0
+    assert log.log_start_offset == log.log_end_offset == 3
+    hosted.snapshot_if_log_start_passed()  # what the broker does when retention moved it
+    log.close()  # then killed: no shutdown snapshot
+
+    reopened = ProducerStateManager(tmp_path / "t-0")
+    reopened.rebuild(Log.open(tmp_path / "t-0", config.log, 0, lambda: 1_000), 1_000)
+    assert reopened.producers == hosted.producer_state.producers
+    assert snapshots(tmp_path / "t-0") == [3]

@@ -211,6 +211,18 @@ class HostedPartition:
         # The producer state keeps producers whose batches lie before the log start: they
         # go only by expiry (ProducerStateManager.expire).
         self.log.advance_log_start(offset)
+        self.snapshot_if_log_start_passed()
+
+    @reports_io_failures
+    def snapshot_if_log_start_passed(self) -> None:
+        """Once the log starts after the newest producer snapshot (retention, or a leader's
+        log start), a restart would load that snapshot and replay nothing of the producers
+        since, who then look stale or unknown: snapshot the state at the LEO (review 31 #2;
+        Kafka snapshots at every roll, retention's included)."""
+        newest = self.producer_state.newest_snapshot_offset()
+        if newest is None or newest < self.log.log_start_offset:
+            leo = self.log.log_end_offset
+            self.log.sync_files([self.producer_state.take_snapshot(leo, durable=False)])
 
     @reports_io_failures
     def take_producer_snapshot(self) -> None:

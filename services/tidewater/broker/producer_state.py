@@ -401,6 +401,11 @@ class ProducerStateManager:
         if paths:
             fsync_dir(self.dir)
 
+    def newest_snapshot_offset(self) -> int | None:
+        """The offset of the newest snapshot file, readable or not (None: there is none)."""
+        snapshots = self._snapshots()
+        return snapshots[-1][0] if snapshots else None
+
     def _snapshots(self) -> list[tuple[int, Path]]:
         """(offset, path) of every snapshot in the directory, oldest first."""
         found = []

@@ -1113,6 +1113,9 @@ class ReplicaManager:
     def _log_start_moved(self, tp: TopicPartition) -> None:
         """Retention moved the partition's log start: fetch answers (as leader) and fetches
         (as follower) carry it."""
+        hosted = self.partitions.get(tp)
+        if hosted is not None:
+            hosted.snapshot_if_log_start_passed()
         self._partition_changed(tp)
         self.fetcher_manager.log_start_moved(tp)
 

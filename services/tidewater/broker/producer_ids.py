@@ -2,9 +2,11 @@
 InitProducerId).
 
 The broker hands out ids from a block the controller reserved for it (AllocateProducerIds,
-1000 ids); blocks never overlap, so no two brokers give out the same id. A producer
-re-initialising with its id and epoch keeps the id with the next epoch, which fences its
-older incarnation; once the epoch is exhausted it gets a new id.
+1000 ids); blocks never overlap, so no two brokers give out the same id. Every call gets a new
+id at epoch 0, whatever id and epoch it names, as Kafka's InitProducerId without a
+transactional id: a producer bumps its epoch itself (KIP-360), and a request could otherwise
+take over another producer's id at the next epoch, fencing it (review 32 #3: proto3's empty
+request named producer 0, epoch 0).
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ import asyncio
 from collections.abc import Callable
 
 from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
-from tidewater.errors import InvalidRequest, ProducerIdAllocationFailed, TidewaterError
-from tidewater.records.header import MAX_PRODUCER_EPOCH
+from tidewater.errors import ProducerIdAllocationFailed, TidewaterError
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -36,23 +37,12 @@ class ProducerIdManager:
         self, request: pb.InitProducerIdRequest
     ) -> pb.InitProducerIdResponse:
         try:
-            producer_id, epoch = await self._id_and_epoch(
-                request.producer_id, request.producer_epoch
-            )
+            producer_id = await self.next_producer_id()
         except TidewaterError as e:
             return pb.InitProducerIdResponse(
                 error_code=e.code, error_message=e.message, producer_id=-1, producer_epoch=-1
             )
-        return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
-
-    async def _id_and_epoch(self, producer_id: int, epoch: int) -> tuple[int, int]:
-        if producer_id < 0:
-            return await self.next_producer_id(), 0
-        if epoch < 0:
-            raise InvalidRequest(f"producer id {producer_id} given without its epoch")
-        if epoch >= MAX_PRODUCER_EPOCH:
-            return await self.next_producer_id(), 0
-        return producer_id, epoch + 1
+        return pb.InitProducerIdResponse(producer_id=producer_id, producer_epoch=0)
 
     async def next_producer_id(self) -> int:
         """The next id of this broker's block, reserving a new block when it is used up."""

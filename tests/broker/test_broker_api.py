@@ -1592,3 +1592,13 @@ async def test_a_produce_whose_write_fails_answers_storage_error(
     response = await client.service.Produce(produce_request(batch_of([b"lost"])))
     assert response.partitions[0].error_code == ErrorCode.STORAGE_ERROR
     assert failed
+
+
+def test_plain_records_count_only_what_they_answer_and_only_the_first_data_may_overshoot() -> None:
+    """Review 30 #4: the size counted the record left out (an answer of 600 KB reported
+    1.2 MB), and a partition after the answer's first got one record whatever its size."""
+    data = build_batch([Record(value=b"x" * 1000)] * 3)
+    records, size = replica_manager._to_proto_records(data, 0, 1500, True)
+    assert len(records) == 1 and size == records[0].ByteSize()
+    assert replica_manager._to_proto_records(data, 0, 500, False) == ([], 0)
+    assert len(replica_manager._to_proto_records(data, 0, 500, True)[0]) == 1

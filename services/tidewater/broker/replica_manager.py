@@ -930,7 +930,7 @@ class ReplicaManager:
                 )
                 # A batch that does not decode fails this partition (CORRUPT_MESSAGE) only.
                 records, size = (
-                    _to_proto_records(read.data, fp.fetch_offset, limit)
+                    _to_proto_records(read.data, fp.fetch_offset, limit, total == 0)
                     if as_records
                     else (None, len(read.data))
                 )
@@ -1362,11 +1362,12 @@ def _must_read(partition: HostedPartition, fetch_offset: int, for_follower: bool
 
 
 def _to_proto_records(
-    data: bytes | memoryview, fetch_offset: int, max_bytes: int
+    data: bytes | memoryview, fetch_offset: int, max_bytes: int, min_one: bool
 ) -> tuple[list[common_pb2.Record], int]:
     """Decode batches for plain-record fetches, skipping records before the fetch offset, up to
-    `max_bytes` of records (at least one): decoded, a compressed batch can be many times its
-    stored size (review 19 #3). Returns the records and their size."""
+    `max_bytes` of records (at least one when `min_one`: the answer's first data, as for
+    batches): decoded, a compressed batch can be many times its stored size (review 19 #3).
+    Returns the records and their size."""
     records: list[common_pb2.Record] = []
     size = 0
     for r in decode_batches(data):
@@ -1383,9 +1384,12 @@ def _to_proto_records(
             header = proto.headers.add(key=key)
             if value is not None:
                 header.value = value
-        size += proto.ByteSize()
-        if records and size > max_bytes:
+        record_size = proto.ByteSize()
+        # Review 30 #4: the size counted the record left out, and a partition after the
+        # answer's first got one record whatever its size.
+        if size + record_size > max_bytes and (records or not min_one):
             break
+        size += record_size
         records.append(proto)
     return records, size
 

@@ -34,6 +34,7 @@ RETRIABLE = frozenset(
         ErrorCode.UNKNOWN_TOPIC_ID,
         ErrorCode.INCONSISTENT_TOPIC_ID,
         ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+        ErrorCode.OFFSET_NOT_AVAILABLE,
     }
 )
 
@@ -272,3 +273,7 @@ class NoReassignmentInProgress(TidewaterError):
 
 class DuplicateBrokerRegistration(TidewaterError):
     code = ErrorCode.DUPLICATE_BROKER_REGISTRATION
+
+
+class OffsetNotAvailable(TidewaterError):
+    code = ErrorCode.OFFSET_NOT_AVAILABLE

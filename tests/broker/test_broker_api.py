@@ -1602,3 +1602,32 @@ def test_plain_records_count_only_what_they_answer_and_only_the_first_data_may_o
     assert len(records) == 1 and size == records[0].ByteSize()
     assert replica_manager._to_proto_records(data, 0, 500, False) == ([], 0)
     assert len(replica_manager._to_proto_records(data, 0, 500, True)[0]) == 1
+
+
+async def test_a_new_leader_answers_offset_not_available_until_its_hw_reaches_its_epoch(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 26 L5: right after a leader change the new leader's HW may be behind the one
+    its predecessor answered, so LATEST could go backwards for a consumer. Kafka answers
+    OFFSET_NOT_AVAILABLE (retriable) until the HW reaches the leader epoch's start; a
+    replica's ListOffsets and EARLIEST are answered."""
+    _, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1, 2])
+    await produce_ok(client, batch_of([b"a", b"b"]))  # acks=1: LEO 2, HW 0 (2 has not fetched)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=2, replicas=[1, 2])
+
+    async def answer(spec: int, replica_id: int = -1) -> tuple[int, int]:
+        request = list_offsets(TOPIC, 0, spec)
+        request.replica_id = replica_id
+        result = (await client.service.ListOffsets(request)).partitions[0]
+        return result.error_code, result.offset
+
+    assert (await answer(pb.OFFSET_SPEC_LATEST))[0] == ErrorCode.OFFSET_NOT_AVAILABLE
+    assert await answer(pb.OFFSET_SPEC_EARLIEST) == (ErrorCode.NONE, 0)
+    assert await answer(pb.OFFSET_SPEC_LATEST, replica_id=2) == (ErrorCode.NONE, 2)
+    fetch = pb.FetchRequest(replica_id=2, max_bytes=1 << 20)
+    fetch.partitions.add(
+        topic=TOPIC, partition=0, fetch_offset=2, current_leader_epoch=2, last_fetched_epoch=1
+    )
+    await client.service.Fetch(fetch)  # follower 2 has everything: the HW reaches 2
+    assert await answer(pb.OFFSET_SPEC_LATEST) == (ErrorCode.NONE, 2)

@@ -516,11 +516,12 @@ async def test_a_seek_to_position_is_held_under_the_topic_id_it_was_found_under(
 
 
 class _MovedLeader:
-    """A leader's stub: ListOffsets answers NOT_LEADER_OR_FOLLOWER first (the metadata was
-    stale), then finds offset 4; Fetch long-polls."""
+    """A leader's stub: ListOffsets answers `first` (NOT_LEADER_OR_FOLLOWER: the metadata was
+    stale) first, then finds offset 4; Fetch long-polls."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: int = ErrorCode.NOT_LEADER_OR_FOLLOWER) -> None:
         self.list_offsets = 0
+        self.first = first
 
     async def Fetch(self, request: pb.FetchRequest, **_: Any) -> pb.FetchResponse:
         await asyncio.Event().wait()
@@ -529,9 +530,7 @@ class _MovedLeader:
     async def ListOffsets(self, request: pb.ListOffsetsRequest, **_: Any) -> pb.ListOffsetsResponse:
         self.list_offsets += 1
         if self.list_offsets == 1:
-            result = pb.ListOffsetsPartitionResponse(
-                topic="t", partition=0, error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER
-            )
+            result = pb.ListOffsetsPartitionResponse(topic="t", partition=0, error_code=self.first)
         else:
             result = pb.ListOffsetsPartitionResponse(
                 topic="t", partition=0, offset=4, leader_epoch=1
@@ -554,6 +553,24 @@ async def test_a_reset_answered_not_leader_refreshes_the_metadata_and_is_retried
         assert consumer._positions[tp] == FetchPosition(4, 1, (1, 1))
         assert leader.list_offsets == 2
         assert refreshes
+    finally:
+        await consumer.close()
+
+
+async def test_a_reset_answered_offset_not_available_is_asked_again_not_raised() -> None:
+    """Review 26 L5: a new leader answers OFFSET_NOT_AVAILABLE (retriable) until its HW
+    reaches its leader epoch; the reset goes again after retry_backoff_ms, the metadata
+    untouched, and no poll raises it."""
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="latest", retry_backoff_ms=10)
+    leader = _MovedLeader(ErrorCode.OFFSET_NOT_AVAILABLE)
+    tp = _assign_one(consumer, leader, 1)
+    refreshes = []
+    consumer.metadata.request_refresh = lambda: refreshes.append(1)  # type: ignore[method-assign]
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while consumer.position(tp) is None:
+                assert await consumer.poll(10) == []
+        assert (consumer.position(tp), leader.list_offsets, refreshes) == (4, 2, [])
     finally:
         await consumer.close()
 

@@ -55,6 +55,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_REPLICA_ASSIGNMENT: _ClassVar[ErrorCode]
     DUPLICATE_BROKER_REGISTRATION: _ClassVar[ErrorCode]
     POLICY_VIOLATION: _ClassVar[ErrorCode]
+    OFFSET_NOT_AVAILABLE: _ClassVar[ErrorCode]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 CORRUPT_MESSAGE: ErrorCode
@@ -104,3 +105,4 @@ INCONSISTENT_TOPIC_ID: ErrorCode
 INVALID_REPLICA_ASSIGNMENT: ErrorCode
 DUPLICATE_BROKER_REGISTRATION: ErrorCode
 POLICY_VIOLATION: ErrorCode
+OFFSET_NOT_AVAILABLE: ErrorCode

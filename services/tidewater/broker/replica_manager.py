@@ -38,6 +38,7 @@ from tidewater.errors import (
     InvalidRequest,
     InvalidRequiredAcks,
     InvalidTimestamp,
+    OffsetNotAvailable,
     StaleBrokerEpoch,
     StaleControllerEpoch,
     TidewaterError,
@@ -1017,14 +1018,25 @@ class ReplicaManager:
             if replica_id == CONSUMER_REPLICA_ID
             else partition.log.log_end_offset
         )
+        # A new leader's HW may be behind the one its predecessor answered until it reaches
+        # the leader epoch's start: a consumer's end offset could go backwards (review 26 L5;
+        # Kafka's OFFSET_NOT_AVAILABLE).
+        lagging = (
+            replica_id == CONSUMER_REPLICA_ID
+            and partition.state.leader_epoch_start_offset > partition.state.high_watermark
+        )
         if lp.spec == pb.OFFSET_SPEC_EARLIEST:
             result.offset = partition.log.log_start_offset
         elif lp.spec == pb.OFFSET_SPEC_LATEST:
+            if lagging:
+                raise _offset_not_available(partition)
             result.offset = visible_end
         elif lp.spec == pb.OFFSET_SPEC_TIMESTAMP:
             found = partition.log.fetch_offset_by_timestamp(lp.timestamp_ms)
             if found is not None and found[0] < visible_end:
                 result.offset, result.timestamp_ms = found
+            elif lagging:
+                raise _offset_not_available(partition)
         else:
             raise InvalidRequest(f"unknown offset spec {lp.spec}")
         if result.offset >= 0:
@@ -1401,3 +1413,12 @@ def _built_batch(records: list[Record], now_ms: int) -> bytes:
         return build_batch(records, now_ms=now_ms)
     except ValueError as e:
         raise InvalidTimestamp(f"record timestamps too far apart for one batch: {e}") from None
+
+
+def _offset_not_available(partition: HostedPartition) -> OffsetNotAvailable:
+    state = partition.state
+    return OffsetNotAvailable(
+        f"{state.name}: the leader's high watermark {state.high_watermark} has not reached "
+        f"the start of its leader epoch {state.leader_epoch} ({state.leader_epoch_start_offset})"
+        " yet; retry"
+    )

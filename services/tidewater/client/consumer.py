@@ -35,7 +35,13 @@ from tidewater.client.positions import (
     for_current_leader,
     validated,
 )
-from tidewater.errors import NO_ERROR, InvalidConfig, OffsetOutOfRange, TidewaterError
+from tidewater.errors import (
+    NO_ERROR,
+    RETRIABLE,
+    InvalidConfig,
+    OffsetOutOfRange,
+    TidewaterError,
+)
 from tidewater.records.batch import ConsumerRecord, decode_batches
 from tidewater.telemetry import tracing
 from tidewater.v1 import broker_pb2 as pb
@@ -579,12 +585,13 @@ class Consumer:
 
     def _failed(self, tp: TopicPartition, code: int, reason: str) -> None:
         """A partition's reset or validation answered with an error: retried after
-        retry_backoff_ms, with new metadata when it says the leader moved; any other error
-        is raised by the next poll too (as Kafka's cached reset and validation exceptions)."""
+        retry_backoff_ms, with new metadata when it says the leader moved; an error that is
+        not retriable is raised by the next poll too (as Kafka's cached reset and validation
+        exceptions)."""
         self._retry_later([tp])
         if code in REFRESH_METADATA:
             self.metadata.request_refresh()
-        else:
+        elif code not in RETRIABLE:  # OFFSET_NOT_AVAILABLE from a new leader: asked again
             self._keep_error(tp, code, reason)
 
     def _apply_validation(
@@ -649,19 +656,28 @@ class Consumer:
         self, tp: TopicPartition, spec: int, timestamp_ms: int = -1
     ) -> tuple[FetchPosition, bytes]:
         """The offset found, with the leader epoch of its batch (validated after a leader
-        change, as Kafka's reset positions are), and the topic id it was asked under."""
-        leader_id, address, epoch = await self._leader(tp)
-        topic_id = self.metadata.topic_id(tp[0])
-        response = await self._stub(address).ListOffsets(
-            _list_offsets_request({tp: _Reset((leader_id, epoch), topic_id)}, spec, timestamp_ms),
-            timeout=self.request_timeout_s,
-        )
-        result = response.partitions[0]
-        if result.error_code != NO_ERROR:
+        change, as Kafka's reset positions are), and the topic id it was asked under. A
+        retriable error is asked again after retry_backoff_ms, within request_timeout_ms."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s
+        while True:
+            leader_id, address, epoch = await self._leader(tp)
+            topic_id = self.metadata.topic_id(tp[0])
+            request = _list_offsets_request(
+                {tp: _Reset((leader_id, epoch), topic_id)}, spec, timestamp_ms
+            )
+            response = await self._stub(address).ListOffsets(
+                request, timeout=self.request_timeout_s
+            )
+            result = response.partitions[0]
+            if result.error_code == NO_ERROR:
+                found = FetchPosition(result.offset, result.leader_epoch, (leader_id, epoch))
+                return found, topic_id
             if result.error_code in REFRESH_METADATA:
                 self.metadata.request_refresh()
-            raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
-        return FetchPosition(result.offset, result.leader_epoch, (leader_id, epoch)), topic_id
+            if result.error_code not in RETRIABLE or loop.time() + self.retry_backoff_s > deadline:
+                raise error_for(result.error_code, f"{tp[0]}-{tp[1]}: {result.error_message}")
+            await asyncio.sleep(self.retry_backoff_s)
 
     def _send_fetch(
         self, address: str, partitions: list[TopicPartition]

@@ -352,3 +352,14 @@ async def test_the_answers_of_a_cancel_without_reassignment_and_a_preferred_lead
     elected = await service.ElectLeaders(elect, None)  # type: ignore[arg-type]
     assert elected.partitions[0].error_code == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
     assert controller.model.partitions[("t", 0)].leader == 2
+
+
+async def test_a_topic_name_that_differs_from_another_only_by_dot_and_underscore_is_refused(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """As Kafka: a.b and a_b would share their metric names."""
+    _, service = await running(connect_store, run_controller, PartitionRecord(1, 0, (1, 2, 3), 1))
+    assert (await create_default(service, "orders.eu")).error_code == ErrorCode.NONE
+    refused = await create_default(service, "orders_eu")
+    assert refused.error_code == ErrorCode.INVALID_TOPIC
+    assert "collides with existing topic 'orders.eu'" in refused.error_message

@@ -36,6 +36,7 @@ from tidewater.errors import (
     InvalidPartitions,
     InvalidReplicationFactor,
     InvalidRequest,
+    InvalidTopic,
     NotController,
     PolicyViolation,
     StoreUnavailable,
@@ -408,6 +409,14 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         if topic.name in model.topics:
             raise TidewaterError(
                 f"topic {topic.name!r} already exists", ErrorCode.TOPIC_ALREADY_EXISTS
+            )
+        # Kafka's: metric names put "_" for ".", so a.b and a_b would share theirs.
+        folded = topic.name.replace(".", "_")
+        collision = next((t for t in model.topics if t.replace(".", "_") == folded), None)
+        if collision is not None:
+            raise InvalidTopic(
+                f"topic {topic.name!r} collides with existing topic {collision!r} ('.' and "
+                "'_' read the same in metric names)"
             )
         if topic.name in model.deletions:
             waiting = sorted(model.deletions[topic.name].pending)

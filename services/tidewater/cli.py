@@ -14,7 +14,6 @@ from typing import NoReturn
 import grpc
 
 from tidewater.broker.config import BrokerConfig, load_properties
-from tidewater.broker.controller_client import ControllerUnavailable
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.client.errors import ClientError
 from tidewater.errors import InvalidConfig, TidewaterError
@@ -32,7 +31,7 @@ from tidewater.tracereport import ReportError
 # A usage error: a missing or unknown flag, or a flag value the command cannot take.
 USAGE_EXIT = 2
 # What a command can fail with that the user must see as one line, not a traceback.
-USER_ERRORS = (TidewaterError, ClientError, ControllerUnavailable, ReportError, OSError)
+USER_ERRORS = (TidewaterError, ClientError, ReportError, OSError)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from tidewater.v1.errors_pb2 import ErrorCode
 
 # A plain int for the data path: each ErrorCode.NONE looks the name up in protobuf's
@@ -208,6 +211,19 @@ class NotController(TidewaterError):
     """A write by a controller whose epoch is no longer the current controller epoch."""
 
     code = ErrorCode.NOT_CONTROLLER
+
+
+class ControllerUnavailable(TidewaterError):
+    """No controller answered as active (raised by the caller, not answered by a service).
+    `answers`, from the Admin client: the results of a per-item request's items answered
+    before it gave up (one per item, None where none came), so that an item applied is not
+    reported as lost."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+    def __init__(self, message: str, answers: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.answers = list(answers)
 
 
 class StoreUnavailable(TidewaterError):

@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 import pytest
 
-from tidewater.broker.controller_client import ControllerUnavailable
 from tidewater.client import metadata
 from tidewater.client.admin import Admin
+from tidewater.errors import ControllerUnavailable
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1 import metadata_pb2
 from tidewater.v1.errors_pb2 import ErrorCode

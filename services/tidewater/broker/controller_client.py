@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from tidewater.errors import ControllerUnavailable
 from tidewater.rpc.server import CHANNEL_OPTIONS
 from tidewater.telemetry import tracing
 from tidewater.v1 import controller_pb2_grpc
@@ -17,16 +18,6 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
 RPC_TIMEOUT_S = 10.0
-
-
-class ControllerUnavailable(Exception):
-    """No controller answered as active. `answers`, from the Admin client: the results of a
-    per-item request's items answered before it gave up (one per item, None where none came),
-    so that an item applied is not reported as lost."""
-
-    def __init__(self, message: str, answers: Sequence[Any] = ()) -> None:
-        super().__init__(message)
-        self.answers = list(answers)
 
 
 class ControllerClient:

@@ -18,8 +18,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
-from tidewater.errors import TidewaterError
+from tidewater.broker.controller_client import ControllerClient
+from tidewater.errors import ControllerUnavailable, TidewaterError
 from tidewater.replication.partition import AlterIsrProposal, LeaderAndIsr
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode

@@ -16,8 +16,8 @@ import time
 import uuid
 
 from tidewater.broker import background
-from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
-from tidewater.errors import InvalidConfig
+from tidewater.broker.controller_client import ControllerClient
+from tidewater.errors import ControllerUnavailable, InvalidConfig
 from tidewater.rpc.address import HostPort
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
-from tidewater.errors import ProducerIdAllocationFailed, TidewaterError
+from tidewater.broker.controller_client import ControllerClient
+from tidewater.errors import ControllerUnavailable, ProducerIdAllocationFailed, TidewaterError
 from tidewater.v1 import broker_pb2 as pb
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
+from tidewater.broker.controller_client import ControllerClient
 from tidewater.client.errors import error_for
 from tidewater.client.metadata import ClusterMetadata
-from tidewater.errors import InvalidPartitions, InvalidReplicationFactor
+from tidewater.errors import ControllerUnavailable, InvalidPartitions, InvalidReplicationFactor
 from tidewater.v1 import common_pb2, metadata_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tidewater.errors import OffsetOutOfRange, TidewaterError
+from tidewater.errors import ControllerUnavailable, OffsetOutOfRange, TidewaterError
 from tidewater.v1.errors_pb2 import ErrorCode
 
 if TYPE_CHECKING:  # metadata imports this module
@@ -74,7 +74,7 @@ class LogTruncation(OffsetOutOfRange):
 
 
 # Raised by the client with its own arguments, never made from a response's error code.
-_CLIENT_SIDE = (DeliveryTimeout, LogTruncation)
+_CLIENT_SIDE = (DeliveryTimeout, LogTruncation, ControllerUnavailable)
 
 
 # Errors that mean the client's view of the leaders is stale.

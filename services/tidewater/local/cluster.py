@@ -29,7 +29,8 @@ import grpc
 import platformdirs
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidewater.broker.controller_client import ControllerClient, ControllerUnavailable
+from tidewater.broker.controller_client import ControllerClient
+from tidewater.errors import ControllerUnavailable
 from tidewater.local.etcd import HOST, EtcdFailed, EtcdProcess
 from tidewater.local.process import (
     TIDEWATER,

@@ -91,7 +91,7 @@ async def run(args: argparse.Namespace) -> int:
             topic_id = await admin.create_topic(
                 args.topic, args.partitions, args.replication_factor, dict(args.config)
             )
-            await _wait_for_leaders(admin, args.topic, args.partitions, timeout_s)
+            await _wait_for_leaders(admin, args.topic, topic_id, args.partitions, timeout_s)
             print(f"Created topic {args.topic} (topic id {topic_id}).")
         elif args.action == "delete":
             await admin.delete_topics([args.topic])
@@ -123,15 +123,19 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _wait_for_leaders(admin: Admin, topic: str, partitions: int, timeout_s: float) -> None:
-    """Until the metadata service serves every partition with a leader: a produce right after
-    `topics create` finds the topic."""
+async def _wait_for_leaders(
+    admin: Admin, topic: str, topic_id: uuid.UUID | None, partitions: int, timeout_s: float
+) -> None:
+    """Until the metadata service serves every partition of the topic just created (its id:
+    a lagging view may still hold an earlier topic of the name, review 29 #8) with a leader:
+    a produce right after `topics create` finds the topic."""
     deadline = time.monotonic() + timeout_s
     while True:
         response = await admin.describe_topics([topic])
         served = response.topics[0]
         if (
             served.error_code == ErrorCode.NONE
+            and (topic_id is None or served.topic_id == topic_id.bytes)
             and sum(p.leader >= 0 for p in served.partitions) >= partitions
         ):
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -764,8 +765,21 @@ class ReplicaManager:
                 results = None  # too few bytes yet
         local_done = time.perf_counter_ns()
         if results is None:
+            starts: dict[TopicPartition, tuple[int, int] | None] = {}
+
+            def may_answer() -> bool:
+                # Review 30 #2: each append or HW move read every partition again while the
+                # fetch was short of min_bytes (~N^2/2 batches read for N appended); as
+                # Kafka's DelayedFetch, bytes are counted from positions, and read once
+                # there may be enough.
+                return readable() and (
+                    bool(answered)
+                    or request.min_bytes <= 1
+                    or self._bytes_readable(context.partitions, starts) >= request.min_bytes
+                )
+
             op: DelayedFetch[FetchPartitionResults] = DelayedFetch(
-                request.max_wait_ms, request.min_bytes, read, readable, failed
+                request.max_wait_ms, request.min_bytes, read, may_answer, failed
             )
             start_ns = time.time_ns() if fetch_trace is not None else 0
             self.fetch_purgatory.watch(op, context.watch_keys)
@@ -966,6 +980,33 @@ class ReplicaManager:
             else:
                 results.append((result, read.data))
         return results, total, answer_now or counted >= request.min_bytes
+
+    def _bytes_readable(
+        self,
+        partitions: list[pb.FetchPartition],
+        starts: dict[TopicPartition, tuple[int, int] | None],
+    ) -> float:
+        """At most the bytes a read of `partitions` could count towards min_bytes, from log
+        positions (where each fetch offset starts, kept in `starts`): the bytes after it in
+        the active segment. Infinite where only a read can tell: an error to answer, an
+        offset out of range or in an older segment, a roll since."""
+        total = 0
+        for fp in partitions:
+            tp = (fp.topic, fp.partition)
+            try:
+                log = self._leader_partition(tp, fp.topic_id, fp.current_leader_epoch).log
+            except TidewaterError:
+                return math.inf
+            if fp.fetch_offset < log.log_start_offset:
+                return math.inf
+            if tp not in starts:
+                starts[tp] = log.bytes_from(fp.fetch_offset)
+            start = starts[tp]
+            after = log.bytes_after(start) if start is not None else None
+            if after is None:
+                return math.inf
+            total += after
+        return total
 
     def _readable(self, partitions: list[pb.FetchPartition], for_follower: bool) -> bool:
         """Whether a read now would find records, or an error, in any of `partitions`."""

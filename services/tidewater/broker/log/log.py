@@ -262,6 +262,21 @@ class Log:
         """Index of the segment that would hold `offset` (the first one if it is below all)."""
         return max(bisect.bisect_right(self._bases, offset) - 1, 0)
 
+    def bytes_from(self, offset: int) -> tuple[int, int] | None:
+        """(active segment's base offset, position of the batch holding `offset` in it), or
+        None when `offset` is not in the active segment: what `bytes_after` measures from."""
+        segment = self._segments[-1]
+        if not segment.base_offset <= offset <= self.log_end_offset:
+            return None
+        found = segment.find_batch(offset) if offset < self.log_end_offset else None
+        return segment.base_offset, found[0] if found is not None else segment.size
+
+    def bytes_after(self, start: tuple[int, int]) -> int | None:
+        """Bytes in the log after `start` (from bytes_from), None once the segment rolled:
+        an upper bound of what a read from there finds, without reading."""
+        segment = self._segments[-1]
+        return segment.size - start[1] if segment.base_offset == start[0] else None
+
     def in_an_older_segment(self, offset: int, than: int) -> bool:
         """Whether `offset` lies in an older segment than `than` does: a read at `offset`
         stops at its segment's end, short of `than`."""

@@ -1664,3 +1664,21 @@ async def test_a_long_poll_short_of_min_bytes_reads_its_log_once_there_may_be_en
     served = len(answer.partitions[0].record_batches)
     assert served >= 64 * 1024
     assert sum(read_bytes) < 2 * served, (len(read_bytes), sum(read_bytes), served)
+
+
+async def test_a_new_fetch_session_whose_first_answer_never_went_is_removed(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 30 #5: the session was made as the request came in; a long poll cancelled (its
+    client gone) before answering left a session its client never learned of, holding a
+    slot until evicted."""
+    server, client = await start_broker(1)
+    await make_leader(client.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
+    request = fetch_request(0, max_wait_ms=120_000)
+    request.session.id, request.session.epoch = 0, 0  # a new session
+    sessions = server.replica_manager.fetch_sessions.sessions
+    call = client.service.Fetch(request)
+    await eventually(lambda: server.replica_manager.fetch_purgatory.watched == 1, 10)
+    assert len(sessions) == 1
+    call.cancel()
+    await eventually(lambda: not sessions, 10)

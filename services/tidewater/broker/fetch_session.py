@@ -115,6 +115,8 @@ class FetchContext:
     served: list[TopicPartition] = field(default_factory=list)
     # Incremental: the session's epoch once this request was taken in.
     epoch: int = INITIAL_EPOCH
+    # The session was made by this request (its first answer tells the client of it).
+    created: bool = False
 
     @property
     def session_id(self) -> int:
@@ -228,7 +230,7 @@ class FetchSessionCache:
             session = None
             if epoch == INITIAL_EPOCH:
                 session = self._create(request, now_ms)
-            return FetchContext(session, list(request.partitions))
+            return FetchContext(session, list(request.partitions), created=session is not None)
         session = self.sessions.get(session_id)
         if session is None or session.replica_id != request.replica_id:
             raise FetchSessionIdNotFound(f"no fetch session {session_id} on this broker")
@@ -291,6 +293,11 @@ class FetchSessionCache:
                 self._remove(session)
                 return True
         return False
+
+    def discard(self, session: FetchSession | None) -> None:
+        """Remove a session no answer told its client of."""
+        if session is not None and self.sessions.get(session.id) is session:
+            self._remove(session)
 
     def _close(self, session_id: int, replica_id: int) -> None:
         session = self.sessions.get(session_id)

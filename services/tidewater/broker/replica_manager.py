@@ -719,6 +719,26 @@ class ReplicaManager:
             context = self.fetch_sessions.context(request, self.time_ms())
         except TidewaterError as e:
             return _refused(request, e)
+        try:
+            return await self._serve_fetch(
+                request, context, follower, fetch_trace, declared, started
+            )
+        except BaseException:
+            # A new session whose first answer never went (a cancel, a bug) is one the
+            # client never learned of: it would hold a slot until evicted (review 30 #5).
+            if context.created:
+                self.fetch_sessions.discard(context.session)
+            raise
+
+    async def _serve_fetch(
+        self,
+        request: pb.FetchRequest,
+        context: FetchContext,
+        follower: bool,
+        fetch_trace: FetchTrace | None,
+        declared: SpanContext | None,
+        started: int,
+    ) -> FetchAnswer:
         answered: dict[TopicPartition, pb.FetchPartitionResponse] = {}
         if follower:
             answered, completed = self._record_follower_fetches(

@@ -3,14 +3,17 @@ in-process controller on a real etcd, its ControllerService called directly."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.controller.in_process import ConnectStore, RunController, heartbeat, seed
 from tidewater.controller.controller import Controller, ControllerConfig
-from tidewater.controller.model import PartitionRecord, TopicState
+from tidewater.controller.model import BrokerState, PartitionRecord, TopicState
 from tidewater.controller.server import monotonic_ms
 from tidewater.controller.service import ControllerService
 from tidewater.errors import PolicyViolation, StoreUnavailable
+from tidewater.local.wait import eventually
 from tidewater.v1 import common_pb2
 from tidewater.v1 import controller_pb2 as cpb
 from tidewater.v1.errors_pb2 import ErrorCode
@@ -363,3 +366,37 @@ async def test_a_topic_name_that_differs_from_another_only_by_dot_and_underscore
     refused = await create_default(service, "orders_eu")
     assert refused.error_code == ErrorCode.INVALID_TOPIC
     assert "collides with existing topic 'orders.eu'" in refused.error_message
+
+
+async def test_heartbeats_queued_behind_a_long_event_keep_their_brokers_unfenced(
+    connect_store: ConnectStore, run_controller: RunController
+) -> None:
+    """Review 34 #2: a heartbeat counted when its event ran; behind a long event (a
+    CreateTopics of 10,000 partitions on a slow etcd) the session check ran before the
+    queued heartbeats and fenced their live brokers, moving their leaderships. Contact counts
+    as it arrives now, as Kafka's (KAFKA-15019)."""
+    await seed(connect_store, brokers=(1, 2, 3), replicas=(1, 2, 3))
+    controller, _ = await run_controller(await connect_store(), 600)
+    for broker_id in (1, 2, 3):
+        await heartbeat(controller, broker_id)
+    fenced: list[int] = []
+    fence = controller.fence
+
+    async def recorded(broker: BrokerState, reason: str) -> None:
+        fenced.append(broker.broker_id)
+        await fence(broker, reason)
+
+    controller.fence = recorded  # type: ignore[method-assign]
+    release = asyncio.Event()
+    blocking = asyncio.ensure_future(controller.submit(release.wait))
+    # The next session check waits behind it, ahead of the heartbeats.
+    await eventually(lambda: controller._queue.qsize() >= 1, 10)
+    beats = []
+    loop = asyncio.get_running_loop()
+    until = loop.time() + 1.5  # longer than the session timeout
+    while loop.time() < until:
+        beats += [asyncio.ensure_future(heartbeat(controller, b)) for b in (1, 2, 3)]
+        await asyncio.sleep(0.1)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(blocking, *beats), 10)
+    assert fenced == []

@@ -507,3 +507,18 @@ async def test_etcd_process_pauses_restarts_and_cleans_up() -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(gone, 0)
     assert not data_dir.exists()
+
+
+async def test_a_load_larger_than_grpcs_default_message_limit_succeeds(
+    connect_store: Connect,
+) -> None:
+    """Review 34 #1: gRPC's default 4 MiB answer limit made the load of a cluster past ~28,000
+    partitions fail (RESOURCE_EXHAUSTED), and every controller resigned and campaigned again
+    in a loop. Here six topic records of ~0.9 MiB each, 5.5 MiB in one answer."""
+    store = await connect_store()
+    epoch = await store.campaign(1, "127.0.0.1:9101", 5)
+    assignment = {str(p): [1, 2, 3] for p in range(55_000)}
+    for i in range(6):
+        await store.put_topic(epoch, f"big-{i}", {"configs": {}, "assignment": assignment})
+    topics = await store.load_topics()
+    assert sorted(topics) == [f"big-{i}" for i in range(6)]

@@ -49,6 +49,8 @@ from tidewater.v1.errors_pb2 import ErrorCode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# The wait before campaigning again after a load from etcd failed.
+LOAD_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,11 @@ class Controller:
                 log.info("%s-%d: ELR cleared, its ISR meets min.insync.replicas", *change.tp)
         except (StoreUnavailable, NotController) as e:
             log.warning("controller %d could not load: %s", self.config.controller_id, e)
+            self._step_down()
             await self.store.resign()
+            # Not at once again: a load that fails every time would raise the controller
+            # epoch several times a second.
+            await asyncio.sleep(LOAD_RETRY_S)
             return
         self.active = True
         if tracing.ENABLED:
@@ -225,6 +231,9 @@ class Controller:
             log.warning("controller %d lost its lease: stepping down", self.config.controller_id)
         else:
             log.warning("controller %d resigns after an etcd failure", self.config.controller_id)
+            # A standby before the lease goes (review 34 #5: while etcd was slow to take the
+            # revoke, it still answered as active, and its senders went on).
+            self._step_down()
             await self.store.resign()
 
     def _step_down(self) -> None:

@@ -261,10 +261,17 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
         self, request: cpb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> cpb.BrokerHeartbeatResponse:
         response = cpb.BrokerHeartbeatResponse()
+        # Contact counts as it arrives, not when its event runs: behind a long event (a
+        # CreateTopics of 10,000 partitions) the session check ran first and fenced brokers
+        # whose heartbeats were queued (review 34 #2; Kafka's KAFKA-15019).
+        arrived = self._c.time_ms()
+        known = self._c.model.brokers.get(request.broker_id)
+        if known is not None and known.epoch == request.broker_epoch:
+            known.last_heartbeat_ms = max(known.last_heartbeat_ms, arrived)
 
         async def event() -> None:
             broker = self._broker(request.broker_id, request.broker_epoch)
-            broker.last_heartbeat_ms = self._c.time_ms()
+            broker.last_heartbeat_ms = max(broker.last_heartbeat_ms, arrived)
             if request.want_shutdown and not broker.shutting_down:
                 # Its ControlledShutdown went to a controller before this one (review 20 M2):
                 # unfenced, it would be taken back into ISRs just before it stops.

@@ -136,7 +136,15 @@ class ControllerStore:
             raise ValueError("no etcd endpoints")
         # aetcd dials f"{host}:{port}"; splitting at the last colon passes any target through.
         host, _, port = (await _grpc_target(endpoints)).rpartition(":")
-        client = aetcd.Client(host, int(port), timeout=request_timeout_s)
+        # Answers as large as etcd sends (review 34 #1: gRPC's default 4 MiB made the load of
+        # ~28,000 partitions fail, and every controller resigned and campaigned in a loop);
+        # etcd's own Go client takes up to 2 GiB.
+        client = aetcd.Client(
+            host,
+            int(port),
+            timeout=request_timeout_s,
+            options={"grpc.max_receive_message_length": -1},
+        )
         with _etcd_call("connect"):
             await client.connect()
         return cls(client, cluster)

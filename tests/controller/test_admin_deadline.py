@@ -239,3 +239,31 @@ async def test_an_admin_from_bootstrap_asks_again_where_the_controller_is_once_i
     described = await asyncio.wait_for(admin.describe_cluster(), 30)
     assert described.controller.controller_id == 2
     await admin.close()
+
+
+class Blinking(Naming):
+    """Names its controller once, then answers nothing (restarting)."""
+
+    async def GetMetadata(self, request: metadata_pb2.GetMetadataRequest, timeout: float) -> Any:
+        if getattr(self, "answered", False):
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata()
+            )
+        self.answered = True
+        assert request.no_topics  # the controller's address only, not every topic
+        return await super().GetMetadata(request, timeout)
+
+
+async def test_a_metadata_service_out_of_reach_does_not_end_the_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 33 #1: while the controller failed over and the metadata service restarted,
+    MetadataUnavailable from asking where the controller is escaped the retries (and the
+    answers gathered), though the known controller answered a moment later."""
+    monkeypatch.setattr(metadata.metadata_pb2_grpc, "MetadataServiceStub", Blinking(["c1:1"]))
+    controllers = Electing("c1:1", answers_after=6)
+    admin = Admin([], bootstrap=["m:1"], default_api_timeout_s=30, retry_backoff_s=0.01)
+    admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
+    described = await asyncio.wait_for(admin.describe_cluster(), 30)
+    assert described.controller.controller_id == 1
+    await admin.close()

@@ -43,6 +43,15 @@ def test_empty_until_the_first_full_view() -> None:
     assert list(response.topics) == []
 
 
+def test_no_topics_answers_the_brokers_and_the_controller_only(cache: MetadataCache) -> None:
+    """What an admin client asks to find the controller (review 33 #1: it fetched every
+    topic each time)."""
+    bare = cache.describe([], no_topics=True)
+    full = cache.describe([])
+    assert full.topics and not bare.topics
+    assert (bare.controller, list(bare.brokers)) == (full.controller, list(full.brokers))
+
+
 def test_full_view_is_described(cache: MetadataCache) -> None:
     assert cache.ready
     response = cache.describe([])

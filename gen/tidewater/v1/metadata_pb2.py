@@ -27,7 +27,7 @@ from tidewater.v1 import common_pb2 as tidewater_dot_v1_dot_common__pb2
 from tidewater.v1 import errors_pb2 as tidewater_dot_v1_dot_errors__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btidewater/v1/metadata.proto\x12\x0ctidewater.v1\x1a\x1atidewater/v1/cluster.proto\x1a\x19tidewater/v1/common.proto\x1a\x19tidewater/v1/errors.proto\"2\n\x12GetMetadataRequest\x12\x16\n\x06topics\x18\x01 \x03(\tR\x06topicsJ\x04\x08\x02\x10\n\"\xc2\x01\n\x13GetMetadataResponse\x12<\n\ncontroller\x18\x01 \x01(\x0b\x32\x1c.tidewater.v1.ControllerInfoR\ncontroller\x12\x32\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x18.tidewater.v1.BrokerInfoR\x07\x62rokers\x12\x33\n\x06topics\x18\x03 \x03(\x0b\x32\x1b.tidewater.v1.TopicMetadataR\x06topicsJ\x04\x08\x04\x10\n\"\xe4\x01\n\rTopicMetadata\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x36\n\nerror_code\x18\x02 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x03 \x01(\tR\x0c\x65rrorMessage\x12?\n\npartitions\x18\x04 \x03(\x0b\x32\x1f.tidewater.v1.PartitionMetadataR\npartitions\x12\x19\n\x08topic_id\x18\x05 \x01(\x0cR\x07topicIdJ\x04\x08\x06\x10\n\"\xb1\x03\n\x11PartitionMetadata\x12\x1c\n\tpartition\x18\x01 \x01(\x05R\tpartition\x12\x36\n\nerror_code\x18\x02 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x03 \x01(\tR\x0c\x65rrorMessage\x12\x16\n\x06leader\x18\x04 \x01(\x05R\x06leader\x12!\n\x0cleader_epoch\x18\x05 \x01(\x05R\x0bleaderEpoch\x12\x1a\n\x08replicas\x18\x06 \x03(\x05R\x08replicas\x12\x10\n\x03isr\x18\x07 \x03(\x05R\x03isr\x12)\n\x10offline_replicas\x18\x08 \x03(\x05R\x0fofflineReplicas\x12\x38\n\x18\x65ligible_leader_replicas\x18\t \x03(\x05R\x16\x65ligibleLeaderReplicas\x12$\n\x0elast_known_elr\x18\n \x03(\x05R\x0clastKnownElr\x12\'\n\x0fpartition_epoch\x18\x0b \x01(\x03R\x0epartitionEpochJ\x04\x08\x0c\x10\x10\x32\x65\n\x0fMetadataService\x12R\n\x0bGetMetadata\x12 .tidewater.v1.GetMetadataRequest\x1a!.tidewater.v1.GetMetadataResponse2n\n\x0fMetadataControl\x12[\n\x0eUpdateMetadata\x12#.tidewater.v1.UpdateMetadataRequest\x1a$.tidewater.v1.UpdateMetadataResponseBS\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btidewater/v1/metadata.proto\x12\x0ctidewater.v1\x1a\x1atidewater/v1/cluster.proto\x1a\x19tidewater/v1/common.proto\x1a\x19tidewater/v1/errors.proto\"O\n\x12GetMetadataRequest\x12\x16\n\x06topics\x18\x01 \x03(\tR\x06topics\x12\x1b\n\tno_topics\x18\x02 \x01(\x08R\x08noTopicsJ\x04\x08\x03\x10\n\"\xc2\x01\n\x13GetMetadataResponse\x12<\n\ncontroller\x18\x01 \x01(\x0b\x32\x1c.tidewater.v1.ControllerInfoR\ncontroller\x12\x32\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x18.tidewater.v1.BrokerInfoR\x07\x62rokers\x12\x33\n\x06topics\x18\x03 \x03(\x0b\x32\x1b.tidewater.v1.TopicMetadataR\x06topicsJ\x04\x08\x04\x10\n\"\xe4\x01\n\rTopicMetadata\x12\x14\n\x05topic\x18\x01 \x01(\tR\x05topic\x12\x36\n\nerror_code\x18\x02 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x03 \x01(\tR\x0c\x65rrorMessage\x12?\n\npartitions\x18\x04 \x03(\x0b\x32\x1f.tidewater.v1.PartitionMetadataR\npartitions\x12\x19\n\x08topic_id\x18\x05 \x01(\x0cR\x07topicIdJ\x04\x08\x06\x10\n\"\xb1\x03\n\x11PartitionMetadata\x12\x1c\n\tpartition\x18\x01 \x01(\x05R\tpartition\x12\x36\n\nerror_code\x18\x02 \x01(\x0e\x32\x17.tidewater.v1.ErrorCodeR\terrorCode\x12#\n\rerror_message\x18\x03 \x01(\tR\x0c\x65rrorMessage\x12\x16\n\x06leader\x18\x04 \x01(\x05R\x06leader\x12!\n\x0cleader_epoch\x18\x05 \x01(\x05R\x0bleaderEpoch\x12\x1a\n\x08replicas\x18\x06 \x03(\x05R\x08replicas\x12\x10\n\x03isr\x18\x07 \x03(\x05R\x03isr\x12)\n\x10offline_replicas\x18\x08 \x03(\x05R\x0fofflineReplicas\x12\x38\n\x18\x65ligible_leader_replicas\x18\t \x03(\x05R\x16\x65ligibleLeaderReplicas\x12$\n\x0elast_known_elr\x18\n \x03(\x05R\x0clastKnownElr\x12\'\n\x0fpartition_epoch\x18\x0b \x01(\x03R\x0epartitionEpochJ\x04\x08\x0c\x10\x10\x32\x65\n\x0fMetadataService\x12R\n\x0bGetMetadata\x12 .tidewater.v1.GetMetadataRequest\x1a!.tidewater.v1.GetMetadataResponse2n\n\x0fMetadataControl\x12[\n\x0eUpdateMetadata\x12#.tidewater.v1.UpdateMetadataRequest\x1a$.tidewater.v1.UpdateMetadataResponseBS\n\x0fio.tidewater.v1P\x01Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,15 +36,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\017io.tidewater.v1P\001Z>github.com/tidewater/tidewater/gen/go/tidewater/v1;tidewaterv1'
   _globals['_GETMETADATAREQUEST']._serialized_start=127
-  _globals['_GETMETADATAREQUEST']._serialized_end=177
-  _globals['_GETMETADATARESPONSE']._serialized_start=180
-  _globals['_GETMETADATARESPONSE']._serialized_end=374
-  _globals['_TOPICMETADATA']._serialized_start=377
-  _globals['_TOPICMETADATA']._serialized_end=605
-  _globals['_PARTITIONMETADATA']._serialized_start=608
-  _globals['_PARTITIONMETADATA']._serialized_end=1041
-  _globals['_METADATASERVICE']._serialized_start=1043
-  _globals['_METADATASERVICE']._serialized_end=1144
-  _globals['_METADATACONTROL']._serialized_start=1146
-  _globals['_METADATACONTROL']._serialized_end=1256
+  _globals['_GETMETADATAREQUEST']._serialized_end=206
+  _globals['_GETMETADATARESPONSE']._serialized_start=209
+  _globals['_GETMETADATARESPONSE']._serialized_end=403
+  _globals['_TOPICMETADATA']._serialized_start=406
+  _globals['_TOPICMETADATA']._serialized_end=634
+  _globals['_PARTITIONMETADATA']._serialized_start=637
+  _globals['_PARTITIONMETADATA']._serialized_end=1070
+  _globals['_METADATASERVICE']._serialized_start=1072
+  _globals['_METADATASERVICE']._serialized_end=1173
+  _globals['_METADATACONTROL']._serialized_start=1175
+  _globals['_METADATACONTROL']._serialized_end=1285
 # @@protoc_insertion_point(module_scope)

@@ -10,10 +10,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetMetadataRequest(_message.Message):
-    __slots__ = ("topics",)
+    __slots__ = ("topics", "no_topics")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    NO_TOPICS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+    no_topics: bool
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., no_topics: _Optional[bool] = ...) -> None: ...
 
 class GetMetadataResponse(_message.Message):
     __slots__ = ("controller", "brokers", "topics")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidewater.broker.controller_client import ControllerClient
-from tidewater.client.errors import error_for
+from tidewater.client.errors import MetadataUnavailable, error_for
 from tidewater.client.metadata import ClusterMetadata
 from tidewater.errors import ControllerUnavailable, InvalidPartitions, InvalidReplicationFactor
 from tidewater.v1 import common_pb2, metadata_pb2
@@ -155,7 +155,7 @@ class Admin:
                 if not answered:
                     raise
                 raise ControllerUnavailable(
-                    f"{e} ({answered} of {len(every)} items answered before: see answers)",
+                    f"{e.message} ({answered} of {len(every)} items answered before: see answers)",
                     answers,
                 ) from e
             for i, result in zip(pending, getattr(response, results), strict=False):
@@ -337,21 +337,26 @@ class Admin:
         return await self._metadata.describe(list(names))
 
     async def _find_controller(self, deadline: float) -> None:
-        """Ask the metadata services, within the call's deadline (the refresh they share goes
-        on without it)."""
+        """Ask the metadata services, within the call's deadline. None answering is
+        ControllerUnavailable, retried as the controller's own silence is (review 33 #1:
+        MetadataUnavailable escaped the retries, and the answers gathered with it)."""
         assert self._metadata is not None
         try:
-            await asyncio.wait_for(self._metadata.refresh(), deadline - time.monotonic())
+            controller = await asyncio.wait_for(
+                self._metadata.find_controller(), deadline - time.monotonic()
+            )
         except TimeoutError:
             raise ControllerUnavailable(
                 f"no metadata service named the active controller within "
                 f"{self._api_timeout_s:g}s (default_api_timeout_s)"
             ) from None
-        if self._metadata.controller is None:
+        except MetadataUnavailable as e:
+            raise ControllerUnavailable(f"no metadata service named the controller: {e}") from None
+        if controller is None:
             raise ControllerUnavailable(
                 "the metadata service knows no active controller yet; try again in a moment"
             )
-        self._controller.prefer(self._metadata.controller)
+        self._controller.prefer(controller)
 
 
 def _raise_if(code: int, message: str) -> None:

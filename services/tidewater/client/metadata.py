@@ -190,14 +190,22 @@ class ClusterMetadata:
         """The metadata service's answer for `topics` (all when empty), as it is."""
         return await self._fetch(topics)
 
-    async def _fetch(self, topics: list[str]) -> metadata_pb2.GetMetadataResponse:
+    async def find_controller(self) -> str | None:
+        """Where the metadata service last heard of the active controller, asking for no
+        topic (review 33 #1: an admin client asked for every topic each time)."""
+        await self._fetch([], no_topics=True)
+        return self.controller
+
+    async def _fetch(
+        self, topics: list[str], no_topics: bool = False
+    ) -> metadata_pb2.GetMetadataResponse:
         errors: list[tuple[str, grpc.StatusCode, str]] = []
         for _ in range(len(self.addresses)):
             address = self.addresses[self._current]
             stub = metadata_pb2_grpc.MetadataServiceStub(self._channel(address))
             try:
                 response = await stub.GetMetadata(
-                    metadata_pb2.GetMetadataRequest(topics=topics),
+                    metadata_pb2.GetMetadataRequest(topics=topics, no_topics=no_topics),
                     timeout=self.request_timeout_s,
                 )
             except grpc.aio.AioRpcError as e:

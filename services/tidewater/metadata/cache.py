@@ -88,12 +88,17 @@ class MetadataCache:
             controller_epoch=epoch,
         )
 
-    def describe(self, topics: Iterable[str] = ()) -> metadata_pb2.GetMetadataResponse:
-        """The named topics in request order, each once; every topic by name when none."""
+    def describe(
+        self, topics: Iterable[str] = (), no_topics: bool = False
+    ) -> metadata_pb2.GetMetadataResponse:
+        """The named topics in request order, each once; every topic by name when none, and
+        none with `no_topics`."""
         response = metadata_pb2.GetMetadataResponse(
             controller=self._controller,
             brokers=[self._brokers[b] for b in sorted(self._brokers)],
         )
+        if no_topics:
+            return response
         names = list(dict.fromkeys(topics)) or sorted(self._topics)
         response.topics.extend(self._describe_topic(name) for name in names)
         return response

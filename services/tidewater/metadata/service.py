@@ -29,7 +29,7 @@ class MetadataService(metadata_pb2_grpc.MetadataServiceServicer):
                 "this metadata service has no cluster view from the controller yet; "
                 "ask another metadata address",
             )
-        return self._cache.describe(request.topics)
+        return self._cache.describe(request.topics, no_topics=request.no_topics)
 
 
 class MetadataControl(metadata_pb2_grpc.MetadataControlServicer):

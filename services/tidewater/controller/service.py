@@ -457,12 +457,15 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 usable=self._may_lead_new_partitions(),
             )
         else:
-            assignment = assign_replicas(
-                self._placeable_brokers(),
-                topic.num_partitions if topic.num_partitions > 0 else DEFAULT_PARTITIONS,
+            replication_factor = (
                 topic.replication_factor
                 if topic.replication_factor > 0
-                else self._default_replication_factor(),
+                else self._default_replication_factor()
+            )
+            assignment = assign_replicas(
+                self._placeable_brokers(replication_factor),
+                topic.num_partitions if topic.num_partitions > 0 else DEFAULT_PARTITIONS,
+                replication_factor,
             )
         state = TopicState(topic.name, configs, assignment)
         if validate_only:
@@ -607,7 +610,9 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                 replication_factor=len(state.assignment[0]),
             )
         else:
-            added = add_partitions(self._placeable_brokers(), state.assignment, topic.count)
+            added = add_partitions(
+                self._placeable_brokers(len(state.assignment[0])), state.assignment, topic.count
+            )
         if validate_only:
             return
         updated = replace(state, assignment={**state.assignment, **added})
@@ -617,12 +622,22 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
             initial_partition_records(added, state.name, model.usable_brokers(), self._c.epoch)
         )
 
-    def _placeable_brokers(self) -> list[tuple[int, str | None]]:
-        """(broker, rack) for new replicas placed by the controller: those an explicit
-        assignment may name, so that a new controller's grace period does not shrink a topic
-        to the brokers it heard from first."""
-        brokers = self._c.model.brokers
-        return [(b, brokers[b].rack or None) for b in sorted(self._may_lead_new_partitions())]
+    def _placeable_brokers(self, replication_factor: int) -> list[tuple[int, str | None]]:
+        """(broker, rack) for new replicas placed by the controller: the usable brokers, as
+        Kafka's placer (review 33 #2: placed also on brokers a new controller had not heard
+        from, a long-dead one got partitions with no leader). Too few in a new controller's
+        grace period, when the others may well be alive: REQUEST_TIMED_OUT, retriable, not
+        INVALID_REPLICATION_FACTOR for good."""
+        model = self._c.model
+        usable = model.usable_brokers()
+        if len(usable) < replication_factor <= len(self._may_lead_new_partitions()):
+            raise TidewaterError(
+                f"replication factor {replication_factor}: {len(usable)} brokers heard from "
+                "since the controller's election, the others not yet (up to one broker "
+                "session timeout): retry",
+                ErrorCode.REQUEST_TIMED_OUT,
+            )
+        return [(b, model.brokers[b].rack or None) for b in sorted(usable)]
 
     def _default_replication_factor(self) -> int:
         """default.replication.factor; unset, 3 or the number of brokers ever registered

@@ -1512,21 +1512,34 @@ async def test_a_fetch_at_a_segments_tail_is_answered_though_short_of_min_bytes(
     assert values and values[0] == b"c" * 400
 
 
+@pytest.mark.parametrize(
+    ("fmt", "compression"),
+    [
+        (pb.RECORD_FORMAT_BATCHES, Compression.NONE),
+        # Stored small, decoded larger than the limit: the records stop inside the batches.
+        (pb.RECORD_FORMAT_RECORDS, Compression.ZSTD),
+    ],
+)
 async def test_a_fetch_whose_partition_limit_cuts_the_read_meets_min_bytes_at_that_limit(
-    leader: Any,
+    leader: Any, fmt: int, compression: int
 ) -> None:
     """Review 30 #1: whole batches fall short of a partition's limit, so a min_bytes of
     partition_max_bytes (the consumer's default 1 MiB) was never met, and the fetch waited
     its max_wait with far more readable. As Kafka's DelayedFetch, a partition with more to
-    read than its limit let in counts as that limit."""
+    read than its limit let in counts as that limit; plain records too, which may stop
+    inside the batches read (review 33 #7)."""
     for _ in range(40):
-        await produce_ok(leader, batch_of([b"x" * 1000] * 10))  # ~10 KB a batch
-    request = fetch_request(0, max_wait_ms=120_000)
+        # ~10 KB of records a batch
+        await produce_ok(leader, batch_of([b"x" * 1000] * 10, compression=compression))
+    request = fetch_request(0, max_wait_ms=120_000, fmt=fmt)
     request.min_bytes = request.partitions[0].partition_max_bytes = 100_000
     response = await asyncio.wait_for(leader.service.Fetch(request), 30)
-    served = response.partitions[0].record_batches
-    assert 0 < len(served) <= 100_000
-    assert len(list(decode_batches(served))) < 400
+    result = response.partitions[0]
+    if fmt == pb.RECORD_FORMAT_RECORDS:
+        assert 0 < len(result.records) < 400
+    else:
+        assert 0 < len(result.record_batches) <= 100_000
+        assert len(list(decode_batches(result.record_batches))) < 400
 
 
 async def test_a_request_that_does_not_decode_is_invalid_argument(leader: Any) -> None:

@@ -992,7 +992,7 @@ class ReplicaManager:
                 if not answer_now and counted < request.min_bytes:
                     if partition.log.in_an_older_segment(fp.fetch_offset, visible_end):
                         answer_now = True
-                    elif next_offset_after(read.data) < visible_end:
+                    elif _answered_up_to(read.data, records, fp.fetch_offset) < visible_end:
                         counted += max(limit - size, 0)
             if records is not None:
                 result.records.extend(records)
@@ -1432,6 +1432,16 @@ def _must_read(partition: HostedPartition, fetch_offset: int, for_follower: bool
     log_end_offset = partition.log.log_end_offset
     end = log_end_offset if for_follower else partition.state.high_watermark
     return not end <= fetch_offset <= log_end_offset
+
+
+def _answered_up_to(
+    data: bytes | memoryview, records: list[common_pb2.Record] | None, fetch_offset: int
+) -> int:
+    """The offset after what a partition's answer carries: its batches', or of plain
+    records (which may stop inside the batches read: review 33 #7), the last one's."""
+    if records is None:
+        return next_offset_after(data)
+    return records[-1].offset + 1 if records else fetch_offset
 
 
 def _to_proto_records(

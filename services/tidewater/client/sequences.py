@@ -273,7 +273,7 @@ class ProducerSequences:
     def _bump(self) -> None:
         self.bumps += 1
         if self.epoch >= MAX_PRODUCER_EPOCH:
-            # The epoch ran out: InitProducerId with the old id and epoch gives a new id.
+            # The epoch ran out: a new id from InitProducerId.
             self.producer_id, self.epoch = NO_PRODUCER_ID, NO_PRODUCER_EPOCH
         else:
             self.epoch += 1

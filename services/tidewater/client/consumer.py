@@ -244,14 +244,16 @@ class Consumer:
             # close() from another task ends a poll waiting on its requests, the metadata or
             # a backoff (review 26 M2: it sent new requests, on channels it opened again).
             self._check_open()
-            self._send_requests()
-            # Records fetched before are returned at once; the fetches just sent for the
-            # other partitions bring theirs meanwhile (as Kafka's pipelined fetches).
+            # Records fetched before are returned at once; the fetches sent for the other
+            # partitions bring theirs meanwhile (as Kafka's pipelined fetches).
             fetched = self._hand_out()
             if fetched:
+                self._send_requests()
                 return fetched
-            # A partition's error, once the records fetched before it are handed out.
+            # A partition's error, once the records fetched before it are handed out, and
+            # before a request that would only meet it again (review 33 #8).
             self._raise_error()
+            self._send_requests()
             pending = [call.answer for kind in kinds for call in kind.in_flight.values()]
             if not pending:
                 # Nothing to wait for yet: leaders unknown (the metadata on its way) or every

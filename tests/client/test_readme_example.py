@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 
 from tests.client.cluster import Cluster
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-EXAMPLE_BOOTSTRAP = "127.0.0.1:9094"
 
 
 def sdk_example() -> str:
@@ -27,7 +27,7 @@ def sdk_example() -> str:
 
 async def test_the_readme_sdk_example_prints_the_record_it_sent(cluster: Cluster) -> None:
     await cluster.create_topic("orders")
-    code = sdk_example().replace(EXAMPLE_BOOTSTRAP, cluster.bootstrap[0])
+    code = sdk_example()
     assert "asyncio.run(main())" in code
     # A child process, as a user runs it: the brokers serve on this test's event loop.
     child = await asyncio.create_subprocess_exec(
@@ -36,6 +36,8 @@ async def test_the_readme_sdk_example_prints_the_record_it_sent(cluster: Cluster
         code,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        # What `cluster up` says to export.
+        env={**os.environ, "TIDEWATER_BOOTSTRAP": ",".join(cluster.bootstrap)},
     )
     async with asyncio.timeout(60):
         out, err = await child.communicate()

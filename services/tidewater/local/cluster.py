@@ -441,6 +441,7 @@ def describe(state: ClusterFile, hints: bool = True) -> str:
     if not hints:
         return "\n".join(lines)
     addresses = ", ".join(repr(m.address) for m in state.find("metadata"))
+    lines.append(f"Env:      export TIDEWATER_BOOTSTRAP={metadata}")
     lines.append("Connect:  from tidewater.client import Consumer, Producer")
     lines.append(f"          Producer([{addresses}]) / Consumer([{addresses}])")
     lines.append(f"          grpcurl -plaintext {metadata} list")

@@ -73,7 +73,7 @@ def test_to_properties_leaves_out_unset_flush_settings() -> None:
 @pytest.mark.parametrize(
     ("props", "message"),
     [
-        ({"cleanup.policy": "compact"}, "unknown log config: cleanup.policy"),
+        ({"cleanup.policy": "compact"}, "unknown topic config: cleanup.policy"),
         ({"retention.ms": "soon"}, "retention.ms must be an integer, got 'soon'"),
         ({"segment.bytes": "1.5"}, "segment.bytes must be an integer"),
         ({"segment.bytes": ""}, "segment.bytes must be an integer"),

@@ -100,7 +100,7 @@ class LogConfig:
         for name, raw in props.items():
             setting = _SETTINGS.get(name)
             if setting is None:
-                raise InvalidConfig(f"unknown log config: {name}")
+                raise InvalidConfig(f"unknown topic config: {name}")
             values[setting.attribute] = parse_integer(name, raw)
         return cls(**values)
 

@@ -248,3 +248,31 @@ async def test_a_fan_out_still_sending_at_a_step_down_ends() -> None:
         assert fan_out.attributes["tidewater.brokers_failed"] == 2
     finally:
         tracing.shutdown()
+
+
+async def test_a_request_that_fails_to_build_leaves_the_worker_sending(
+    sender_to: tuple[TcpProxy, Any, BrokerSender], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 34 #7: an error other than gRPC's while handling one request ended its target's
+    worker, and every later request to that target queued up, unsent, for the rest of the
+    controller's term. Logged and dropped now; the next one goes."""
+    front, controller, sender = sender_to
+    server = await serve_behind(front)
+    full_view = sender._full_view
+    calls = []
+
+    def failing_once() -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("a bug")
+        return full_view()
+
+    monkeypatch.setattr(sender, "_full_view", failing_once)
+    try:
+        sender.refresh_metadata_services()
+        await eventually(lambda: len(calls) == 1, 20)
+        set_leader_epoch(controller, 5)
+        sender.refresh_metadata_services()
+        await eventually(lambda: server.full_views[-1:] == [5], 20)
+    finally:
+        await server.stop(grace_s=0)

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aetcd
 import pytest
@@ -522,3 +523,28 @@ async def test_a_load_larger_than_grpcs_default_message_limit_succeeds(
         await store.put_topic(epoch, f"big-{i}", {"configs": {}, "assignment": assignment})
     topics = await store.load_topics()
     assert sorted(topics) == [f"big-{i}" for i in range(6)]
+
+
+async def test_a_topic_written_with_many_partitions_goes_in_the_first_txn(
+    connect_store: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 34 #3: past etcd's ops per txn the topic's value went with the last updates,
+    so a failover between txns could keep the old min.insync.replicas with ELRs cleared for
+    the new one. Cut short after the first txn now, the value is written with its updates."""
+    store = await connect_store()
+    epoch = await store.campaign(1, "127.0.0.1:9101", 5)
+    updates = [("t", p, None, leader_and_isr(1, 0, [1])) for p in range(PARTITIONS_PER_TXN + 5)]
+    write_chunk = store._write_partition_chunk
+    written: list[int] = []
+
+    async def failing_after_one(*args: Any) -> Any:
+        if written:
+            raise StoreUnavailable("etcd txn: a test")
+        written.append(1)
+        return await write_chunk(*args)
+
+    monkeypatch.setattr(store, "_write_partition_chunk", failing_after_one)
+    with pytest.raises(StoreUnavailable):
+        await store.write_partitions(epoch, updates, ("t", {"configs": {"x": "1"}}))
+    assert (await store.load_topics())["t"]["configs"] == {"x": "1"}
+    assert len(await store.load_partitions()) == PARTITIONS_PER_TXN

@@ -422,9 +422,10 @@ class Controller:
         before = self.model.topics[name]
         after = replace(before, configs=configs)
         # A lower min.insync.replicas lets leaders advance the HW past the ELR members: their
-        # ELR goes in the same txn as the new value (the last, past etcd's ops per txn), so no
-        # broker hears of it while they are still in it, and no failover keeps the old value
-        # with the ELR cleared.
+        # ELR goes in the same txn as the new value (the first, past etcd's ops per txn), so
+        # no broker hears of it while they are still in it, and no failover keeps the old
+        # value with an ELR cleared (one that keeps the new value with ELRs left is safe:
+        # leaders hold the HW while the ELR is not empty, and the next controller clears them).
         changes = elr_changes_for_configs(self.model, after, self.epoch)
         await self.commit_and_send(changes, after)
         self.sender.update_metadata([], configs_of=[name])

@@ -345,41 +345,49 @@ class BrokerSender:
             while True:
                 request, fan_out, on_answer = await queue.get()
                 sending = fan_out
-                current = self._address(target)
-                if current is None:
-                    if fan_out is not None:
-                        fan_out.answered(target, False)
-                    continue
-                if request is None:
-                    self._full_view_queued.discard(current)
-                    request = self._full_view()
-                elif isinstance(target, str) and current not in self._metadata_current:
-                    continue  # a delta behind one the service missed: its FULL view follows
-                elif isinstance(target, int) and not self._for_registered(target, request):
-                    # Meant for a previous incarnation: the new one gets its whole state when
-                    # unfenced, and would wait behind these retries (review 20 L1).
-                    if fan_out is not None:
-                        fan_out.answered(target, False)
-                    if on_answer is not None:
-                        await on_answer(False)
-                    continue
-                if current != address:
-                    if channel is not None:
-                        await channel.close()
-                    address = current
-                    channel = tracing.insecure_channel(address, CHANNEL_OPTIONS)
-                assert channel is not None
-                if fan_out is None:
-                    ok = await self._send(target, channel, request)
-                else:
-                    # The RPC (and the broker's side of it) is a child of the fan-out.
-                    with trace.use_span(fan_out.span):
+                try:
+                    current = self._address(target)
+                    if current is None:
+                        if fan_out is not None:
+                            fan_out.answered(target, False)
+                        continue
+                    if request is None:
+                        self._full_view_queued.discard(current)
+                        request = self._full_view()
+                    elif isinstance(target, str) and current not in self._metadata_current:
+                        continue  # a delta behind one the service missed: its FULL view follows
+                    elif isinstance(target, int) and not self._for_registered(target, request):
+                        # Meant for a previous incarnation: the new one gets its whole state when
+                        # unfenced, and would wait behind these retries (review 20 L1).
+                        if fan_out is not None:
+                            fan_out.answered(target, False)
+                        if on_answer is not None:
+                            await on_answer(False)
+                        continue
+                    if current != address:
+                        if channel is not None:
+                            await channel.close()
+                        address = current
+                        channel = tracing.insecure_channel(address, CHANNEL_OPTIONS)
+                    assert channel is not None
+                    if fan_out is None:
                         ok = await self._send(target, channel, request)
-                    fan_out.answered(target, ok)
-                if isinstance(target, str):
-                    self._track_metadata_service(address, request, ok)
-                if on_answer is not None:
-                    await on_answer(ok)
+                    else:
+                        # The RPC (and the broker's side of it) is a child of the fan-out.
+                        with trace.use_span(fan_out.span):
+                            ok = await self._send(target, channel, request)
+                        fan_out.answered(target, ok)
+                    if isinstance(target, str):
+                        self._track_metadata_service(address, request, ok)
+                    if on_answer is not None:
+                        await on_answer(ok)
+                except Exception:
+                    # A bug handling one request (review 34 #7: it ended the worker, and
+                    # the target heard nothing more this term): logged, the request
+                    # dropped, the worker goes on.
+                    log.exception("controller: a request to %s failed; dropped", target)
+                    if fan_out is not None:
+                        fan_out.answered(target, False)
         finally:
             # Stopped (a step-down) while sending: see reset().
             if sending is not None:

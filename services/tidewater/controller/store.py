@@ -323,17 +323,20 @@ class ControllerStore:
         still the expected one, in as few txns as etcd allows. A key already holding exactly the
         value counts as written (a retried write). Results are in the order of `updates`.
 
-        `topic` (name, value): a topic's configs and assignment, put in the txn of the last
-        updates (of all of them, up to PARTITIONS_PER_TXN), so that no failover leaves the
-        partitions written without it, nor it without them (on its own when there are no
-        updates). If one of those updates' compare fails, the topic is not written and
-        StoreUnavailable is raised: etcd holds a state this controller does not know, and the
-        controller resigns, so that whoever wins loads it (review 17 M1)."""
+        `topic` (name, value): a topic's configs and assignment, put in the txn of the first
+        updates (of all of them, up to PARTITIONS_PER_TXN; on its own when there are none):
+        past one txn, a failover may leave it written with some of the updates, never updates
+        without it (review 34 #3: written last, a lower min.insync.replicas could stay unwritten
+        with ELRs cleared for it; the other way round, leaders hold the HW for the ELRs left,
+        and the next controller clears them as it loads). If one of those updates' compare
+        fails, the topic is not written and StoreUnavailable is raised: etcd holds a state
+        this controller does not know, and the controller resigns, so that whoever wins loads
+        it (review 17 M1)."""
         starts = range(0, len(updates), PARTITIONS_PER_TXN)
         chunks = [range(s, min(s + PARTITIONS_PER_TXN, len(updates))) for s in starts]
         results: dict[int, WriteResult] = {}
         for i, chunk in enumerate(chunks or [range(0)]):
-            also = [] if topic is None or i < len(chunks) - 1 else [self._topic_put(*topic)]
+            also = [] if topic is None or i > 0 else [self._topic_put(*topic)]
             results.update(await self._write_partition_chunk(epoch, updates, list(chunk), also))
         return [results[i] for i in range(len(updates))]
 

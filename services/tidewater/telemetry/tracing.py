@@ -76,6 +76,8 @@ BROKER_ID = "tidewater.broker.id"
 # Streams that carry many batches or fetches: their spans are made per message by the broker
 # and the clients (trace_context in the messages), not per call by the interceptors. Unary
 # Produce and Fetch are traced the same way, so every produce and fetch has one span shape.
+# The streams must stay out of the server interceptor in any case: its stream wrapper takes
+# an async generator, and their handlers (rpc.handlers' wrappers too) are coroutines.
 DATA_PLANE_METHODS = frozenset({"Produce", "ProduceStream", "Fetch", "FetchStream"})
 UNTRACED_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.")
 MESSAGING_SYSTEM = "tidewater"

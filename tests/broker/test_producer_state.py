@@ -36,6 +36,7 @@ from tidewater.errors import (
     UnknownProducerId,
 )
 from tidewater.local.standin_controller import make_leader
+from tidewater.local.wait import eventually
 from tidewater.records.batch import Record, build_batch
 from tidewater.records.header import BatchHeader, read_header
 from tidewater.replication.partition import LeaderAndIsr, Partition
@@ -676,25 +677,37 @@ def snapshots(directory: Path) -> list[int]:
     return sorted(int(p.name.removesuffix(SNAPSHOT_SUFFIX)) for p in directory.glob("*.snapshot"))
 
 
-async def test_retention_past_every_snapshot_leaves_one_at_the_log_end(tmp_path: Path) -> None:
+async def test_retention_past_every_snapshot_leaves_one_at_the_log_end(
+    start_broker: Callable[..., Any],
+) -> None:
     """Review 31 #2: retention rolled an idle log at its end and deleted every segment, with
     no snapshot there; after a kill -9 the reopened log loaded an older snapshot (or none)
     and replayed nothing: the producer's next batch was refused as out of sequence or from
-    an unknown producer. As Kafka snapshots at every roll, the state is snapshotted at the
-    log end once the log starts past every snapshot."""
-    config = TopicConfig(log=LogConfig(retention_ms=0))
-    log = Log.open(tmp_path / "t-0", config.log, 0, lambda: 1_000)
-    state = Partition("t", 0, 1, log, replication_config(config, 30_000), 0)
-    state.make_leader(LeaderAndIsr(1, 1, (1,), (1,), 1), 1_000)
-    hosted = HostedPartition(state, log, config, lambda: 1_000)
+    an unknown producer. As Kafka snapshots at every roll, the broker snapshots the state at
+    the log end once retention moves the log start past every snapshot."""
+    server, client = await start_broker(1, **{"log.retention.check.interval.ms": 50})
+    await make_leader(
+        client.channel, "t", 0, leader=1, leader_epoch=1, replicas=[1],
+        configs={"retention.ms": "1000"},
+    )  # fmt: skip
     for sequence in range(3):
-        await hosted.append_as_leader(bytearray(raw_batch(sequence)), -1, 1_000)
-    assert log.delete_retention_segments(10_000, state.high_watermark) > 0
-    assert log.log_start_offset == log.log_end_offset == 3
-    hosted.snapshot_if_log_start_passed()  # what the broker does when retention moved it
-    log.close()  # then killed: no shutdown snapshot
-
-    reopened = ProducerStateManager(tmp_path / "t-0")
-    reopened.rebuild(Log.open(tmp_path / "t-0", config.log, 0, lambda: 1_000), 1_000)
+        response = await client.service.Produce(
+            pb.ProduceRequest(
+                acks=1,
+                partitions=[
+                    pb.PartitionProduceData(
+                        topic="t", partition=0, record_batch=raw_batch(sequence)
+                    )
+                ],
+            )
+        )
+        assert response.partitions[0].error_code == ErrorCode.NONE
+    hosted = server.replica_manager.partitions[("t", 0)]
+    directory = hosted.log.dir
+    # The batches' timestamps (1,000 ms after the epoch) are long past retention.ms.
+    await eventually(lambda: hosted.log.log_start_offset == 3, 30)
+    await eventually(lambda: snapshots(directory) == [3], 30)
+    # What a broker killed now would load: the snapshot, and no log after it.
+    reopened = ProducerStateManager(directory)
+    assert reopened.load_snapshot(3) == 3
     assert reopened.producers == hosted.producer_state.producers
-    assert snapshots(tmp_path / "t-0") == [3]

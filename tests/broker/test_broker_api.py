@@ -1608,14 +1608,24 @@ async def test_a_produce_whose_write_fails_answers_storage_error(
     assert failed
 
 
-def test_plain_records_count_only_what_they_answer_and_only_the_first_data_may_overshoot() -> None:
-    """Review 30 #4: the size counted the record left out (an answer of 600 KB reported
-    1.2 MB), and a partition after the answer's first got one record whatever its size."""
-    data = build_batch([Record(value=b"x" * 1000)] * 3)
-    records, size = replica_manager._to_proto_records(data, 0, 1500, True)
-    assert len(records) == 1 and size == records[0].ByteSize()
-    assert replica_manager._to_proto_records(data, 0, 500, False) == ([], 0)
-    assert len(replica_manager._to_proto_records(data, 0, 500, True)[0]) == 1
+async def test_plain_records_of_a_partition_after_the_first_data_keep_within_its_limit(
+    start_broker: Callable[..., Any],
+) -> None:
+    """Review 30 #4: a partition after the answer's first data got one record whatever its
+    size (a small stored batch could decode to 64 MiB), and the size counted the record left
+    out. As with batches, only the answer's first data may overshoot its limit."""
+    _, client = await start_broker(1)
+    for partition in (0, 1):
+        await make_leader(client.channel, TOPIC, partition, leader=1, leader_epoch=1, replicas=[1])
+        request = produce_request(batch_of([b"x" * 1000] * 3), partition=partition)
+        assert (await client.service.Produce(request)).partitions[0].error_code == 0
+    fetch = fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS)
+    fetch.partitions.add(topic=TOPIC, partition=1, fetch_offset=0, current_leader_epoch=-1)
+    for fp in fetch.partitions:
+        fp.partition_max_bytes = 500
+    first, second = (await client.service.Fetch(fetch)).partitions
+    assert len(first.records) == 1  # the answer's first data: one record, over the limit
+    assert len(second.records) == 0
 
 
 async def test_a_new_leader_answers_offset_not_available_until_its_hw_reaches_its_epoch(

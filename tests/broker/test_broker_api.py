@@ -1617,7 +1617,9 @@ async def test_plain_records_of_a_partition_after_the_first_data_keep_within_its
     _, client = await start_broker(1)
     for partition in (0, 1):
         await make_leader(client.channel, TOPIC, partition, leader=1, leader_epoch=1, replicas=[1])
-        request = produce_request(batch_of([b"x" * 1000] * 3), partition=partition)
+        # Stored small (zstd), decoded larger than the limit.
+        batch = batch_of([b"x" * 1000] * 3, compression=Compression.ZSTD)
+        request = produce_request(batch, partition=partition)
         assert (await client.service.Produce(request)).partitions[0].error_code == 0
     fetch = fetch_request(0, fmt=pb.RECORD_FORMAT_RECORDS)
     fetch.partitions.add(topic=TOPIC, partition=1, fetch_offset=0, current_leader_epoch=-1)

@@ -4,6 +4,7 @@ in-process controller on a real etcd, its ControllerService called directly."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -412,3 +413,33 @@ async def test_heartbeats_queued_behind_a_long_event_keep_their_brokers_unfenced
     release.set()
     await asyncio.wait_for(asyncio.gather(blocking, *beats), 10)
     assert fenced == []
+
+
+async def test_a_controller_resigning_after_an_etcd_failure_is_a_standby_before_its_revoke(
+    connect_store: ConnectStore, run_controller: RunController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 34 #5: while etcd was slow to take the lease revoke (up to its 5 s timeout),
+    the resigning controller still answered as active and its senders went on."""
+    controller, service = await running(
+        connect_store, run_controller, PartitionRecord(1, 0, (1, 2, 3), 1)
+    )
+    revoking, release = asyncio.Event(), asyncio.Event()
+    resign = controller.store.resign
+
+    async def slow_resign() -> None:
+        revoking.set()
+        await release.wait()
+        await resign()
+
+    monkeypatch.setattr(controller.store, "resign", slow_resign)
+
+    async def etcd_fails() -> None:
+        raise StoreUnavailable("etcd txn: a test")
+
+    with contextlib.suppress(StoreUnavailable):
+        await controller.submit(etcd_fails)
+    await asyncio.wait_for(revoking.wait(), 10)
+    assert not controller.active
+    response = await service.DescribeCluster(cpb.DescribeClusterRequest(), None)  # type: ignore[arg-type]
+    assert response.error_code == ErrorCode.NOT_CONTROLLER
+    release.set()

@@ -170,9 +170,11 @@ async def test_plain_records_whose_timestamps_leave_int64_are_invalid_timestamp(
     assert "too far apart" in response.partitions[0].error_message
 
 
-async def test_long_poll_fetch_wakes_on_new_data(leader: Any) -> None:
+async def test_long_poll_fetch_wakes_on_new_data(start_broker: Callable[..., Any]) -> None:
+    server, leader = await start_broker(1)
+    await make_leader(leader.channel, TOPIC, 0, leader=1, leader_epoch=1, replicas=[1])
     waiting = asyncio.ensure_future(leader.service.Fetch(fetch_request(0, max_wait_ms=30_000)))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: server.replica_manager.fetch_purgatory.watched == 1, 10)
     assert not waiting.done()
     await produce_ok(leader, batch_of([b"hello"]))
     response = await asyncio.wait_for(waiting, 20)

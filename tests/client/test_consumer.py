@@ -539,17 +539,20 @@ class _MovedLeader:
 
 
 @pytest.mark.parametrize(
-    ("first", "refreshed"),
-    [(ErrorCode.NOT_LEADER_OR_FOLLOWER, True), (ErrorCode.OFFSET_NOT_AVAILABLE, False)],
+    ("first", "reset", "refreshed"),
+    [
+        (ErrorCode.NOT_LEADER_OR_FOLLOWER, "earliest", True),
+        (ErrorCode.OFFSET_NOT_AVAILABLE, "latest", False),  # a LATEST only
+    ],
 )
 async def test_a_reset_answered_a_retriable_error_is_asked_again_not_raised(
-    first: int, refreshed: bool
+    first: int, reset: str, refreshed: bool
 ) -> None:
     """As Kafka's Fetcher: a retriable error to a reset asks for the reset again after
     retry_backoff_ms, with new metadata if the leader moved; before, poll() raised
     NotLeaderOrFollower. Review 26 L5: a new leader answers OFFSET_NOT_AVAILABLE until its HW
     reaches its leader epoch (the metadata is right)."""
-    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset="earliest", retry_backoff_ms=10)
+    consumer = Consumer(["127.0.0.1:1"], auto_offset_reset=reset, retry_backoff_ms=10)
     leader = _MovedLeader(first)
     tp = _assign_one(consumer, leader, 1)
     refreshes = []

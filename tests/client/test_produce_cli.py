@@ -24,8 +24,13 @@ async def tidewater(*args: str, stdin: bytes = b"") -> tuple[int, str]:
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )
-    async with asyncio.timeout(DEADLINE_S):
-        _, err = await child.communicate(stdin)
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            _, err = await child.communicate(stdin)
+    finally:
+        if child.returncode is None:  # the deadline passed: no process outlives the test
+            child.kill()
+            await child.wait()
     assert child.returncode is not None
     return child.returncode, err.decode()
 

@@ -39,7 +39,12 @@ async def test_the_readme_sdk_example_prints_the_record_it_sent(cluster: Cluster
         # What `cluster up` says to export.
         env={**os.environ, "TIDEWATER_BOOTSTRAP": ",".join(cluster.bootstrap)},
     )
-    async with asyncio.timeout(60):
-        out, err = await child.communicate()
+    try:
+        async with asyncio.timeout(60):
+            out, err = await child.communicate()
+    finally:
+        if child.returncode is None:  # the deadline passed: no process outlives the test
+            child.kill()
+            await child.wait()
     assert child.returncode == 0, err.decode()
     assert out.decode().splitlines() == ["0 b'customer-7' b'hello'"]

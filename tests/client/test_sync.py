@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 import pytest
 
@@ -72,6 +71,15 @@ async def test_a_blocking_poll_in_another_thread_ends_when_the_consumer_closes(
         consumer = Consumer(cluster.bootstrap, auto_offset_reset="earliest")
         consumer.assign([("nosuchtopic", 0)])
         raised: list[BaseException] = []
+        polling = threading.Event()
+        inner = consumer._inner
+        send_requests = inner._send_requests
+
+        def marked() -> None:  # the poll is under way on the facade's loop
+            polling.set()
+            send_requests()
+
+        inner._send_requests = marked  # type: ignore[method-assign]
 
         def poll() -> None:
             try:
@@ -81,7 +89,7 @@ async def test_a_blocking_poll_in_another_thread_ends_when_the_consumer_closes(
 
         poller = threading.Thread(target=poll, daemon=True)
         poller.start()
-        time.sleep(0.3)  # the poll is waiting (if not yet, it starts closed: same outcome)
+        assert polling.wait(10)
         consumer.close()
         poller.join(10)
         consumer.close()

@@ -200,10 +200,12 @@ async def test_a_call_during_a_failover_is_retried_until_a_controller_is_elected
     controllers = Electing("c2:1", answers_after=20)
     admin = Admin(CONTROLLERS, default_api_timeout_s=30, retry_backoff_s=0.01)
     admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
-    described = await asyncio.wait_for(admin.describe_cluster(), 30)
-    assert described.controller.controller_id == 2
-    assert len(controllers.asked) > 20
-    await admin.close()
+    try:
+        described = await asyncio.wait_for(admin.describe_cluster(), 30)
+        assert described.controller.controller_id == 2
+        assert len(controllers.asked) > 20
+    finally:
+        await admin.close()
 
 
 class Naming:
@@ -233,12 +235,14 @@ async def test_an_admin_from_bootstrap_asks_again_where_the_controller_is_once_i
     controllers = Electing("c1:1")
     admin = Admin([], bootstrap=["m:1"], default_api_timeout_s=30, retry_backoff_s=0.01)
     admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
-    assert (await admin.describe_cluster()).controller.controller_id == 1
-    controllers.dead.add("c1:1")
-    controllers.active = named[0] = "c2:1"
-    described = await asyncio.wait_for(admin.describe_cluster(), 30)
-    assert described.controller.controller_id == 2
-    await admin.close()
+    try:
+        assert (await admin.describe_cluster()).controller.controller_id == 1
+        controllers.dead.add("c1:1")
+        controllers.active = named[0] = "c2:1"
+        described = await asyncio.wait_for(admin.describe_cluster(), 30)
+        assert described.controller.controller_id == 2
+    finally:
+        await admin.close()
 
 
 class Blinking(Naming):
@@ -264,6 +268,8 @@ async def test_a_metadata_service_out_of_reach_does_not_end_the_retries(
     controllers = Electing("c1:1", answers_after=6)
     admin = Admin([], bootstrap=["m:1"], default_api_timeout_s=30, retry_backoff_s=0.01)
     admin._controller._stub = controllers.stub  # type: ignore[method-assign,assignment]
-    described = await asyncio.wait_for(admin.describe_cluster(), 30)
-    assert described.controller.controller_id == 1
-    await admin.close()
+    try:
+        described = await asyncio.wait_for(admin.describe_cluster(), 30)
+        assert described.controller.controller_id == 1
+    finally:
+        await admin.close()

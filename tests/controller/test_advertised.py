@@ -209,7 +209,7 @@ async def test_every_service_is_dialled_at_its_advertised_address(
     ("listen", "advertised", "message"),
     [
         (
-            "0.0.0.0:9093",
+            "0.0.0.0:0",  # were a regression to let it bind: no fixed port, nothing taken
             "",
             "--listen binds the wildcard address 0.0.0.0, which nobody can dial: "
             "set --advertised-address to",
@@ -241,8 +241,12 @@ def test_a_wildcard_bind_without_an_advertised_address_stops_the_service(
         if role == "broker"
         else controller_args(1, f"127.0.0.1:{free_port()}", "x", "0.0.0.0:0")
     )
-    with pytest.raises(ProcessFailed, match="exited with 1") as failed:
-        ManagedProcess(role, args, tmp_path).start()
+    process = ManagedProcess(role, args, tmp_path)
+    try:
+        with pytest.raises(ProcessFailed, match="exited with 1") as failed:
+            process.start()
+    finally:
+        process.kill()  # were it to start after all
     assert "tidewater: INVALID_CONFIG: " in str(failed.value)
     assert "binds the wildcard address 0.0.0.0" in str(failed.value)
     assert "--advertised-address" in str(failed.value)

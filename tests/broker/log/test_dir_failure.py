@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -194,7 +193,7 @@ async def test_a_clean_shutdown_waits_for_a_background_flush_and_its_failure(
     await server.start()
     log = server.log_manager.get_or_create_log("t", 0, CONFIG)
     log.append_as_leader(make_batch(2), 1)
-    started = threading.Event()
+    started, stopping = threading.Event(), threading.Event()
     eio = OSError(errno.EIO, "Input/output error")
     fsync = os.fsync
 
@@ -205,7 +204,7 @@ async def test_a_clean_shutdown_waits_for_a_background_flush_and_its_failure(
             fsync(fd)
             return
         started.set()
-        time.sleep(0.2)  # still running when the shutdown begins
+        stopping.wait(10)  # still running when the shutdown begins
         raise eio
 
     monkeypatch.setattr(os, "fsync", first_fsync_fails_slowly)
@@ -213,7 +212,10 @@ async def test_a_clean_shutdown_waits_for_a_background_flush_and_its_failure(
     assert job is not None
     server.log_manager._flush_in_background(log, job)
     await asyncio.to_thread(started.wait, 10)
-    await server.stop(grace_s=0)
+    stop = asyncio.ensure_future(server.stop(grace_s=0))
+    await asyncio.sleep(0)  # the shutdown has begun
+    stopping.set()
+    await stop
     assert failures.seen == [(log.dir.parent, eio)]
 
 

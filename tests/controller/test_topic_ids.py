@@ -6,6 +6,7 @@ the old position (its fetch names the old id, which the broker no longer holds).
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -192,11 +193,12 @@ async def create_again(cluster: Cluster, eventually: Eventually) -> None:
 
 
 async def polled(consumer: Consumer) -> list[bytes | None]:
-    """The values of the next poll that returns records."""
-    while True:
-        records = await consumer.poll(1000)
-        if records:
-            return [record.value for record in records]
+    """The values of the next poll that returns records, within 30 s."""
+    async with asyncio.timeout(30):
+        while True:
+            records = await consumer.poll(1000)
+            if records:
+                return [record.value for record in records]
 
 
 async def sent(producer: Producer, value: bytes) -> int:

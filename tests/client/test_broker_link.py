@@ -90,14 +90,15 @@ async def test_a_request_sent_late_in_an_idle_wait_gets_its_whole_deadline(
     deadline, and the link failed it (and every request in flight to that broker) as
     timed out, though its answer was on the way: a spurious retry, and without idempotence a
     duplicate."""
-    monkeypatch.setattr(producer_mod, "ANSWER_GRACE_S", 1.0)
+    monkeypatch.setattr(producer_mod, "ANSWER_GRACE_S", 2.0)
     producer, link, stub, send = linked_producer(monkeypatch)
     failures: list[str] = []
     monkeypatch.setattr(producer, "_transport_failed", lambda _, reason: failures.append(reason))
     try:
-        send()  # answered at once; then the link waits idle, 1.1 s
-        await asyncio.sleep(1.0)
-        stub.delay_s = 0.3
+        send()  # answered at once; then the link waits idle, 2.1 s
+        # Late in that wait (a stall of up to 0.6 s still lands in it), answered after its end.
+        await asyncio.sleep(1.5)
+        stub.delay_s = 1.0
         send()
         async with asyncio.timeout(5):
             while producer._in_flight[TP] and not failures:

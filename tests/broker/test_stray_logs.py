@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidewater.broker.stray_logs import ClusterView, find_stray_logs
+from tidewater.broker.stray_logs import ClusterView, find_stray_logs, orphaned
 from tidewater.v1 import cluster_pb2
 
 BROKER = 3
@@ -129,3 +129,11 @@ def test_the_view_of_a_request() -> None:
     )
     request.type = cluster_pb2.UPDATE_METADATA_TYPE_DELTA
     assert not ClusterView.of(request).full
+
+
+def test_strays_of_a_topic_the_view_does_not_know_are_orphaned_not_deleted() -> None:
+    """Review 37 #1: only a controller that lost its etcd sends a view without a topic whose
+    logs a broker holds (a deletion waits on the broker in deleting_topics)."""
+    cluster = view(ASSIGNED)
+    strays = find_stray_logs([("moved", 0), ("gone", 0)], cluster, {}, BROKER, EPOCH, 7)
+    assert orphaned(strays, cluster) == {("gone", 0)}

@@ -29,7 +29,7 @@ from tidewater.broker.partition import HostedPartition, replication_config
 from tidewater.broker.producer_ids import ProducerIdManager
 from tidewater.broker.purgatory import Clock, DelayedOperation, Purgatory
 from tidewater.broker.spans import FetchTrace, ProduceTrace, ReplicationWaits, fetch_link
-from tidewater.broker.stray_logs import ClusterView, find_stray_logs
+from tidewater.broker.stray_logs import ClusterView, find_stray_logs, orphaned
 from tidewater.broker.topic_config import TopicConfig
 from tidewater.broker.topic_ids import topic_id_text, topic_ids_match
 from tidewater.errors import (
@@ -375,9 +375,10 @@ class ReplicaManager:
             self._check_control_request(request.controller_epoch, request.broker_epoch)
         except TidewaterError as e:
             return cluster_pb2.UpdateMetadataResponse(error_code=e.code, error_message=e.message)
+        view = ClusterView.of(request)
         strays = find_stray_logs(
             self.log_manager.local_logs(),
-            ClusterView.of(request),
+            view,
             {tp: hosted.state.leader_epoch for tp, hosted in self.partitions.items()},
             self.broker_id,
             self.broker_epoch(),
@@ -397,7 +398,7 @@ class ReplicaManager:
         if strays:
             # Hosted ones first: their StopReplica was lost.
             self._stop_partitions([tp for tp in strays if tp in self.partitions])
-            await self.log_manager.remove_stray_logs(strays)
+            await self.log_manager.remove_stray_logs(strays, keep=orphaned(strays, view))
             for tp in strays:
                 self._checkpointed_hws.pop(tp, None)
         return cluster_pb2.UpdateMetadataResponse()

@@ -9,7 +9,11 @@ removed leader would go on leading in its old epoch, serving stale reads and tak
 writes nobody replicates. The rule is pure; the replica manager applies it to each FULL
 UpdateMetadata (stopping a hosted one as a StopReplica would), and the log manager renames
 what it finds and deletes it after file.delete.delay.ms. Losing data is far worse than
-leaking disk, so anything the view cannot vouch for stays.
+leaking disk, so anything the view cannot vouch for stays; and a log whose whole topic the
+view does not know is renamed out of the way but kept (`orphaned`): a topic deleted while
+this broker was down waits on it in `deleting_topics` instead, so no topic should be missing
+but from a controller that lost its etcd (review 37 #1: an emptied etcd's controller had a
+restarted broker delete every log it held).
 """
 
 from __future__ import annotations
@@ -98,3 +102,9 @@ def find_stray_logs(
         elif broker_id not in replicas:
             stray[tp] = f"its replicas in {where} are {list(replicas)}, not broker {broker_id}"
     return stray
+
+
+def orphaned(strays: Iterable[TopicPartition], view: ClusterView) -> set[TopicPartition]:
+    """The strays whose topic the view does not know at all: kept, not deleted."""
+    topics = {topic for topic, _ in view.replicas}
+    return {tp for tp in strays if tp[0] not in topics}

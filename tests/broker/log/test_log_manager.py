@@ -640,6 +640,35 @@ async def test_a_restart_deletes_a_stray_log_left_over_rather_than_loading_it(
     assert restarted.get_log("t", 0) is not None
 
 
+async def test_a_log_of_a_topic_the_view_does_not_know_is_kept_aside_not_deleted(
+    managers: Callable[..., LogManager],
+    dirs: list[Path],
+    make_batch: MakeBatch,
+    clock: Clock,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review 37 #1: a controller on an emptied etcd sent a view with no topics, and a
+    restarted broker deleted every log it held a minute later. Such a log is renamed out of
+    the way (a topic created again under its name starts empty) but kept, before and after
+    a restart, for an operator."""
+    first = managers()
+    append(first, make_batch, "t", 0, 30)
+    with caplog.at_level(logging.ERROR):
+        await first.remove_stray_logs({("t", 0): "topic t is not in the view"}, keep=[("t", 0)])
+    assert "renamed to" in caplog.text and "kept" in caplog.text
+    (orphaned,) = [p for d in dirs for p in d.iterdir() if p.name.endswith("-orphaned")]
+    assert first.get_log("t", 0) is None
+    clock.now += 10 * 60_000
+    assert await first.delete_due_strays() is None
+    first.shutdown()
+
+    restarted = managers()
+    assert restarted.get_log("t", 0) is None
+    clock.now += 10 * 60_000
+    assert await restarted.delete_due_strays() is None
+    assert sorted(p.name for p in orphaned.iterdir() if p.suffix == ".log")
+
+
 async def test_the_background_tasks_delete_a_stray_log_when_its_delay_is_over(
     dirs: list[Path], make_batch: MakeBatch
 ) -> None:

@@ -64,6 +64,8 @@ DELETE_DIR_SUFFIX = "-delete"
 # A stray log (tidewater.broker.stray_logs) is renamed `<topic>-<partition>.<id>-stray`, and
 # deleted after file.delete.delay.ms.
 STRAY_DIR_SUFFIX = "-stray"
+# A stray log of a topic the controller's view does not know: kept until an operator acts.
+ORPHANED_DIR_SUFFIX = "-orphaned"
 # Left by an interrupted delete, compaction or checkpoint write.
 _STRAY_SUFFIXES = (".deleted", ".cleaned", TEMP_SUFFIX)
 _SEGMENT_FILE = re.compile(r"([0-9]{20})(\.log|\.index|\.timeindex)")
@@ -874,10 +876,10 @@ class Log:
         return self._close_and_rename(DELETE_DIR_SUFFIX)
 
     @reports_io_failures
-    def rename_stray(self) -> Path:
-        """Close the log and rename its directory `<topic>-<partition>.<id>-stray`, which no
-        start loads. Returns the new path."""
-        return self._close_and_rename(STRAY_DIR_SUFFIX)
+    def rename_stray(self, orphaned: bool = False) -> Path:
+        """Close the log and rename its directory `<topic>-<partition>.<id>-stray` (or
+        `-orphaned`), which no start loads. Returns the new path."""
+        return self._close_and_rename(ORPHANED_DIR_SUFFIX if orphaned else STRAY_DIR_SUFFIX)
 
     def _close_and_rename(self, suffix: str) -> Path:
         """Close every file, unflushed (the log is going), and rename the directory out of

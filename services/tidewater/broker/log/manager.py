@@ -39,6 +39,7 @@ from tidewater.broker.log.config import LogConfig
 from tidewater.broker.log.dir_failure import LogDirFailureChannel, guarded
 from tidewater.broker.log.log import (
     DELETE_DIR_SUFFIX,
+    ORPHANED_DIR_SUFFIX,
     STRAY_DIR_SUFFIX,
     FlushJob,
     Log,
@@ -161,6 +162,9 @@ class LogManager:
                 log.info("%s: finishing an interrupted log deletion", child)
                 shutil.rmtree(child)
                 continue
+            if child.name.endswith(ORPHANED_DIR_SUFFIX):
+                log.error("%s: an orphaned log kept for an operator (never loaded)", child)
+                continue
             if child.name.endswith(STRAY_DIR_SUFFIX):
                 log.warning(
                     "%s: a stray log renamed before the last stop; deleted in %d ms "
@@ -263,19 +267,34 @@ class LogManager:
     def local_logs(self) -> KeysView[TopicPartition]:
         return self._logs.keys()
 
-    async def remove_stray_logs(self, strays: Mapping[TopicPartition, str]) -> None:
+    async def remove_stray_logs(
+        self, strays: Mapping[TopicPartition, str], keep: Iterable[TopicPartition] = ()
+    ) -> None:
         """Rename each stray log (see stray_logs; the values say why it is stray) out of the
-        way now, with a WARN naming it, and delete it after file.delete.delay.ms. Yields to
-        the event loop between logs (a rename fsyncs the log dir): a broker that missed the
-        moves of many partitions must not stall its heartbeats."""
+        way now, with a WARN naming it, and delete it after file.delete.delay.ms; those in
+        `keep` (their topic unknown to the view) are renamed `-orphaned` and never deleted,
+        with an ERROR. Yields to the event loop between logs (a rename fsyncs the log dir): a
+        broker that missed the moves of many partitions must not stall its heartbeats."""
         dirs: set[Path] = set()
+        kept = set(keep)
         for (topic, partition), why in strays.items():
             await asyncio.sleep(0)
             stray = self._require(topic, partition)
-            renamed = stray.rename_stray()
+            orphaned = (topic, partition) in kept
+            renamed = stray.rename_stray(orphaned)
             del self._logs[(topic, partition)]
             self._partitions_in[stray.dir.parent].discard((topic, partition))
             dirs.add(stray.dir.parent)
+            if orphaned:
+                log.error(
+                    "log %s-%d: %s (a controller on a new or emptied etcd?); renamed to %s "
+                    "and kept: delete it by hand once the topic is known to be gone",
+                    topic,
+                    partition,
+                    why,
+                    renamed,
+                )
+                continue
             self._add_stray(renamed)
             log.warning(
                 "stray log %s-%d: %s; renamed to %s, deleted in %d ms (file.delete.delay.ms)",

@@ -548,3 +548,17 @@ async def test_a_topic_written_with_many_partitions_goes_in_the_first_txn(
         await store.write_partitions(epoch, updates, ("t", {"configs": {"x": "1"}}))
     assert (await store.load_topics())["t"]["configs"] == {"x": "1"}
     assert len(await store.load_partitions()) == PARTITIONS_PER_TXN
+
+
+async def test_an_etcd_member_whose_name_does_not_resolve_is_left_out(
+    etcd: EtcdProcess, cluster_name: str
+) -> None:
+    """Review 37 #2: one member's name gone from DNS stopped every controller from starting,
+    though the other members were up."""
+    store = await ControllerStore.connect([etcd.endpoint, "member-2.invalid:2379"], cluster_name)
+    try:
+        assert await store.campaign(1, "127.0.0.1:9101", 5) >= 1
+    finally:
+        await store.close()
+    with pytest.raises(StoreUnavailable, match="member-2.invalid:2379.*member-3.invalid:2379"):
+        await ControllerStore.connect(["member-2.invalid:2379", "member-3.invalid:2379"], "x")

@@ -94,17 +94,29 @@ def _stop_if_cancelled() -> None:
 
 async def _grpc_target(endpoints: Sequence[str]) -> str:
     """One endpoint as given; several as gRPC's static IPv4 list, which fails over between
-    members."""
+    members. A member whose name does not resolve is left out, with a warning, while another
+    does (review 37 #2: one member's DNS record gone stopped every controller from starting);
+    StoreUnavailable naming each when none does."""
     if len(endpoints) == 1:
         return endpoints[0]
     loop = asyncio.get_running_loop()
     addresses: dict[str, None] = {}
+    unresolved = []
     for endpoint in endpoints:
         host, _, port = endpoint.rpartition(":")
-        for *_, sockaddr in await loop.getaddrinfo(
-            host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
-        ):
+        try:
+            found = await loop.getaddrinfo(
+                host, int(port), family=socket.AF_INET, type=socket.SOCK_STREAM
+            )
+        except OSError as e:
+            unresolved.append(f"{endpoint}: {e.strerror or e}")
+            continue
+        for *_, sockaddr in found:
             addresses[f"{sockaddr[0]}:{sockaddr[1]}"] = None
+    if not addresses:
+        raise StoreUnavailable(f"no etcd endpoint resolves: {'; '.join(unresolved)}")
+    for failure in unresolved:
+        log.warning("etcd endpoint %s does not resolve; left out until a restart", failure)
     return "ipv4:" + ",".join(addresses)
 
 

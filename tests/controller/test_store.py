@@ -560,5 +560,5 @@ async def test_an_etcd_member_whose_name_does_not_resolve_is_left_out(
         assert await store.campaign(1, "127.0.0.1:9101", 5) >= 1
     finally:
         await store.close()
-    with pytest.raises(StoreUnavailable, match="member-2.invalid:2379.*member-3.invalid:2379"):
+    with pytest.raises(StoreUnavailable, match=r"member-2\.invalid:2379.*member-3\.invalid:2379"):
         await ControllerStore.connect(["member-2.invalid:2379", "member-3.invalid:2379"], "x")

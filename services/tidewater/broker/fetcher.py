@@ -381,7 +381,9 @@ class ReplicaFetcher:
                 elif code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     await self._handle_out_of_range(stub, hosted, state)
                 elif code == ErrorCode.FENCED_LEADER_EPOCH:
-                    log.warning("%s-%d: fenced by the leader; waiting for LeaderAndIsr", *tp)
+                    # Routine in a leader change or a rolling restart (review 37 #5: a WARNING
+                    # per partition), as Kafka's fetcher logs it.
+                    log.info("%s-%d: fenced by the leader; waiting for LeaderAndIsr", *tp)
                     state.failed = True
                 else:
                     name = ErrorCode.Name(code)

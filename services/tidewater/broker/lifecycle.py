@@ -85,9 +85,11 @@ class BrokerLifecycle:
             # INFO lines a second for as long as it lasted).
             if self._unavailable_since is None:
                 self._unavailable_since = time.monotonic()
-                log.warning("controller unavailable: %s", e)
+                # Its message names each address's gRPC error (review 37 #6: the code's name,
+                # NOT_CONTROLLER, read as if a standby had answered).
+                log.warning("controller unavailable: %s", e.message)
             else:
-                log.debug("controller unavailable: %s", e)
+                log.debug("controller unavailable: %s", e.message)
             return
         if self._unavailable_since is not None:
             down_s = time.monotonic() - self._unavailable_since
@@ -164,7 +166,7 @@ class BrokerLifecycle:
                     ),
                 )
             except ControllerUnavailable as e:
-                log.warning("controlled shutdown: %s", e)
+                log.warning("controlled shutdown: controller unavailable: %s", e.message)
             else:
                 if response.error_code == ErrorCode.NONE and not response.remaining_partitions:
                     log.info("controlled shutdown: leadership moved off this broker")

@@ -331,10 +331,23 @@ class Controller:
         why = "every broker has heartbeated" if heard_all else "one session timeout passed"
         log.info("controller %d: grace period over (%s)", self.config.controller_id, why)
 
-    async def fence(self, broker: BrokerState, reason: str, unclean_restart: bool = False) -> None:
+    async def fence(
+        self,
+        broker: BrokerState,
+        reason: str,
+        unclean_restart: bool = False,
+        expected: bool = False,
+    ) -> None:
         """Move its leaderships and take it out of ISRs; `unclean_restart`: a new incarnation
-        registered without proof of a clean shutdown (see changes_for_unusable_broker)."""
-        log.warning("fencing broker %d: %s", broker.broker_id, reason)
+        registered without proof of a clean shutdown (see changes_for_unusable_broker);
+        `expected`: logged at INFO, a clean restart's (review 37 #5: a WARNING each broker of
+        every rolling restart)."""
+        log.log(
+            logging.INFO if expected else logging.WARNING,
+            "fencing broker %d: %s",
+            broker.broker_id,
+            reason,
+        )
         with tracing.span(
             "broker.fence", {"tidewater.broker.id": broker.broker_id, "tidewater.reason": reason}
         ):

@@ -221,6 +221,7 @@ class ControllerService(controller_pb2_grpc.ControllerServiceServicer):
                     + ("a clean" if clean else "an unclean")
                     + " shutdown",
                     unclean_restart=not clean,
+                    expected=clean,
                 )
             broker = BrokerState(
                 broker_id=info.broker_id,

@@ -351,6 +351,34 @@ def test_bench_produce_and_consume(cluster: list[str]) -> None:
     assert "records/sec" in out and "ms p99.9" in out
 
 
+def test_topics_reassign_moves_a_partition_and_lists_it_until_done(cluster: list[str]) -> None:
+    """Review 37 #3: moving a partition (adding or decommissioning a broker) had no command,
+    only the SDK's Admin.reassign. As kafka-reassign-partitions."""
+    topic = "cli-moving"
+    ok("topics", "create", "--topic", topic, "--replication-factor", "2", *cluster)
+
+    def replicas() -> list[int]:
+        described = json.loads(ok("topics", "describe", "--topic", topic, "--json", *cluster))
+        return list(described["topics"][0]["partitions"][0]["replicas"])
+
+    before = replicas()
+    (spare,) = {1, 2, 3} - set(before)
+    target = [spare, before[0]]
+    moved = ok(
+        "topics", "reassign", "--topic", topic, "--partition", "0",
+        "--replicas", ",".join(map(str, target)), *cluster,
+    )  # fmt: skip
+    assert f"Moving {topic}-0 to brokers {spare},{before[0]}" in moved
+    deadline = time.monotonic() + 60
+    while replicas() != target:  # the new replica catches up, then the old one goes
+        assert time.monotonic() < deadline, replicas()
+        time.sleep(0.2)
+    assert f"{topic}-0" not in ok("topics", "reassignments", *cluster)
+    refused = fails("topics", "reassign", "--topic", topic, "--partition", "0", "--cancel",
+                    *cluster)  # fmt: skip
+    assert "NO_REASSIGNMENT_IN_PROGRESS" in refused
+
+
 def fails(*args: str, stdin: str = "", status: int = 1) -> str:
     """The command exits with `status` and says why on one line of stderr."""
     result = tidewater(*args, stdin=stdin)

@@ -77,7 +77,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     alter.add_argument("--validate-only", action="store_true", help="check the change, make none")
     delete = actions.add_parser("delete", help="delete a topic and its data")
     delete.add_argument("--topic", required=True)
-    for action in (create, actions.choices["list"], describe, alter, delete):
+    reassign = actions.add_parser(
+        "reassign",
+        help="move a partition to other brokers, or cancel its move (kafka-reassign-partitions)",
+    )
+    reassign.add_argument("--topic", required=True)
+    reassign.add_argument("--partition", type=at_least(0), required=True)
+    target = reassign.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--replicas",
+        type=broker_ids,
+        help="the new replicas, preferred leader first, e.g. 4,2,3",
+    )
+    target.add_argument("--cancel", action="store_true", help="cancel the move in progress")
+    reassignments = actions.add_parser(
+        "reassignments", help="partitions being moved: replicas, adding, removing"
+    )
+    reassignments.add_argument("--topic", help="one topic's (default: every topic's)")
+    for action in (
+        create,
+        actions.choices["list"],
+        describe,
+        alter,
+        delete,
+        reassign,
+        reassignments,
+    ):
         add_connection_options(action)
         action.set_defaults(run=run)
 
@@ -96,6 +121,25 @@ async def run(args: argparse.Namespace) -> int:
         elif args.action == "delete":
             await admin.delete_topics([args.topic])
             print(f"Deleted topic {args.topic}.")
+        elif args.action == "reassign":
+            tp = (args.topic, args.partition)
+            await admin.reassign({tp: None if args.cancel else args.replicas})
+            if args.cancel:
+                print(f"Cancelled the move of {args.topic}-{args.partition}.")
+            else:
+                replicas = ",".join(map(str, args.replicas))
+                print(
+                    f"Moving {args.topic}-{args.partition} to brokers {replicas}: "
+                    "`topics reassignments` shows it until every new replica is in sync."
+                )
+        elif args.action == "reassignments":
+            moving = await admin.list_partition_reassignments()
+            for (topic, partition), r in sorted(moving.items()):
+                if args.topic is None or topic == args.topic:
+                    print(
+                        f"{topic}-{partition}\tReplicas: {_ids(r.replicas)}\t"
+                        f"Adding: {_ids(r.adding_replicas)}\tRemoving: {_ids(r.removing_replicas)}"
+                    )
         elif args.action == "alter-configs":
             await admin.incremental_alter_configs(
                 args.topic, dict(args.set), args.delete, validate_only=args.validate_only
@@ -219,3 +263,18 @@ def _topic_id(topic: metadata_pb2.TopicMetadata) -> str:
 
 def _ids(ids: object) -> str:
     return ",".join(str(i) for i in ids)  # type: ignore[attr-defined]
+
+
+def broker_ids(text: str) -> list[int]:
+    """`--replicas`: comma-separated broker ids, each once."""
+    try:
+        ids = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"broker ids must be integers, got {text!r}") from None
+    if not ids or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"name each broker once, got {text!r}")
+    return ids
+
+
+def _ids(brokers: tuple[int, ...]) -> str:
+    return ",".join(map(str, brokers))

@@ -562,3 +562,18 @@ async def test_an_etcd_member_whose_name_does_not_resolve_is_left_out(
         await store.close()
     with pytest.raises(StoreUnavailable, match=r"member-2\.invalid:2379.*member-3\.invalid:2379"):
         await ControllerStore.connect(["member-2.invalid:2379", "member-3.invalid:2379"], "x")
+
+
+async def test_a_campaign_finding_the_key_held_by_itself_revokes_that_lease(
+    connect_store: Connect,
+) -> None:
+    """Review 34 #6: an election txn applied whose answer was lost (or this controller's
+    previous life, restarted) left the key under a lease nobody kept alive; the campaign
+    waited it out, a whole TTL, while everyone named this controller as active."""
+    previous, restarted = await connect_store(), await connect_store()
+    assert await previous.campaign(1, "127.0.0.1:9101", 30) == 1
+    # Well within the 30 s TTL it would have waited out.
+    epoch = await asyncio.wait_for(restarted.campaign(1, "127.0.0.1:9101", 30), 10)
+    assert epoch == 2
+    # The previous life, were it still running, hears of it at its next keepalive.
+    await asyncio.wait_for(previous.lost.wait(), 25)

@@ -92,6 +92,15 @@ def _stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+def _held_by(holder: Get, controller_id: int, endpoint: str) -> bool:
+    """Whether the controller key names this controller (its id at its address)."""
+    try:
+        value = json.loads(holder.value)
+    except ValueError:
+        return False
+    return bool(value.get("id") == controller_id and value.get("endpoint") == endpoint)
+
+
 async def _grpc_target(endpoints: Sequence[str]) -> str:
     """One endpoint as given; several as gRPC's static IPv4 list, which fails over between
     members. A member whose name does not resolve is left out, with a warning, while another
@@ -192,6 +201,13 @@ class ControllerStore:
                     if epoch is not None:
                         _stop_if_cancelled()
                         return epoch
+                elif _held_by(holder, controller_id, endpoint) and holder.lease:
+                    # Ours, under a lease nobody keeps alive: an election txn whose answer was
+                    # lost, or this process's previous life. Revoked rather than waited out
+                    # for a TTL while everyone names this controller (review 34 #6).
+                    log.info("controller %d campaign: revoking its own stale lease", controller_id)
+                    with _etcd_call("lease revoke"):
+                        await self._client.revoke_lease(holder.lease)
                 else:
                     # From the read on, not from the holder's election: etcd compacts its
                     # history, and a watch from a compacted revision fails at once.

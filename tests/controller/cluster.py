@@ -245,10 +245,12 @@ class Cluster:
         return controller_pb2_grpc.ControllerServiceStub(self._channel(address))
 
     async def call_controller(self, method: str, request: Any) -> Any:
-        """Call the controller that etcd names active (a paused one would just hang)."""
-        active = await self.store.active_controller()
-        if active is None:
-            raise TidewaterError("no active controller", ErrorCode.NOT_CONTROLLER)
+        """Call the controller that etcd names active (a paused one would just hang), waiting
+        up to 10 s for one, as an admin client retries through an election."""
+        try:
+            active = await eventually(self.store.active_controller, 10)
+        except AssertionError:
+            raise TidewaterError("no active controller", ErrorCode.NOT_CONTROLLER) from None
         stub = controller_pb2_grpc.ControllerServiceStub(self._channel(active[1]))
         response = await getattr(stub, method)(request, timeout=RPC_TIMEOUT_S)
         if response.error_code == ErrorCode.NOT_CONTROLLER:

@@ -132,12 +132,17 @@ async def partition_count(metadata: ClusterMetadata, topic: str) -> int:
     return info.num_partitions
 
 
+def int_list(text: str, what: str) -> list[int]:
+    """Comma-separated integers (maybe none); a usage error naming `what` otherwise."""
+    try:
+        return [int(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
 def partitions_arg(text: str) -> list[int]:
     """`--partition 0,2`: a comma-separated list of partition indexes."""
-    try:
-        partitions = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected partition numbers, got {text!r}") from None
+    partitions = int_list(text, "partition numbers")
     if not partitions or min(partitions) < 0:
         raise argparse.ArgumentTypeError(f"expected partition numbers >= 0, got {text!r}")
     return partitions

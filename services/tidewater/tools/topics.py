@@ -17,6 +17,7 @@ from tidewater.tools.options import (
     add_connection_options,
     at_least,
     bootstrap,
+    int_list,
     key_value,
 )
 from tidewater.v1 import controller_pb2 as cpb
@@ -267,10 +268,7 @@ def _ids(ids: object) -> str:
 
 def broker_ids(text: str) -> list[int]:
     """`--replicas`: comma-separated broker ids, each once."""
-    try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"broker ids must be integers, got {text!r}") from None
+    ids = int_list(text, "broker ids")
     if not ids or len(set(ids)) != len(ids):
         raise argparse.ArgumentTypeError(f"name each broker once, got {text!r}")
     return ids

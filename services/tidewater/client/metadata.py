@@ -107,14 +107,14 @@ class ClusterMetadata:
         self._wanted.update(topics)
         self._keep_fresh()
         while True:
-            refreshing = self._refreshing
-            if refreshing is None or refreshing.done():
+            refreshing = self.refreshing
+            if refreshing is None:
                 self._refreshing = asyncio.ensure_future(self._fetch_wanted())
                 await asyncio.shield(self._refreshing)
-                if len(self.addresses) > 1 and any(map(self._lacks_leaders, topics)):
+                if any(map(self._lacks_leaders, topics)):
                     # The service may lag (not heard from the controller of late): the next
                     # refresh asks another (review 29 #4: the same one was asked for good).
-                    self._current = (self._current + 1) % len(self.addresses)
+                    self._next_address()
                 return
             # Review 29 #5: a fetch under way asked before these topics were wanted need not
             # answer for them: another follows it.
@@ -127,7 +127,7 @@ class ClusterMetadata:
         """A response said the view is stale: refresh in the background, at most once per
         retry backoff."""
         self._keep_fresh()
-        if self._refreshing is not None and not self._refreshing.done():
+        if self.refreshing is not None:
             return
         delay = max(0.0, self._last_refresh + self.retry_backoff_s - time.monotonic())
         self._refreshing = asyncio.ensure_future(self._delayed_fetch(delay))
@@ -153,11 +153,15 @@ class ClusterMetadata:
         with contextlib.suppress(MetadataUnavailable):
             before = dict(self.partitions)
             await self._fetch_wanted()
-            if self.partitions == before and len(self.addresses) > 1:
+            if self.partitions == before:
                 # A broker said the view is stale and this service's answer changed nothing:
                 # it may have stopped hearing from the controller; the next refresh asks
                 # another (review 26 M3: a stale one was asked first for good).
-                self._current = (self._current + 1) % len(self.addresses)
+                self._next_address()
+
+    def _next_address(self) -> None:
+        """Ask the next metadata address first from now on."""
+        self._current = (self._current + 1) % len(self.addresses)
 
     def _keep_fresh(self) -> None:
         """Start the background refresh by age, with the first use of the cache."""
@@ -210,7 +214,7 @@ class ClusterMetadata:
                 )
             except grpc.aio.AioRpcError as e:
                 errors.append((address, e.code(), e.details() or ""))
-                self._current = (self._current + 1) % len(self.addresses)
+                self._next_address()
                 continue
             self._last_refresh = self._last_view = time.monotonic()
             self._apply(response)

@@ -302,9 +302,11 @@ class Consumer:
             handed[tp], rest = records[:room], records[room:]
             room -= len(handed[tp])
             last = handed[tp][-1]
-            current = self._positions[tp]
-            leader = current.current_leader if current is not None else None
-            self._move(tp, FetchPosition(last.offset + 1, last.leader_epoch, leader))
+            position = self._positions[tp]
+            assert position is not None  # any other change of it dropped the buffer (_move)
+            self._move(
+                tp, FetchPosition(last.offset + 1, last.leader_epoch, position.current_leader)
+            )
             if rest:
                 self._buffered[tp] = rest
             else:
